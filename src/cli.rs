@@ -1,0 +1,146 @@
+//! Command-line interface: `serve`, `check-config`, `key derive`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::app::{termination_signal, Relay};
+use crate::config::{ConfigArgs, Settings};
+use crate::intake::fingerprint::fingerprint;
+use crate::intake::key::{derive_key, read_key_header, KeyHeader};
+use crate::intake::message::scan_headers;
+use crate::smtp::session::{BodyType, Envelope};
+
+#[derive(Debug, Parser)]
+#[command(name = "idemrelay", version, about = "SMTP submission relay with exactly-once acceptance")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the relay.
+    Serve(ConfigArgs),
+    /// Validate the configuration and print the effective settings (secrets redacted).
+    CheckConfig(ConfigArgs),
+    /// Idempotency keys.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Print the key (read from the header or derived) and the fingerprint of a message file.
+    Derive(DeriveArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DeriveArgs {
+    /// Message file; bare LF line endings are read as CRLF, as an SMTP client would send them.
+    pub file: PathBuf,
+    /// Envelope sender (MAIL FROM); empty for the null sender.
+    #[arg(long, default_value = "")]
+    pub from: String,
+    /// Envelope recipient (repeatable).
+    #[arg(long = "to", required = true)]
+    pub to: Vec<String>,
+    /// Idempotency scope.
+    #[arg(long, default_value = "default")]
+    pub scope: String,
+    /// BODY parameter of MAIL FROM.
+    #[arg(long, default_value = "7BIT", value_parser = ["7BIT", "8BITMIME"])]
+    pub body: String,
+    /// The SMTPUTF8 parameter was given.
+    #[arg(long)]
+    pub smtputf8: bool,
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => serve(&Settings::load(&args)?),
+        Command::CheckConfig(args) => {
+            let settings = Settings::load(&args)?;
+            print!("{}", settings.to_redacted_toml());
+            Ok(())
+        }
+        Command::Key {
+            command: KeyCommand::Derive(args),
+        } => {
+            print!("{}", derive_report(&args)?);
+            Ok(())
+        }
+    }
+}
+
+fn serve(settings: &Settings) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let relay = Relay::start(settings).await?;
+        termination_signal().await;
+        tracing::info!("shutting down");
+        relay.shutdown().await;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// Converts lone LF to CRLF, leaving existing CRLF pairs alone.
+pub fn to_crlf(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() + bytes.len() / 32);
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'\n' && (i == 0 || bytes[i - 1] != b'\r') {
+            out.push(b'\r');
+        }
+        out.push(b);
+    }
+    out
+}
+
+fn derive_report(args: &DeriveArgs) -> anyhow::Result<String> {
+    let raw = std::fs::read(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    let message = to_crlf(&raw);
+    let envelope = Envelope {
+        mail_from: args.from.clone(),
+        rcpt_to: args.to.clone(),
+        body: if args.body == "8BITMIME" {
+            BodyType::EightBitMime
+        } else {
+            BodyType::SevenBit
+        },
+        smtputf8: args.smtputf8,
+    };
+    let scan = scan_headers(&message);
+    let fp = fingerprint(&args.scope, &envelope, &message);
+    let (key, source) = match read_key_header(&scan.key_values) {
+        KeyHeader::Present(value) => (value, "header"),
+        KeyHeader::Invalid => anyhow::bail!(
+            "the X-Bird-Idempotency-Key header is invalid (E01001): 1-255 printable characters, one value"
+        ),
+        KeyHeader::Absent => {
+            let derived = derive_key(&args.scope, scan.message_id.as_deref(), &envelope, &fp);
+            (derived.value, derived.source.as_str())
+        }
+    };
+    Ok(format!(
+        "key: {key}\nsource: {source}\nfingerprint: {}\n",
+        fp.to_hex()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::to_crlf;
+
+    #[test]
+    fn lone_lf_becomes_crlf() {
+        assert_eq!(to_crlf(b"a\nb\r\nc\n"), b"a\r\nb\r\nc\r\n");
+        assert_eq!(to_crlf(b"\n"), b"\r\n");
+    }
+}

@@ -1,0 +1,324 @@
+//! Settings: TOML file, then `IDEMRELAY_*` environment, then flags. Validation and redaction.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::intake::key::{is_valid_key, MissingKey};
+
+/// Durations are written the human way in files and flags: `3h`, `500ms`.
+mod human_duration {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The upstream URL; its password never reaches logs, Debug output or `check-config`.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct UpstreamUrl(pub String);
+
+impl UpstreamUrl {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn redacted(&self) -> String {
+        let url = &self.0;
+        let Some(scheme_end) = url.find("://") else {
+            return url.clone();
+        };
+        let rest = &url[scheme_end + 3..];
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let authority = &rest[..authority_end];
+        match authority.rfind('@') {
+            Some(at) => match authority[..at].split_once(':') {
+                Some((user, _)) => format!(
+                    "{}://{user}:********@{}{}",
+                    &url[..scheme_end],
+                    &authority[at + 1..],
+                    &rest[authority_end..]
+                ),
+                None => url.clone(),
+            },
+            None => url.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for UpstreamUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.redacted())
+    }
+}
+
+impl Serialize for UpstreamUrl {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.redacted())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Plain SMTP listeners.
+    pub listen: Vec<SocketAddr>,
+    /// `sqlite://PATH` (created if missing).
+    pub store: String,
+    /// Where accepted mail goes (delivery is a separate component).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamUrl>,
+    /// Name in the greeting and in the Received line.
+    pub hostname: String,
+    /// Idempotency scope of unauthenticated (allow-listed) clients.
+    pub scope: String,
+    /// Networks allowed to submit without authentication.
+    pub allow_networks: Vec<IpNet>,
+    pub missing_key: MissingKey,
+    /// How long a record replays after acceptance (terminal records only expire).
+    #[serde(with = "human_duration")]
+    pub retention: Duration,
+    /// How long a submission waits for a concurrent one with the same key (then E01004).
+    #[serde(with = "human_duration")]
+    pub in_progress_wait: Duration,
+    pub max_message_size: usize,
+    pub max_recipients: usize,
+    pub max_errors: usize,
+    /// Read deadline per command or DATA read.
+    #[serde(with = "human_duration")]
+    pub read_timeout: Duration,
+    /// How long a store write may wait for the database lock before the message is refused.
+    #[serde(with = "human_duration")]
+    pub store_busy_timeout: Duration,
+    #[serde(with = "human_duration")]
+    pub purge_interval: Duration,
+    /// How long sessions inside a message may run on after SIGTERM.
+    #[serde(with = "human_duration")]
+    pub shutdown_grace: Duration,
+}
+
+fn system_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            listen: vec!["127.0.0.1:2525".parse().unwrap()],
+            store: "sqlite://idemrelay.db".into(),
+            upstream: None,
+            hostname: system_hostname(),
+            scope: "default".into(),
+            allow_networks: vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()],
+            missing_key: MissingKey::Derive,
+            retention: Duration::from_secs(3 * 3600),
+            in_progress_wait: Duration::from_secs(2),
+            max_message_size: 25 * 1024 * 1024,
+            max_recipients: 100,
+            max_errors: 20,
+            read_timeout: Duration::from_secs(300),
+            store_busy_timeout: Duration::from_secs(5),
+            purge_interval: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The flags shared by `serve` and `check-config`; each also reads `IDEMRELAY_*`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConfigArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "IDEMRELAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Plain SMTP listener address (repeatable).
+    #[arg(long, env = "IDEMRELAY_LISTEN", value_delimiter = ',')]
+    pub listen: Vec<SocketAddr>,
+    /// Store URL, e.g. sqlite://idemrelay.db.
+    #[arg(long, env = "IDEMRELAY_STORE")]
+    pub store: Option<String>,
+    /// Upstream SMTP URL, e.g. smtp://user:pass@host:587.
+    #[arg(long, env = "IDEMRELAY_UPSTREAM", hide_env_values = true)]
+    pub upstream: Option<String>,
+    #[arg(long, env = "IDEMRELAY_HOSTNAME")]
+    pub hostname: Option<String>,
+    /// Idempotency scope for unauthenticated clients.
+    #[arg(long, env = "IDEMRELAY_SCOPE")]
+    pub scope: Option<String>,
+    /// Network allowed to submit without AUTH (repeatable; replaces the default).
+    #[arg(long = "allow-network", env = "IDEMRELAY_ALLOW_NETWORKS", value_delimiter = ',')]
+    pub allow_networks: Vec<IpNet>,
+    #[arg(long, env = "IDEMRELAY_MISSING_KEY", value_enum)]
+    pub missing_key: Option<MissingKey>,
+    #[arg(long, env = "IDEMRELAY_RETENTION", value_parser = humantime::parse_duration)]
+    pub retention: Option<Duration>,
+    #[arg(long, env = "IDEMRELAY_IN_PROGRESS_WAIT", value_parser = humantime::parse_duration)]
+    pub in_progress_wait: Option<Duration>,
+    #[arg(long, env = "IDEMRELAY_MAX_MESSAGE_SIZE")]
+    pub max_message_size: Option<usize>,
+    #[arg(long, env = "IDEMRELAY_MAX_RECIPIENTS")]
+    pub max_recipients: Option<usize>,
+    #[arg(long, env = "IDEMRELAY_READ_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub read_timeout: Option<Duration>,
+    #[arg(long, env = "IDEMRELAY_STORE_BUSY_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub store_busy_timeout: Option<Duration>,
+    #[arg(long, env = "IDEMRELAY_PURGE_INTERVAL", value_parser = humantime::parse_duration)]
+    pub purge_interval: Option<Duration>,
+    #[arg(long, env = "IDEMRELAY_SHUTDOWN_GRACE", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Option<Duration>,
+}
+
+impl Settings {
+    pub fn from_toml(text: &str) -> anyhow::Result<Settings> {
+        Ok(toml::from_str(text)?)
+    }
+
+    /// File first, then environment and flags (clap already ranks a flag over its variable).
+    pub fn load(args: &ConfigArgs) -> anyhow::Result<Settings> {
+        let mut s = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                Settings::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+            }
+            None => Settings::default(),
+        };
+        if !args.listen.is_empty() {
+            s.listen = args.listen.clone();
+        }
+        if !args.allow_networks.is_empty() {
+            s.allow_networks = args.allow_networks.clone();
+        }
+        macro_rules! overlay {
+            ($($field:ident),*) => { $( if let Some(v) = &args.$field { s.$field = v.clone(); } )* };
+        }
+        overlay!(
+            store,
+            hostname,
+            scope,
+            missing_key,
+            retention,
+            in_progress_wait,
+            max_message_size,
+            max_recipients,
+            read_timeout,
+            store_busy_timeout,
+            purge_interval,
+            shutdown_grace
+        );
+        if let Some(url) = &args.upstream {
+            s.upstream = Some(UpstreamUrl(url.clone()));
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.listen.is_empty() {
+            bail!("listen: at least one address is required");
+        }
+        if !self.store.starts_with("sqlite:") {
+            bail!("store: {:?} is not a supported URL (sqlite://PATH)", self.store);
+        }
+        if let Some(url) = &self.upstream {
+            let ok = ["smtp://", "smtps://"]
+                .iter()
+                .any(|p| url.expose().starts_with(p));
+            if !ok {
+                bail!(
+                    "upstream: {} must start with smtp:// or smtps://",
+                    url.redacted()
+                );
+            }
+        }
+        if !is_valid_key(&self.scope) {
+            bail!("scope: must be 1-255 printable characters");
+        }
+        if self.hostname.is_empty() || self.hostname.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            bail!("hostname: must be a non-empty name without spaces");
+        }
+        if self.max_message_size == 0 || self.max_recipients == 0 {
+            bail!("max_message_size and max_recipients must be positive");
+        }
+        if self.retention.is_zero() || self.purge_interval.is_zero() {
+            bail!("retention and purge_interval must be positive");
+        }
+        Ok(())
+    }
+
+    /// The effective settings as TOML, secrets redacted.
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_values_are_overridden_by_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "listen = [\"127.0.0.1:2600\"]\nretention = \"10m\"\nscope = \"file\"\nmissing_key = \"pass\"\n",
+        )
+        .unwrap();
+        let args = ConfigArgs {
+            config: Some(path),
+            scope: Some("flag".into()),
+            ..Default::default()
+        };
+        let s = Settings::load(&args).unwrap();
+        assert_eq!(s.listen, vec!["127.0.0.1:2600".parse().unwrap()]);
+        assert_eq!(s.retention, Duration::from_secs(600));
+        assert_eq!(s.scope, "flag");
+        assert_eq!(s.missing_key, MissingKey::Pass);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        assert!(Settings::from_toml("lisen = []").is_err());
+        assert!(Settings::from_toml("retention = \"soon\"").is_err());
+        let s = Settings::from_toml("store = \"mysql://x\"").unwrap();
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn upstream_password_is_redacted_everywhere() {
+        let url = UpstreamUrl("smtp://user:s3cret@smtp.example:587?tls=required".into());
+        assert_eq!(
+            url.redacted(),
+            "smtp://user:********@smtp.example:587?tls=required"
+        );
+        assert!(!format!("{url:?}").contains("s3cret"));
+        let s = Settings {
+            upstream: Some(url),
+            ..Default::default()
+        };
+        let shown = s.to_redacted_toml();
+        assert!(!shown.contains("s3cret") && shown.contains("********"));
+        assert!(!format!("{s:?}").contains("s3cret"));
+        assert_eq!(
+            UpstreamUrl("smtp://host:2525?tls=none".into()).redacted(),
+            "smtp://host:2525?tls=none"
+        );
+    }
+}

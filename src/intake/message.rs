@@ -1,0 +1,171 @@
+//! Header inspection and the header lines the relay adds. Pure functions over message bytes.
+
+use mail_parser::{HeaderName, MessageParser};
+
+use super::key::KEY_HEADER;
+
+/// What intake needs to know from the header section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderScan {
+    /// Raw values (folding intact) of every `X-Bird-Idempotency-Key` field, in order.
+    pub key_values: Vec<Vec<u8>>,
+    pub message_id: Option<String>,
+    pub has_from: bool,
+}
+
+/// True when the message starts with a header field (`name:` with RFC 5322 ftext).
+pub fn has_header_section(message: &[u8]) -> bool {
+    let Some(colon) = message.iter().position(|&b| b == b':') else {
+        return false;
+    };
+    colon > 0 && message[..colon].iter().all(|&b| (33..=126).contains(&b))
+}
+
+pub fn scan_headers(message: &[u8]) -> HeaderScan {
+    let parser = MessageParser::new().header_id(HeaderName::MessageId);
+    let mut scan = HeaderScan {
+        key_values: Vec::new(),
+        message_id: None,
+        has_from: false,
+    };
+    let Some(parsed) = parser.parse_headers(message) else {
+        return scan;
+    };
+    scan.message_id = parsed
+        .message_id()
+        .map(str::to_string)
+        .filter(|id| !id.is_empty());
+    for header in parsed.root_part().headers() {
+        match &header.name {
+            HeaderName::From => scan.has_from = true,
+            HeaderName::Other(name) if name.eq_ignore_ascii_case(KEY_HEADER) => {
+                let (start, end) = (header.offset_start as usize, header.offset_end as usize);
+                if let Some(raw) = message.get(start..end) {
+                    scan.key_values.push(raw.to_vec());
+                }
+            }
+            _ => {}
+        }
+    }
+    scan
+}
+
+/// Length of the leading trace fields (`Received:`, `Return-Path:`, continuation lines
+/// included). They change from hop to hop, so the fingerprint leaves them out.
+pub fn trace_prefix_len(message: &[u8]) -> usize {
+    let mut pos = 0;
+    let mut in_trace = false;
+    while pos < message.len() {
+        let line_end = message[pos..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map_or(message.len(), |i| pos + i + 2);
+        let line = &message[pos..line_end];
+        let continuation = matches!(line.first(), Some(b' ' | b'\t'));
+        let is_trace = starts_with_field(line, b"received") || starts_with_field(line, b"return-path");
+        if (continuation && in_trace) || is_trace {
+            in_trace = true;
+            pos = line_end;
+        } else {
+            break;
+        }
+    }
+    pos
+}
+
+fn starts_with_field(line: &[u8], name: &[u8]) -> bool {
+    line.len() > name.len()
+        && line[..name.len()].eq_ignore_ascii_case(name)
+        && line[name.len()..]
+            .iter()
+            .find(|&&b| b != b' ' && b != b'\t')
+            == Some(&b':')
+}
+
+/// The trace line this relay adds, in RFC 5321 §4.4 form.
+pub struct ReceivedLine<'a> {
+    pub helo: &'a str,
+    pub peer: std::net::IpAddr,
+    pub hostname: &'a str,
+    pub protocol: &'a str,
+    pub id: &'a str,
+    pub unix_time: i64,
+}
+
+impl ReceivedLine<'_> {
+    pub fn render(&self) -> String {
+        let date = mail_parser::DateTime::from_timestamp(self.unix_time).to_rfc822();
+        format!(
+            "Received: from {} ([{}])\r\n\tby {} (idemrelay) with {} id {};\r\n\t{}\r\n",
+            self.helo, self.peer, self.hostname, self.protocol, self.id, date
+        )
+    }
+}
+
+/// The stored message: the relay's lines, then the submitted bytes untouched.
+pub fn with_relay_headers(message: &[u8], received: &str, derived_key: Option<&str>) -> Vec<u8> {
+    let key_line = derived_key.map(|k| format!("{KEY_HEADER}: {k}\r\n"));
+    let extra = received.len() + key_line.as_ref().map_or(0, String::len);
+    let mut out = Vec::with_capacity(extra + message.len());
+    out.extend_from_slice(received.as_bytes());
+    if let Some(line) = key_line {
+        out.extend_from_slice(line.as_bytes());
+    }
+    out.extend_from_slice(message);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_section_detection() {
+        assert!(has_header_section(b"From: a@b\r\n\r\nhi\r\n"));
+        assert!(!has_header_section(b"\r\nbody only\r\n"));
+        assert!(!has_header_section(b"just text without colon\r\n"));
+        assert!(!has_header_section(b"two words: here\r\n"));
+        assert!(!has_header_section(b""));
+    }
+
+    #[test]
+    fn scan_finds_key_values_message_id_and_from() {
+        let msg = b"From: a@example.com\r\nMessage-ID: <m1@example.com>\r\nX-Bird-Idempotency-Key: k1\r\nx-bird-idempotency-key:\r\n k2\r\n\r\nX-Bird-Idempotency-Key: body\r\n";
+        let scan = scan_headers(msg);
+        assert!(scan.has_from);
+        assert_eq!(scan.message_id.as_deref(), Some("m1@example.com"));
+        assert_eq!(scan.key_values.len(), 2);
+        assert_eq!(scan.key_values[0].trim_ascii(), b"k1");
+    }
+
+    #[test]
+    fn trace_prefix_covers_only_leading_trace_fields() {
+        let msg = b"Received: from x\r\n\tby y; date\r\nReturn-Path: <a@b>\r\nSubject: s\r\nReceived: later\r\n\r\n";
+        let n = trace_prefix_len(msg);
+        assert_eq!(&msg[n..n + 8], b"Subject:");
+        assert_eq!(trace_prefix_len(b"Subject: s\r\n\r\n"), 0);
+        assert_eq!(trace_prefix_len(b"Received-SPF: pass\r\n\r\n"), 0);
+    }
+
+    #[test]
+    fn relay_headers_are_prepended_and_the_rest_is_untouched() {
+        let msg = b"Subject: s\r\n\r\nbody";
+        let out = with_relay_headers(msg, "Received: r\r\n", Some("d1-abc"));
+        assert_eq!(
+            out,
+            b"Received: r\r\nX-Bird-Idempotency-Key: d1-abc\r\nSubject: s\r\n\r\nbody"
+        );
+        let line = ReceivedLine {
+            helo: "client.example",
+            peer: "127.0.0.1".parse().unwrap(),
+            hostname: "relay.example",
+            protocol: "ESMTP",
+            id: "ID1",
+            unix_time: 0,
+        }
+        .render();
+        assert!(line.starts_with("Received: from client.example ([127.0.0.1])\r\n\tby relay.example (idemrelay) with ESMTP id ID1;\r\n\t"));
+        assert!(line.ends_with("\r\n"));
+        assert_eq!(trace_prefix_len(line.as_bytes()), line.len());
+    }
+}

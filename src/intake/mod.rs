@@ -1,0 +1,336 @@
+//! Intake: a finished message becomes exactly one durable record, or a replay of one.
+
+pub mod fingerprint;
+pub mod key;
+pub mod message;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::smtp::reply::Reply;
+use crate::smtp::session::Submission;
+use crate::store::{Existing, Insert, NewRecord, State, Store};
+use fingerprint::{fingerprint, Fingerprint};
+use key::{derive_key, read_key_header, IdemKey, KeyHeader, KeySource, MissingKey};
+use message::{has_header_section, scan_headers, with_relay_headers, ReceivedLine};
+
+#[derive(Debug, Clone)]
+pub struct IntakeSettings {
+    pub hostname: String,
+    pub missing_key: MissingKey,
+    pub retention: Duration,
+    /// How long a submission waits for a concurrent one with the same key to commit.
+    pub in_progress_wait: Duration,
+}
+
+/// Who submitted: decides the scope and the trace line.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub scope: String,
+    pub peer: IpAddr,
+}
+
+/// What happened to a submission, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Accepted,
+    Replayed,
+    Conflict,
+    InProgress,
+    InvalidKey,
+    Rejected,
+    Unavailable,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Replayed => "replayed",
+            Outcome::Conflict => "conflict",
+            Outcome::InProgress => "in-progress",
+            Outcome::InvalidKey => "invalid-key",
+            Outcome::Rejected => "rejected",
+            Outcome::Unavailable => "unavailable",
+        }
+    }
+}
+
+pub struct Intake {
+    store: Arc<dyn Store>,
+    settings: IntakeSettings,
+    /// Keys being committed by this process; the sender half is dropped when the attempt ends.
+    in_flight: Mutex<HashMap<(String, String), watch::Receiver<()>>>,
+}
+
+/// Removes the in-flight entry (waking the waiters) however the attempt ends.
+struct InFlight<'a> {
+    intake: &'a Intake,
+    slot: (String, String),
+    _done: watch::Sender<()>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.intake.in_flight.lock() {
+            map.remove(&self.slot);
+        }
+    }
+}
+
+enum Claim<'a> {
+    Mine(InFlight<'a>),
+    Wait(watch::Receiver<()>),
+}
+
+/// The key a submission is stored under, with why.
+enum Resolved {
+    Keyed(IdemKey),
+    Unkeyed,
+    Refused(Reply, Outcome),
+}
+
+pub fn new_queue_id() -> String {
+    format!(
+        "{:011X}{:013X}",
+        crate::store::now_ms(),
+        fastrand::u64(..1 << 52)
+    )
+}
+
+impl Intake {
+    pub fn new(store: Arc<dyn Store>, settings: IntakeSettings) -> Self {
+        Intake {
+            store,
+            settings,
+            in_flight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn settings(&self) -> &IntakeSettings {
+        &self.settings
+    }
+
+    /// Decides the reply to the end of DATA. A positive reply is returned only after the
+    /// record is committed.
+    pub async fn submit(&self, origin: &Origin, sub: &Submission) -> (Reply, Outcome) {
+        let (reply, outcome, id, key) = self.submit_inner(origin, sub).await;
+        tracing::info!(
+            target: "idemrelay::submission",
+            id = id.as_deref().unwrap_or("-"),
+            scope = %origin.scope,
+            key = key.as_ref().map_or("-", |k| k.value.as_str()),
+            key_source = key.as_ref().map_or("none", |k| k.source.as_str()),
+            result = outcome.as_str(),
+            size = sub.message.len(),
+            recipients = sub.envelope.rcpt_to.len(),
+            code = reply.code,
+            "submission"
+        );
+        (reply, outcome)
+    }
+
+    async fn submit_inner(
+        &self,
+        origin: &Origin,
+        sub: &Submission,
+    ) -> (Reply, Outcome, Option<String>, Option<IdemKey>) {
+        if !has_header_section(&sub.message) {
+            return (Reply::no_header_section(), Outcome::Rejected, None, None);
+        }
+        let scan = scan_headers(&sub.message);
+        let fp = fingerprint(&origin.scope, &sub.envelope, &sub.message);
+        let key = match self.resolve_key(origin, sub, &scan, &fp) {
+            Resolved::Refused(reply, outcome) => return (reply, outcome, None, None),
+            Resolved::Keyed(key) => Some(key),
+            Resolved::Unkeyed => None,
+        };
+        let id = new_queue_id();
+        let record = self.record(origin, sub, &scan, &fp, key.as_ref(), &id);
+        let (reply, outcome) = match &key {
+            None => self.insert_unkeyed(&record).await,
+            Some(key) => self.insert_keyed(&record, key).await,
+        };
+        let id = (outcome != Outcome::Unavailable).then_some(id);
+        (reply, outcome, id, key)
+    }
+
+    fn resolve_key(
+        &self,
+        origin: &Origin,
+        sub: &Submission,
+        scan: &message::HeaderScan,
+        fp: &Fingerprint,
+    ) -> Resolved {
+        match read_key_header(&scan.key_values) {
+            KeyHeader::Invalid => Resolved::Refused(Reply::key_invalid(), Outcome::InvalidKey),
+            KeyHeader::Present(value) => Resolved::Keyed(IdemKey {
+                value,
+                source: KeySource::Header,
+            }),
+            KeyHeader::Absent => match self.settings.missing_key {
+                MissingKey::Derive => Resolved::Keyed(derive_key(
+                    &origin.scope,
+                    scan.message_id.as_deref(),
+                    &sub.envelope,
+                    fp,
+                )),
+                MissingKey::Pass => Resolved::Unkeyed,
+                MissingKey::Reject => {
+                    Resolved::Refused(Reply::key_required(), Outcome::InvalidKey)
+                }
+            },
+        }
+    }
+
+    fn record(
+        &self,
+        origin: &Origin,
+        sub: &Submission,
+        scan: &message::HeaderScan,
+        fp: &Fingerprint,
+        key: Option<&IdemKey>,
+        id: &str,
+    ) -> NewRecord {
+        let (state, reply, content) = if scan.has_from {
+            let received = ReceivedLine {
+                helo: &sub.helo,
+                peer: origin.peer,
+                hostname: &self.settings.hostname,
+                protocol: protocol_name(sub),
+                id,
+                unix_time: crate::store::now_ms() / 1000,
+            }
+            .render();
+            let derived = key.filter(|k| k.source != KeySource::Header);
+            let content =
+                with_relay_headers(&sub.message, &received, derived.map(|k| k.value.as_str()));
+            (State::Queued, Reply::queued(id), Some(content))
+        } else {
+            // Stored (not only answered) so a retry replays it and the key stays bound to it.
+            (State::Rejected, Reply::no_from_header(), None)
+        };
+        NewRecord {
+            id: id.to_string(),
+            scope: origin.scope.clone(),
+            key: key.map(|k| k.value.clone()),
+            key_source: key.map_or("none", |k| k.source.as_str()),
+            fingerprint: *fp,
+            envelope: sub.envelope.clone(),
+            size: content.as_ref().map_or(sub.message.len(), Vec::len),
+            content,
+            state,
+            reply: reply.line(),
+        }
+    }
+
+    async fn insert_unkeyed(&self, record: &NewRecord) -> (Reply, Outcome) {
+        if record.state == State::Rejected {
+            return (Reply::no_from_header(), Outcome::Rejected);
+        }
+        match self.store.insert(record, self.settings.retention).await {
+            Ok(_) => (stored_reply(&record.reply), Outcome::Accepted),
+            Err(err) => unavailable(&err),
+        }
+    }
+
+    /// Becomes the one attempt in this process for the key, or learns whom to wait for.
+    fn claim(&self, slot: &(String, String)) -> Claim<'_> {
+        let mut map = self.in_flight.lock().expect("in-flight map poisoned");
+        if let Some(rx) = map.get(slot) {
+            return Claim::Wait(rx.clone());
+        }
+        let (tx, rx) = watch::channel(());
+        map.insert(slot.clone(), rx);
+        Claim::Mine(InFlight {
+            intake: self,
+            slot: slot.clone(),
+            _done: tx,
+        })
+    }
+
+    async fn insert_keyed(&self, record: &NewRecord, key: &IdemKey) -> (Reply, Outcome) {
+        let slot = (record.scope.clone(), key.value.clone());
+        // At most two rounds: if the other attempt ended without a record, try once ourselves.
+        for _ in 0..2 {
+            let mut rx = match self.claim(&slot) {
+                Claim::Mine(_guard) => {
+                    return match self.store.insert(record, self.settings.retention).await {
+                        Ok(Insert::Inserted) => {
+                            (stored_reply(&record.reply), outcome_of(record.state))
+                        }
+                        Ok(Insert::Existing(existing)) => {
+                            self.answer_existing(record, key, &existing)
+                        }
+                        Err(err) => unavailable(&err),
+                    };
+                }
+                Claim::Wait(rx) => rx,
+            };
+            let finished =
+                tokio::time::timeout(self.settings.in_progress_wait, rx.changed()).await;
+            match self
+                .store
+                .lookup(&record.scope, &key.value, self.settings.retention)
+                .await
+            {
+                Ok(Some(existing)) => return self.answer_existing(record, key, &existing),
+                Ok(None) if finished.is_err() => {
+                    return (Reply::key_in_progress(), Outcome::InProgress)
+                }
+                Ok(None) => continue,
+                Err(err) => return unavailable(&err),
+            }
+        }
+        (Reply::key_in_progress(), Outcome::InProgress)
+    }
+
+    fn answer_existing(
+        &self,
+        record: &NewRecord,
+        key: &IdemKey,
+        existing: &Existing,
+    ) -> (Reply, Outcome) {
+        if existing.fingerprint == record.fingerprint {
+            (stored_reply(&existing.reply).replayed(), Outcome::Replayed)
+        } else {
+            (
+                Reply::key_reuse(key.source == KeySource::MessageId),
+                Outcome::Conflict,
+            )
+        }
+    }
+}
+
+fn outcome_of(state: State) -> Outcome {
+    if state == State::Rejected {
+        Outcome::Rejected
+    } else {
+        Outcome::Accepted
+    }
+}
+
+fn stored_reply(line: &str) -> Reply {
+    Reply::from_line(line).unwrap_or_else(|| Reply::new(250, line.to_string()))
+}
+
+fn unavailable(err: &crate::store::StoreError) -> (Reply, Outcome) {
+    tracing::error!(target: "idemrelay::store", error = %err, "store write failed; message not accepted");
+    (Reply::store_unavailable(), Outcome::Unavailable)
+}
+
+fn protocol_name(sub: &Submission) -> &'static str {
+    match (sub.esmtp, sub.envelope.smtputf8) {
+        (true, true) => "UTF8SMTP",
+        (true, false) => "ESMTP",
+        (false, _) => "SMTP",
+    }
+}

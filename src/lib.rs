@@ -1,0 +1,10 @@
+//! idemrelay: an SMTP submission relay with exactly-once acceptance.
+//!
+//! Bytes flow socket → `smtp::server` → `smtp::session` (pure) → `intake` → `store`.
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod intake;
+pub mod smtp;
+pub mod store;

@@ -1,0 +1,167 @@
+//! Durable records: one storage trait, backends chosen by URL scheme.
+
+pub mod sqlite;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use crate::intake::fingerprint::Fingerprint;
+use crate::smtp::session::Envelope;
+
+/// Lifecycle of a record. Everything but `Queued` is terminal and may expire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Queued,
+    Delivered,
+    Failed,
+    Unresolved,
+    /// Refused at intake with a permanent reply that is replayed to retries.
+    Rejected,
+}
+
+impl State {
+    pub const TERMINAL: [State; 4] = [
+        State::Delivered,
+        State::Failed,
+        State::Unresolved,
+        State::Rejected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Queued => "queued",
+            State::Delivered => "delivered",
+            State::Failed => "failed",
+            State::Unresolved => "unresolved",
+            State::Rejected => "rejected",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => State::Queued,
+            "delivered" => State::Delivered,
+            "failed" => State::Failed,
+            "unresolved" => State::Unresolved,
+            "rejected" => State::Rejected,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        self != State::Queued
+    }
+}
+
+/// A record to insert. `key` is `None` for `missing_key = "pass"` submissions.
+#[derive(Debug, Clone)]
+pub struct NewRecord {
+    pub id: String,
+    pub scope: String,
+    pub key: Option<String>,
+    pub key_source: &'static str,
+    pub fingerprint: Fingerprint,
+    pub envelope: Envelope,
+    /// Bytes to deliver (relay lines included); kept only for queued records.
+    pub content: Option<Vec<u8>>,
+    pub size: usize,
+    pub state: State,
+    /// The reply line given to the client, replayed to its retries.
+    pub reply: String,
+}
+
+/// An existing live record under the same (scope, key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Existing {
+    pub id: String,
+    pub fingerprint: Fingerprint,
+    pub reply: String,
+    pub state: State,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Insert {
+    Inserted,
+    Existing(Existing),
+}
+
+/// A stored record as read back (for `key`/`queue` commands and tests).
+#[derive(Debug, Clone)]
+pub struct StoredMessage {
+    pub id: String,
+    pub scope: String,
+    pub key: Option<String>,
+    pub key_source: String,
+    pub fingerprint: Fingerprint,
+    pub mail_from: String,
+    pub rcpt_to: Vec<String>,
+    pub content: Option<Vec<u8>>,
+    pub state: State,
+    pub reply: String,
+    pub accepted_at_ms: i64,
+    pub has_job: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store unavailable: {0}")]
+    Unavailable(#[from] sqlx::Error),
+    #[error("store migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("store misconfigured: {0}")]
+    Config(String),
+    #[error("corrupt record {id}: {what}")]
+    Corrupt { id: String, what: &'static str },
+}
+
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Inserts the record (and its delivery job when queued) in one transaction, relying on
+    /// the unique (scope, key) constraint. A live record under the key is returned instead;
+    /// an expired terminal one is replaced.
+    async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError>;
+
+    /// The live record under (scope, key), if any.
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        retention: Duration,
+    ) -> Result<Option<Existing>, StoreError>;
+
+    async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError>;
+
+    /// Moves a queued record to a terminal state and removes its job.
+    async fn finish(
+        &self,
+        id: &str,
+        state: State,
+        upstream_reply: Option<&str>,
+    ) -> Result<bool, StoreError>;
+
+    /// Deletes terminal records older than the retention; returns how many.
+    async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError>;
+}
+
+/// Opens the backend named by the URL scheme.
+pub async fn open(url: &str, busy_timeout: Duration) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::SqliteStore::open(url, busy_timeout).await?))
+    } else {
+        Err(StoreError::Config(format!(
+            "unsupported store URL scheme in {url:?} (supported: sqlite://)"
+        )))
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+pub(crate) fn retention_ms(retention: Duration) -> i64 {
+    i64::try_from(retention.as_millis()).unwrap_or(i64::MAX)
+}
