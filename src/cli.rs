@@ -13,7 +13,11 @@ use crate::intake::message::scan_headers;
 use crate::smtp::session::{BodyType, Envelope};
 
 #[derive(Debug, Parser)]
-#[command(name = "idemrelay", version, about = "SMTP submission relay with exactly-once acceptance")]
+#[command(
+    name = "idemrelay",
+    version,
+    about = "SMTP submission relay with exactly-once acceptance"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -103,8 +107,8 @@ pub fn to_crlf(bytes: &[u8]) -> Vec<u8> {
 }
 
 fn derive_report(args: &DeriveArgs) -> anyhow::Result<String> {
-    let raw = std::fs::read(&args.file)
-        .with_context(|| format!("reading {}", args.file.display()))?;
+    let raw =
+        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let message = to_crlf(&raw);
     let envelope = Envelope {
         mail_from: args.from.clone(),

@@ -162,7 +162,11 @@ pub struct ConfigArgs {
     #[arg(long, env = "IDEMRELAY_SCOPE")]
     pub scope: Option<String>,
     /// Network allowed to submit without AUTH (repeatable; replaces the default).
-    #[arg(long = "allow-network", env = "IDEMRELAY_ALLOW_NETWORKS", value_delimiter = ',')]
+    #[arg(
+        long = "allow-network",
+        env = "IDEMRELAY_ALLOW_NETWORKS",
+        value_delimiter = ','
+    )]
     pub allow_networks: Vec<IpNet>,
     #[arg(long, env = "IDEMRELAY_MISSING_KEY", value_enum)]
     pub missing_key: Option<MissingKey>,
@@ -234,7 +238,10 @@ impl Settings {
             bail!("listen: at least one address is required");
         }
         if !self.store.starts_with("sqlite:") {
-            bail!("store: {:?} is not a supported URL (sqlite://PATH)", self.store);
+            bail!(
+                "store: {:?} is not a supported URL (sqlite://PATH)",
+                self.store
+            );
         }
         if let Some(url) = &self.upstream {
             let ok = ["smtp://", "smtps://"]

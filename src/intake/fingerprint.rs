@@ -89,11 +89,15 @@ mod tests {
         let mut reordered = env();
         reordered.rcpt_to = vec!["c@x".into(), "b@x".into(), "c@x".into()];
         assert_eq!(base, fingerprint("s", &reordered, msg));
-        let traced = b"Received: from a\r\n\tby b; now\r\nReturn-Path: <a@x>\r\nSubject: s\r\n\r\nbody\r\n";
+        let traced =
+            b"Received: from a\r\n\tby b; now\r\nReturn-Path: <a@x>\r\nSubject: s\r\n\r\nbody\r\n";
         assert_eq!(base, fingerprint("s", &env(), traced));
 
         assert_ne!(base, fingerprint("t", &env(), msg));
-        assert_ne!(base, fingerprint("s", &env(), b"Subject: s\r\n\r\nbodY\r\n"));
+        assert_ne!(
+            base,
+            fingerprint("s", &env(), b"Subject: s\r\n\r\nbodY\r\n")
+        );
         let mut e = env();
         e.body = BodyType::EightBitMime;
         assert_ne!(base, fingerprint("s", &e, msg));

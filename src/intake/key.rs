@@ -55,7 +55,11 @@ pub enum KeyHeader {
 /// Undoes header folding (RFC 5322 §2.2.3: remove CRLF before WSP) and trims the value.
 fn unfold(raw: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(raw).ok()?;
-    Some(text.replace("\r\n", "").trim_matches([' ', '\t']).to_string())
+    Some(
+        text.replace("\r\n", "")
+            .trim_matches([' ', '\t'])
+            .to_string(),
+    )
 }
 
 pub fn is_valid_key(key: &str) -> bool {
@@ -125,12 +129,21 @@ mod tests {
         let cases: Vec<(Vec<Vec<u8>>, KeyHeader)> = vec![
             (vec![], KeyHeader::Absent),
             (vec![v(" abc")], KeyHeader::Present("abc".into())),
-            (vec![v(" abc\r\n def")], KeyHeader::Present("abc def".into())),
+            (
+                vec![v(" abc\r\n def")],
+                KeyHeader::Present("abc def".into()),
+            ),
             (vec![v("\r\n\tabc")], KeyHeader::Present("abc".into())),
-            (vec![v(" abc"), v(" abc ")], KeyHeader::Present("abc".into())),
+            (
+                vec![v(" abc"), v(" abc ")],
+                KeyHeader::Present("abc".into()),
+            ),
             (vec![v(" abc"), v(" abd")], KeyHeader::Invalid),
             (vec![v(" ")], KeyHeader::Invalid),
-            (vec![v(&format!(" {long}"))], KeyHeader::Present(long.clone())),
+            (
+                vec![v(&format!(" {long}"))],
+                KeyHeader::Present(long.clone()),
+            ),
             (vec![v(&format!(" {too_long}"))], KeyHeader::Invalid),
             (vec![v(" a\x01b")], KeyHeader::Invalid),
             (vec![v(" a\tb")], KeyHeader::Invalid),

@@ -62,7 +62,8 @@ pub fn trace_prefix_len(message: &[u8]) -> usize {
             .map_or(message.len(), |i| pos + i + 2);
         let line = &message[pos..line_end];
         let continuation = matches!(line.first(), Some(b' ' | b'\t'));
-        let is_trace = starts_with_field(line, b"received") || starts_with_field(line, b"return-path");
+        let is_trace =
+            starts_with_field(line, b"received") || starts_with_field(line, b"return-path");
         if (continuation && in_trace) || is_trace {
             in_trace = true;
             pos = line_end;

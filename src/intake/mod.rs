@@ -122,7 +122,8 @@ impl Intake {
     /// Decides the reply to the end of DATA. A positive reply is returned only after the
     /// record is committed.
     pub async fn submit(&self, origin: &Origin, sub: &Submission) -> (Reply, Outcome) {
-        let (reply, outcome, id, key) = self.submit_inner(origin, sub).await;
+        let (decision, key) = self.submit_inner(origin, sub).await;
+        let Decision { reply, outcome, id } = decision;
         tracing::info!(
             target: "idemrelay::submission",
             id = id.as_deref().unwrap_or("-"),
@@ -138,29 +139,27 @@ impl Intake {
         (reply, outcome)
     }
 
-    async fn submit_inner(
-        &self,
-        origin: &Origin,
-        sub: &Submission,
-    ) -> (Reply, Outcome, Option<String>, Option<IdemKey>) {
+    async fn submit_inner(&self, origin: &Origin, sub: &Submission) -> (Decision, Option<IdemKey>) {
         if !has_header_section(&sub.message) {
-            return (Reply::no_header_section(), Outcome::Rejected, None, None);
+            return (
+                Decision::refused(Reply::no_header_section(), Outcome::Rejected),
+                None,
+            );
         }
         let scan = scan_headers(&sub.message);
         let fp = fingerprint(&origin.scope, &sub.envelope, &sub.message);
         let key = match self.resolve_key(origin, sub, &scan, &fp) {
-            Resolved::Refused(reply, outcome) => return (reply, outcome, None, None),
+            Resolved::Refused(reply, outcome) => return (Decision::refused(reply, outcome), None),
             Resolved::Keyed(key) => Some(key),
             Resolved::Unkeyed => None,
         };
         let id = new_queue_id();
         let record = self.record(origin, sub, &scan, &fp, key.as_ref(), &id);
-        let (reply, outcome) = match &key {
+        let decision = match &key {
             None => self.insert_unkeyed(&record).await,
             Some(key) => self.insert_keyed(&record, key).await,
         };
-        let id = (outcome != Outcome::Unavailable).then_some(id);
-        (reply, outcome, id, key)
+        (decision, key)
     }
 
     fn resolve_key(
@@ -184,9 +183,7 @@ impl Intake {
                     fp,
                 )),
                 MissingKey::Pass => Resolved::Unkeyed,
-                MissingKey::Reject => {
-                    Resolved::Refused(Reply::key_required(), Outcome::InvalidKey)
-                }
+                MissingKey::Reject => Resolved::Refused(Reply::key_required(), Outcome::InvalidKey),
             },
         }
     }
@@ -232,12 +229,12 @@ impl Intake {
         }
     }
 
-    async fn insert_unkeyed(&self, record: &NewRecord) -> (Reply, Outcome) {
+    async fn insert_unkeyed(&self, record: &NewRecord) -> Decision {
         if record.state == State::Rejected {
-            return (Reply::no_from_header(), Outcome::Rejected);
+            return Decision::refused(Reply::no_from_header(), Outcome::Rejected);
         }
         match self.store.insert(record, self.settings.retention).await {
-            Ok(_) => (stored_reply(&record.reply), Outcome::Accepted),
+            Ok(_) => Decision::inserted(record),
             Err(err) => unavailable(&err),
         }
     }
@@ -257,16 +254,14 @@ impl Intake {
         })
     }
 
-    async fn insert_keyed(&self, record: &NewRecord, key: &IdemKey) -> (Reply, Outcome) {
+    async fn insert_keyed(&self, record: &NewRecord, key: &IdemKey) -> Decision {
         let slot = (record.scope.clone(), key.value.clone());
         // At most two rounds: if the other attempt ended without a record, try once ourselves.
         for _ in 0..2 {
             let mut rx = match self.claim(&slot) {
                 Claim::Mine(_guard) => {
                     return match self.store.insert(record, self.settings.retention).await {
-                        Ok(Insert::Inserted) => {
-                            (stored_reply(&record.reply), outcome_of(record.state))
-                        }
+                        Ok(Insert::Inserted) => Decision::inserted(record),
                         Ok(Insert::Existing(existing)) => {
                             self.answer_existing(record, key, &existing)
                         }
@@ -275,8 +270,7 @@ impl Intake {
                 }
                 Claim::Wait(rx) => rx,
             };
-            let finished =
-                tokio::time::timeout(self.settings.in_progress_wait, rx.changed()).await;
+            let finished = tokio::time::timeout(self.settings.in_progress_wait, rx.changed()).await;
             match self
                 .store
                 .lookup(&record.scope, &key.value, self.settings.retention)
@@ -284,25 +278,24 @@ impl Intake {
             {
                 Ok(Some(existing)) => return self.answer_existing(record, key, &existing),
                 Ok(None) if finished.is_err() => {
-                    return (Reply::key_in_progress(), Outcome::InProgress)
+                    return Decision::refused(Reply::key_in_progress(), Outcome::InProgress)
                 }
                 Ok(None) => continue,
                 Err(err) => return unavailable(&err),
             }
         }
-        (Reply::key_in_progress(), Outcome::InProgress)
+        Decision::refused(Reply::key_in_progress(), Outcome::InProgress)
     }
 
-    fn answer_existing(
-        &self,
-        record: &NewRecord,
-        key: &IdemKey,
-        existing: &Existing,
-    ) -> (Reply, Outcome) {
+    fn answer_existing(&self, record: &NewRecord, key: &IdemKey, existing: &Existing) -> Decision {
         if existing.fingerprint == record.fingerprint {
-            (stored_reply(&existing.reply).replayed(), Outcome::Replayed)
+            Decision {
+                reply: stored_reply(&existing.reply).replayed(),
+                outcome: Outcome::Replayed,
+                id: Some(existing.id.clone()),
+            }
         } else {
-            (
+            Decision::refused(
                 Reply::key_reuse(key.source == KeySource::MessageId),
                 Outcome::Conflict,
             )
@@ -310,11 +303,32 @@ impl Intake {
     }
 }
 
-fn outcome_of(state: State) -> Outcome {
-    if state == State::Rejected {
-        Outcome::Rejected
-    } else {
-        Outcome::Accepted
+/// The reply for a submission, what it was, and the record it refers to (if any).
+struct Decision {
+    reply: Reply,
+    outcome: Outcome,
+    id: Option<String>,
+}
+
+impl Decision {
+    fn refused(reply: Reply, outcome: Outcome) -> Self {
+        Decision {
+            reply,
+            outcome,
+            id: None,
+        }
+    }
+
+    fn inserted(record: &NewRecord) -> Self {
+        Decision {
+            reply: stored_reply(&record.reply),
+            outcome: if record.state == State::Rejected {
+                Outcome::Rejected
+            } else {
+                Outcome::Accepted
+            },
+            id: Some(record.id.clone()),
+        }
     }
 }
 
@@ -322,9 +336,9 @@ fn stored_reply(line: &str) -> Reply {
     Reply::from_line(line).unwrap_or_else(|| Reply::new(250, line.to_string()))
 }
 
-fn unavailable(err: &crate::store::StoreError) -> (Reply, Outcome) {
+fn unavailable(err: &crate::store::StoreError) -> Decision {
     tracing::error!(target: "idemrelay::store", error = %err, "store write failed; message not accepted");
-    (Reply::store_unavailable(), Outcome::Unavailable)
+    Decision::refused(Reply::store_unavailable(), Outcome::Unavailable)
 }
 
 fn protocol_name(sub: &Submission) -> &'static str {

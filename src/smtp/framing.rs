@@ -281,7 +281,10 @@ mod tests {
         }
         big.extend_from_slice(b".\r\n");
         let (msg, status, used) = data(&big);
-        assert_eq!((msg, status, used), (Err(BodyFault::TooBig), BodyStatus::Complete, big.len()));
+        assert_eq!(
+            (msg, status, used),
+            (Err(BodyFault::TooBig), BodyStatus::Complete, big.len())
+        );
     }
 
     #[test]

@@ -220,7 +220,10 @@ impl Reply {
     }
 
     pub fn mixed_data_bdat() -> Self {
-        Reply::new(503, "5.5.1 DATA and BDAT cannot be mixed in one transaction")
+        Reply::new(
+            503,
+            "5.5.1 DATA and BDAT cannot be mixed in one transaction",
+        )
     }
 
     pub fn auth_required() -> Self {
@@ -238,7 +241,10 @@ impl Reply {
     // --- end of DATA ----------------------------------------------------------------------
 
     pub fn data_line_too_long() -> Self {
-        Reply::new(550, "5.6.0 Message line longer than 998 octets; message not accepted")
+        Reply::new(
+            550,
+            "5.6.0 Message line longer than 998 octets; message not accepted",
+        )
     }
 
     pub fn nul_in_data() -> Self {
@@ -246,7 +252,10 @@ impl Reply {
     }
 
     pub fn no_header_section() -> Self {
-        Reply::new(550, "5.6.0 Message has no header section; message not accepted")
+        Reply::new(
+            550,
+            "5.6.0 Message has no header section; message not accepted",
+        )
     }
 
     pub fn no_from_header() -> Self {

@@ -148,7 +148,9 @@ pub trait Store: Send + Sync {
 /// Opens the backend named by the URL scheme.
 pub async fn open(url: &str, busy_timeout: Duration) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::open(url, busy_timeout).await?))
+        Ok(Arc::new(
+            sqlite::SqliteStore::open(url, busy_timeout).await?,
+        ))
     } else {
         Err(StoreError::Config(format!(
             "unsupported store URL scheme in {url:?} (supported: sqlite://)"

@@ -1,0 +1,264 @@
+//! Test harness: a relay on port 0 with a temporary SQLite store, and a small SMTP client that
+//! speaks over a real socket and hands back every reply line.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use idemrelay::app::Relay;
+use idemrelay::config::Settings;
+use idemrelay::store::{Store, StoredMessage};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// An SMTP reply as received: code and text lines (without the code).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub code: u16,
+    pub lines: Vec<String>,
+}
+
+impl Answer {
+    /// The last line as the server wrote it: `250 2.0.0 ...`.
+    pub fn line(&self) -> String {
+        format!(
+            "{} {}",
+            self.code,
+            self.lines.last().cloned().unwrap_or_default()
+        )
+    }
+
+    /// The queue id from `250 2.0.0 OK queued as <id>[ ...]`.
+    pub fn queue_id(&self) -> Option<String> {
+        let line = self.lines.last()?;
+        let rest = line.strip_prefix("2.0.0 OK queued as ")?;
+        Some(rest.split(' ').next()?.to_string())
+    }
+}
+
+pub struct Client {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+impl Client {
+    pub async fn connect(addr: SocketAddr) -> (Client, Answer) {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let mut client = Client {
+            stream,
+            buf: Vec::new(),
+        };
+        let greeting = client.read_answer().await.expect("greeting");
+        (client, greeting)
+    }
+
+    /// Connects and says EHLO; panics unless both succeed.
+    pub async fn ready(addr: SocketAddr) -> Client {
+        let (mut client, greeting) = Client::connect(addr).await;
+        assert_eq!(greeting.code, 220, "{greeting:?}");
+        let ehlo = client.cmd("EHLO client.test").await;
+        assert_eq!(ehlo.code, 250, "{ehlo:?}");
+        client
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    /// Reads one reply; `None` when the server closed the connection first.
+    pub async fn read_answer(&mut self) -> Option<Answer> {
+        let mut lines = Vec::new();
+        loop {
+            while let Some(pos) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                let line: Vec<u8> = self.buf.drain(..pos + 2).collect();
+                let text = String::from_utf8_lossy(&line[..line.len() - 2]).to_string();
+                let code: u16 = text.get(..3)?.parse().ok()?;
+                let more = text.as_bytes().get(3) == Some(&b'-');
+                lines.push(text.get(4..).unwrap_or("").to_string());
+                if !more {
+                    return Some(Answer { code, lines });
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(TIMEOUT, self.stream.read(&mut chunk))
+                .await
+                .expect("server did not answer in time")
+                .ok()?;
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// True once the server has closed the connection (EOF with nothing more to read).
+    pub async fn is_closed(&mut self) -> bool {
+        let mut chunk = [0u8; 64];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), self.stream.read(&mut chunk)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+
+    pub async fn cmd(&mut self, line: &str) -> Answer {
+        self.send(format!("{line}\r\n").as_bytes()).await;
+        self.read_answer().await.expect("connection closed")
+    }
+
+    /// DATA with dot-stuffing; `message` must already use CRLF.
+    pub async fn data(&mut self, message: &[u8]) -> Answer {
+        let go = self.cmd("DATA").await;
+        assert_eq!(go.code, 354, "{go:?}");
+        self.send(&dot_stuff(message)).await;
+        self.read_answer()
+            .await
+            .expect("connection closed after DATA")
+    }
+
+    /// MAIL, RCPT..., DATA on an open session; returns the answer to the final dot.
+    pub async fn submit(&mut self, from: &str, to: &[&str], message: &[u8]) -> Answer {
+        let mail = self.cmd(&format!("MAIL FROM:<{from}>")).await;
+        assert_eq!(mail.code, 250, "{mail:?}");
+        for rcpt in to {
+            let r = self.cmd(&format!("RCPT TO:<{rcpt}>")).await;
+            assert_eq!(r.code, 250, "{r:?}");
+        }
+        self.data(message).await
+    }
+
+    pub async fn quit(mut self) {
+        let _ = self.cmd("QUIT").await;
+    }
+}
+
+/// Dot-stuffs a CRLF message and appends the terminator (adding a final CRLF if missing).
+pub fn dot_stuff(message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.len() + 8);
+    let mut at_line_start = true;
+    for &b in message {
+        if at_line_start && b == b'.' {
+            out.push(b'.');
+        }
+        out.push(b);
+        at_line_start = b == b'\n';
+    }
+    if !message.is_empty() && !message.ends_with(b"\r\n") {
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b".\r\n");
+    out
+}
+
+/// Converts lone LF to CRLF (corpus files are stored with LF).
+pub fn to_crlf(bytes: &[u8]) -> Vec<u8> {
+    idemrelay::cli::to_crlf(bytes)
+}
+
+/// A small valid message; `key` adds the idempotency header.
+pub fn message(key: Option<&str>, subject: &str, body: &str) -> Vec<u8> {
+    let mut m = String::from("From: Sender <sender@example.com>\r\nTo: rcpt@example.com\r\n");
+    if let Some(k) = key {
+        m.push_str(&format!("X-Bird-Idempotency-Key: {k}\r\n"));
+    }
+    m.push_str(&format!("Subject: {subject}\r\n\r\n{body}\r\n"));
+    m.into_bytes()
+}
+
+pub fn corpus_dir() -> PathBuf {
+    std::env::var_os("IDEMRELAY_CORPUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus"))
+}
+
+/// Every corpus message, as (name, CRLF bytes).
+pub fn corpus() -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for group in ["rfc", "thirdparty", "malformed"] {
+        let dir = corpus_dir().join("eml").join(group);
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("corpus {} missing: {e}", dir.display()))
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "eml"))
+            .collect();
+        entries.sort();
+        for path in entries {
+            let name = format!("{group}/{}", path.file_name().unwrap().to_string_lossy());
+            out.push((name, to_crlf(&std::fs::read(&path).unwrap())));
+        }
+    }
+    out
+}
+
+/// A relay on 127.0.0.1:0 with its own SQLite file.
+pub struct TestRelay {
+    pub relay: Relay,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub settings: Settings,
+}
+
+pub fn test_settings(dir: &std::path::Path) -> Settings {
+    Settings {
+        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        store: format!("sqlite://{}", dir.join("relay.db").display()),
+        hostname: "relay.test".into(),
+        ..Settings::default()
+    }
+}
+
+impl TestRelay {
+    pub async fn start() -> TestRelay {
+        TestRelay::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(tune: impl FnOnce(&mut Settings)) -> TestRelay {
+        let dir = tempfile::tempdir().unwrap();
+        let mut settings = test_settings(dir.path());
+        tune(&mut settings);
+        TestRelay::start_in(dir, settings).await
+    }
+
+    pub async fn start_in(dir: tempfile::TempDir, settings: Settings) -> TestRelay {
+        let relay = Relay::start(&settings).await.expect("relay starts");
+        let addr = relay.local_addrs()[0];
+        TestRelay {
+            relay,
+            addr,
+            dir,
+            settings,
+        }
+    }
+
+    pub fn store(&self) -> &std::sync::Arc<dyn Store> {
+        self.relay.intake().store()
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.dir.path().join("relay.db")
+    }
+
+    pub async fn stored(&self, id: &str) -> StoredMessage {
+        self.store()
+            .message(id)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("no record {id}"))
+    }
+
+    /// Number of rows in a table, read through a separate connection.
+    pub async fn count(&self, table: &str) -> i64 {
+        let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", self.db_path().display()))
+            .await
+            .unwrap();
+        let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        n
+    }
+}
