@@ -84,6 +84,11 @@ impl Relay {
                 alive.clone(),
             )));
         }
+        tasks.push(tokio::spawn(store_health_loop(
+            intake.clone(),
+            settings.store_probe_interval,
+            stop_rx.clone(),
+        )));
         tasks.push(tokio::spawn(purge_loop(
             store,
             settings.retention,
@@ -121,6 +126,19 @@ impl Relay {
             .is_err()
         {
             tracing::warn!("shutdown grace period over; closing remaining connections");
+        }
+    }
+}
+
+/// Probes the store so that an outage is noticed (and its end too) without waiting for a
+/// submission to fail.
+async fn store_health_loop(intake: Arc<Intake>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => { intake.check_store().await; }
+            _ = stopped(&mut stop) => return,
         }
     }
 }

@@ -105,6 +105,10 @@ pub struct Settings {
     pub store_busy_timeout: Duration,
     #[serde(with = "human_duration")]
     pub purge_interval: Duration,
+    /// How often the store is probed for writability (new connections get 421 4.3.2 while
+    /// it is not writable).
+    #[serde(with = "human_duration")]
+    pub store_probe_interval: Duration,
     /// How long sessions inside a message may run on after SIGTERM.
     #[serde(with = "human_duration")]
     pub shutdown_grace: Duration,
@@ -136,6 +140,7 @@ impl Default for Settings {
             read_timeout: Duration::from_secs(300),
             store_busy_timeout: Duration::from_secs(5),
             purge_interval: Duration::from_secs(60),
+            store_probe_interval: Duration::from_secs(2),
             shutdown_grace: Duration::from_secs(30),
         }
     }
@@ -184,6 +189,8 @@ pub struct ConfigArgs {
     pub store_busy_timeout: Option<Duration>,
     #[arg(long, env = "IDEMRELAY_PURGE_INTERVAL", value_parser = humantime::parse_duration)]
     pub purge_interval: Option<Duration>,
+    #[arg(long, env = "IDEMRELAY_STORE_PROBE_INTERVAL", value_parser = humantime::parse_duration)]
+    pub store_probe_interval: Option<Duration>,
     #[arg(long, env = "IDEMRELAY_SHUTDOWN_GRACE", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Option<Duration>,
 }
@@ -224,6 +231,7 @@ impl Settings {
             read_timeout,
             store_busy_timeout,
             purge_interval,
+            store_probe_interval,
             shutdown_grace
         );
         if let Some(url) = &args.upstream {
@@ -263,8 +271,11 @@ impl Settings {
         if self.max_message_size == 0 || self.max_recipients == 0 {
             bail!("max_message_size and max_recipients must be positive");
         }
-        if self.retention.is_zero() || self.purge_interval.is_zero() {
-            bail!("retention and purge_interval must be positive");
+        if self.retention.is_zero()
+            || self.purge_interval.is_zero()
+            || self.store_probe_interval.is_zero()
+        {
+            bail!("retention, purge_interval and store_probe_interval must be positive");
         }
         Ok(())
     }

@@ -261,25 +261,48 @@ async fn a_key_still_being_committed_is_e01004_then_replays() {
 async fn an_unwritable_store_is_e01033_and_nothing_is_accepted() {
     let relay = TestRelay::start_with(|s| {
         s.store_busy_timeout = Duration::from_millis(200);
+        s.store_probe_interval = Duration::from_millis(100);
     })
     .await;
     let keyed = message(Some("down-1"), "hello", "body");
     let unkeyed = message(None, "hello", "no key");
     let lock = hold_write_lock(&relay).await;
+    let mut c = Client::ready(relay.addr).await;
     assert_eq!(
-        submit_once(&relay, &["rcpt@example.com"], &keyed)
+        c.submit("sender@example.com", &["rcpt@example.com"], &keyed)
             .await
             .line(),
         E01033
     );
     assert_eq!(
-        submit_once(&relay, &["rcpt@example.com"], &unkeyed)
+        c.submit("sender@example.com", &["rcpt@example.com"], &unkeyed)
             .await
             .line(),
         E01033
     );
+    c.quit().await;
+    // New connections are refused while the store cannot be written.
+    let (mut c, greeting) = Client::connect(relay.addr).await;
+    assert_eq!(
+        greeting.line(),
+        "421 4.3.2 idempotency store unavailable; try again later (E01033 IdempotencyUnavailable)"
+    );
+    assert!(c.is_closed().await);
     release_write_lock(lock).await;
     assert_eq!(relay.count("messages").await, 0);
+    // The health probe notices the store is back.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_c, greeting) = Client::connect(relay.addr).await;
+        if greeting.code == 220 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still refused: {greeting:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // Once the store is back, the same key is a fresh, first acceptance.
     let answer = submit_once(&relay, &["rcpt@example.com"], &keyed).await;
     assert!(!answer.line().contains("replay"), "{answer:?}");

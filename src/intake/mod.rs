@@ -6,6 +6,7 @@ pub mod message;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -65,6 +66,9 @@ pub struct Intake {
     settings: IntakeSettings,
     /// Keys being committed by this process; the sender half is dropped when the attempt ends.
     in_flight: Mutex<HashMap<(String, String), watch::Receiver<()>>>,
+    /// False after a store failure until a probe or a write succeeds; new connections are
+    /// refused meanwhile (fail closed).
+    store_healthy: AtomicBool,
 }
 
 /// Removes the in-flight entry (waking the waiters) however the attempt ends.
@@ -108,6 +112,7 @@ impl Intake {
             store,
             settings,
             in_flight: Mutex::new(HashMap::new()),
+            store_healthy: AtomicBool::new(true),
         }
     }
 
@@ -117,6 +122,26 @@ impl Intake {
 
     pub fn settings(&self) -> &IntakeSettings {
         &self.settings
+    }
+
+    pub fn store_healthy(&self) -> bool {
+        self.store_healthy.load(Ordering::Relaxed)
+    }
+
+    /// Probes the store and records the result; returns whether it is writable.
+    pub async fn check_store(&self) -> bool {
+        let ok = match self.store.probe().await {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(target: "idemrelay::store", error = %err, "store probe failed");
+                false
+            }
+        };
+        let was = self.store_healthy.swap(ok, Ordering::Relaxed);
+        if ok && !was {
+            tracing::info!(target: "idemrelay::store", "store writable again; accepting connections");
+        }
+        ok
     }
 
     /// Decides the reply to the end of DATA. A positive reply is returned only after the
@@ -159,6 +184,8 @@ impl Intake {
             None => self.insert_unkeyed(&record).await,
             Some(key) => self.insert_keyed(&record, key).await,
         };
+        self.store_healthy
+            .store(decision.outcome != Outcome::Unavailable, Ordering::Relaxed);
         (decision, key)
     }
 

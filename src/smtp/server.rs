@@ -11,6 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
+use super::reply::Reply;
 use super::session::{Output, Session, SessionConfig};
 use crate::app::stopped;
 use crate::intake::{Intake, Origin};
@@ -80,6 +81,14 @@ async fn connection(
         scope: ctx.policy.scope.clone(),
         peer: peer.ip().to_canonical(),
     };
+    if !ctx.intake.store_healthy() {
+        // Fail closed: nothing could be accepted, so say so before the client sends a message.
+        stream
+            .write_all(&Reply::store_unavailable_at_connect().to_bytes())
+            .await?;
+        let _ = stream.shutdown().await;
+        return Ok(());
+    }
     let mut session = Session::new(ctx.session.clone(), ctx.policy.allows(peer.ip()));
     stream.write_all(&session.greeting().to_bytes()).await?;
     let mut buf = vec![0u8; 64 * 1024];

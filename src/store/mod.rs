@@ -141,6 +141,9 @@ pub trait Store: Send + Sync {
         upstream_reply: Option<&str>,
     ) -> Result<bool, StoreError>;
 
+    /// Checks that a write transaction can be opened now (used to fail closed at connect).
+    async fn probe(&self) -> Result<(), StoreError>;
+
     /// Deletes terminal records older than the retention; returns how many.
     async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError>;
 }

@@ -252,6 +252,13 @@ impl Store for SqliteStore {
         Ok(updated == 1)
     }
 
+    async fn probe(&self) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        tx.rollback().await?;
+        Ok(())
+    }
+
     async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError> {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
