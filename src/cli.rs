@@ -85,8 +85,11 @@ fn serve(settings: &Settings) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
+        // Handlers go in before the listeners open, so a SIGTERM that follows the "listening"
+        // line is always a graceful stop, never the default kill.
+        let signal = termination_signal()?;
         let relay = Relay::start(settings).await?;
-        termination_signal().await;
+        signal.await;
         tracing::info!("shutting down");
         relay.shutdown().await;
         tracing::info!("stopped");
@@ -109,7 +112,11 @@ pub fn to_crlf(bytes: &[u8]) -> Vec<u8> {
 fn derive_report(args: &DeriveArgs) -> anyhow::Result<String> {
     let raw =
         std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let message = to_crlf(&raw);
+    let mut message = to_crlf(&raw);
+    // Over DATA the last line always ends in CRLF, so that is the message the relay sees.
+    if !message.is_empty() && !message.ends_with(b"\r\n") {
+        message.extend_from_slice(b"\r\n");
+    }
     let envelope = Envelope {
         mail_from: args.from.clone(),
         rcpt_to: args.to.clone(),

@@ -22,7 +22,11 @@ mod human_duration {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "{text:?} is not a duration like 500ms, 30s or 3h ({e})"
+            ))
+        })
     }
 }
 
@@ -196,8 +200,27 @@ pub struct ConfigArgs {
 }
 
 impl Settings {
+    /// Parses a settings file. Errors name the line but never quote it: the line may hold
+    /// the upstream password.
     pub fn from_toml(text: &str) -> anyhow::Result<Settings> {
-        Ok(toml::from_str(text)?)
+        toml::from_str(text).map_err(|e| {
+            let Some(span) = e.span() else {
+                return anyhow::anyhow!("{}", e.message());
+            };
+            let start = span.start.min(text.len());
+            let line_no = text[..start].matches('\n').count() + 1;
+            let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+            // The key name is safe to show; the value is not.
+            let key = text[line_start..]
+                .split(['=', '\n'])
+                .next()
+                .map(str::trim)
+                .filter(|k| !k.is_empty() && k.len() < 64 && !k.contains(['"', '\'', ':', '@']));
+            match key {
+                Some(key) => anyhow::anyhow!("line {line_no} ({key}): {}", e.message()),
+                None => anyhow::anyhow!("line {line_no}: {}", e.message()),
+            }
+        })
     }
 
     /// File first, then environment and flags (clap already ranks a flag over its variable).
@@ -309,6 +332,19 @@ mod tests {
         assert_eq!(s.retention, Duration::from_secs(600));
         assert_eq!(s.scope, "flag");
         assert_eq!(s.missing_key, MissingKey::Pass);
+    }
+
+    #[test]
+    fn parse_errors_do_not_quote_the_line() {
+        for text in [
+            "upstream = \"smtp://u:s3cret@h:587\n",
+            "upstream = [\"smtp://u:s3cret@h:587\"]\n",
+            "retention = \"3h\"\nupstream = 5 # s3cret\n",
+        ] {
+            let err = format!("{:#}", Settings::from_toml(text).unwrap_err());
+            assert!(!err.contains("s3cret"), "{err}");
+            assert!(err.starts_with("line "), "{err}");
+        }
     }
 
     #[test]
