@@ -702,3 +702,17 @@ async fn scopes_use_keys_independently() {
     // A different body under the other scope is not a conflict either.
     assert_eq!(dir_a.count("messages").await, 2);
 }
+
+#[tokio::test]
+async fn an_oversized_header_section_is_refused_before_parsing() {
+    let relay = TestRelay::start().await;
+    let mut msg = b"From: a@example.com\r\nX-Bird-Idempotency-Key: big-headers\r\n".to_vec();
+    msg.extend_from_slice(&b"a:\r\n".repeat(50_000));
+    msg.extend_from_slice(b"\r\nbody\r\n");
+    let answer = submit_once(&relay, &["r@example.com"], &msg).await;
+    assert_eq!(
+        answer.line(),
+        "550 5.6.0 Header section too large; message not accepted"
+    );
+    assert_eq!(relay.count("messages").await, 0);
+}

@@ -4,6 +4,35 @@ use mail_parser::{HeaderName, MessageParser};
 
 use super::key::KEY_HEADER;
 
+/// Bounds on the header section, checked before it is parsed: mail-parser allocates per
+/// field, so a body-sized header section of tiny fields would cost hundreds of MB.
+pub const MAX_HEADER_BYTES: usize = 256 * 1024;
+pub const MAX_HEADER_FIELDS: usize = 1000;
+
+/// Length of the header section (up to and including the empty line, or the whole message
+/// when there is no body), or `None` when it exceeds the bounds.
+pub fn bounded_header_section(message: &[u8]) -> Option<usize> {
+    let mut pos = 0;
+    let mut fields = 0;
+    while pos < message.len() {
+        let end = message[pos..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map_or(message.len(), |i| pos + i + 2);
+        if end - pos == 2 {
+            return Some(end);
+        }
+        if !matches!(message[pos], b' ' | b'\t') {
+            fields += 1;
+        }
+        pos = end;
+        if pos > MAX_HEADER_BYTES || fields > MAX_HEADER_FIELDS {
+            return None;
+        }
+    }
+    Some(pos)
+}
+
 /// What intake needs to know from the header section.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderScan {
@@ -96,9 +125,14 @@ pub struct ReceivedLine<'a> {
 impl ReceivedLine<'_> {
     pub fn render(&self) -> String {
         let date = mail_parser::DateTime::from_timestamp(self.unix_time).to_rfc822();
+        // RFC 5321 §4.1.3 address literals: IPv6 ones carry a tag.
+        let literal = match self.peer {
+            std::net::IpAddr::V4(ip) => ip.to_string(),
+            std::net::IpAddr::V6(ip) => format!("IPv6:{ip}"),
+        };
         format!(
             "Received: from {} ([{}])\r\n\tby {} (idemrelay) with {} id {};\r\n\t{}\r\n",
-            self.helo, self.peer, self.hostname, self.protocol, self.id, date
+            self.helo, literal, self.hostname, self.protocol, self.id, date
         )
     }
 }
@@ -137,6 +171,39 @@ mod tests {
         assert_eq!(scan.message_id.as_deref(), Some("m1@example.com"));
         assert_eq!(scan.key_values.len(), 2);
         assert_eq!(scan.key_values[0].trim_ascii(), b"k1");
+    }
+
+    #[test]
+    fn header_section_bounds() {
+        assert_eq!(
+            bounded_header_section(b"A: b\r\n C\r\n\r\nbody\r\n"),
+            Some(12)
+        );
+        assert_eq!(bounded_header_section(b"A: b\r\n"), Some(6));
+        let many = b"a:\r\n".repeat(MAX_HEADER_FIELDS + 1);
+        assert_eq!(bounded_header_section(&many), None);
+        let mut fine = b"a:\r\n".repeat(MAX_HEADER_FIELDS);
+        fine.extend_from_slice(b"\r\n");
+        assert_eq!(bounded_header_section(&fine), Some(fine.len()));
+        let mut long = b"A: ".to_vec();
+        for _ in 0..4000 {
+            long.extend_from_slice(b"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\r\n ");
+        }
+        assert_eq!(bounded_header_section(&long), None);
+    }
+
+    #[test]
+    fn ipv6_peers_are_tagged_in_the_trace_line() {
+        let line = ReceivedLine {
+            helo: "h",
+            peer: "::1".parse().unwrap(),
+            hostname: "r",
+            protocol: "ESMTP",
+            id: "I",
+            unix_time: 0,
+        }
+        .render();
+        assert!(line.starts_with("Received: from h ([IPv6:::1])"), "{line}");
     }
 
     #[test]

@@ -17,7 +17,9 @@ use crate::smtp::session::Submission;
 use crate::store::{Existing, Insert, NewRecord, State, Store};
 use fingerprint::{fingerprint, Fingerprint};
 use key::{derive_key, read_key_header, IdemKey, KeyHeader, KeySource, MissingKey};
-use message::{has_header_section, scan_headers, with_relay_headers, ReceivedLine};
+use message::{
+    bounded_header_section, has_header_section, scan_headers, with_relay_headers, ReceivedLine,
+};
 
 #[derive(Debug, Clone)]
 pub struct IntakeSettings {
@@ -171,7 +173,13 @@ impl Intake {
                 None,
             );
         }
-        let scan = scan_headers(&sub.message);
+        let Some(header_len) = bounded_header_section(&sub.message) else {
+            return (
+                Decision::refused(Reply::header_section_too_large(), Outcome::Rejected),
+                None,
+            );
+        };
+        let scan = scan_headers(&sub.message[..header_len]);
         let fp = fingerprint(&origin.scope, &sub.envelope, &sub.message);
         let key = match self.resolve_key(origin, sub, &scan, &fp) {
             Resolved::Refused(reply, outcome) => return (Decision::refused(reply, outcome), None),
@@ -184,8 +192,12 @@ impl Intake {
             None => self.insert_unkeyed(&record).await,
             Some(key) => self.insert_keyed(&record, key).await,
         };
-        self.store_healthy
-            .store(decision.outcome != Outcome::Unavailable, Ordering::Relaxed);
+        // Only a failed write or a committed one says anything about the store's health.
+        match decision.outcome {
+            Outcome::Unavailable => self.store_healthy.store(false, Ordering::Relaxed),
+            Outcome::Accepted => self.store_healthy.store(true, Ordering::Relaxed),
+            _ => {}
+        }
         (decision, key)
     }
 

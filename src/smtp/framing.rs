@@ -110,9 +110,10 @@ impl BodyReceiver {
         }
     }
 
-    /// Appends message content that belongs to the current line.
-    fn push_content(&mut self, content: &[u8]) {
-        self.line_len += content.len();
+    /// Appends message content that belongs to the current line; `stuffed` counts the
+    /// transparency dot removed in front of it, since the limit is on the line as sent.
+    fn push_content(&mut self, content: &[u8], stuffed: bool) {
+        self.line_len += content.len() + usize::from(stuffed);
         if self.line_len > self.limits.max_line {
             self.set_fault(BodyFault::LineTooLong);
         }
@@ -153,25 +154,19 @@ impl BodyReceiver {
                     if at_start && line == b"." {
                         return (used, BodyStatus::Complete);
                     }
-                    let content = if at_start && line.first() == Some(&b'.') {
-                        &line[1..]
-                    } else {
-                        line
-                    };
-                    self.push_content(content);
+                    let stuffed = at_start && line.first() == Some(&b'.');
+                    let content = if stuffed { &line[1..] } else { line };
+                    self.push_content(content, stuffed);
                     self.end_line();
                 }
                 Piece::Partial(n) => {
                     let part = &rest[..n];
                     used += n;
-                    let content = if self.line_len == 0 && part.first() == Some(&b'.') {
-                        &part[1..]
-                    } else {
-                        part
-                    };
+                    let stuffed = self.line_len == 0 && part.first() == Some(&b'.');
+                    let content = if stuffed { &part[1..] } else { part };
                     // A partial is at least `piece_max` bytes, so the content is never empty
                     // and line_len leaves 0: the next piece is not un-stuffed again.
-                    self.push_content(content);
+                    self.push_content(content, stuffed);
                 }
             }
         }
@@ -188,7 +183,7 @@ impl BodyReceiver {
             match next_piece(rest, usize::MAX) {
                 Piece::BareLineEnding => return BodyStatus::BareLineEnding,
                 Piece::Line(n) => {
-                    self.push_content(&rest[..n - 2]);
+                    self.push_content(&rest[..n - 2], false);
                     self.end_line();
                     used += n;
                 }
@@ -198,7 +193,7 @@ impl BodyReceiver {
                     let content_len = rest.len() - keep;
                     let content = rest[..content_len].to_vec();
                     if !content.is_empty() {
-                        self.push_content(&content);
+                        self.push_content(&content, false);
                     }
                     self.carry = rest[content_len..].to_vec();
                     return BodyStatus::NeedMore;
@@ -292,6 +287,14 @@ mod tests {
         let mut input = vec![b'x'; 998];
         input.extend_from_slice(b"\r\n.\r\n");
         assert_eq!(data(&input).0.unwrap().len(), 1000);
+    }
+
+    #[test]
+    fn the_limit_counts_the_transparency_dot() {
+        let mut input = vec![b'.'];
+        input.extend(std::iter::repeat_n(b'x', 998));
+        input.extend_from_slice(b"\r\n.\r\n");
+        assert_eq!(data(&input).0, Err(BodyFault::LineTooLong));
     }
 
     #[test]

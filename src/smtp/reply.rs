@@ -199,6 +199,17 @@ impl Reply {
         Reply::new(501, "5.1.3 Bad recipient address syntax")
     }
 
+    pub fn non_ascii_address() -> Self {
+        Reply::new(
+            553,
+            "5.6.7 Non-ASCII address requires the SMTPUTF8 parameter",
+        )
+    }
+
+    pub fn header_section_too_large() -> Self {
+        Reply::new(550, "5.6.0 Header section too large; message not accepted")
+    }
+
     pub fn unsupported_parameter(param: &str) -> Self {
         Reply::new(555, format!("5.5.4 Parameter {param} not supported"))
     }

@@ -89,16 +89,15 @@ async fn connection(
         let _ = stream.shutdown().await;
         return Ok(());
     }
-    let mut session = Session::new(ctx.session.clone(), ctx.policy.allows(peer.ip()));
-    stream.write_all(&session.greeting().to_bytes()).await?;
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut told_shutdown = *shutdown.borrow();
-    if told_shutdown {
-        let outputs = session.begin_shutdown();
-        return drive(outputs, &mut session, &mut stream, ctx, &origin)
-            .await
-            .map(|_| ());
+    if *shutdown.borrow() {
+        let _ = write_all(&mut stream, &Reply::shutting_down().to_bytes(), ctx).await;
+        let _ = stream.shutdown().await;
+        return Ok(());
     }
+    let mut session = Session::new(ctx.session.clone(), ctx.policy.allows(peer.ip()));
+    write_all(&mut stream, &session.greeting().to_bytes(), ctx).await?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut told_shutdown = false;
     loop {
         let outputs = tokio::select! {
             read = tokio::time::timeout(ctx.read_timeout, stream.read(&mut buf)) => match read {
@@ -115,6 +114,18 @@ async fn connection(
         if !drive(outputs, &mut session, &mut stream, ctx, &origin).await? {
             return Ok(());
         }
+    }
+}
+
+/// A client that stops reading its replies must not pin the connection forever.
+async fn write_all(
+    stream: &mut TcpStream,
+    bytes: &[u8],
+    ctx: &ServerContext,
+) -> std::io::Result<()> {
+    match tokio::time::timeout(ctx.read_timeout, stream.write_all(bytes)).await {
+        Ok(result) => result,
+        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
     }
 }
 
@@ -139,7 +150,7 @@ async fn drive(
             }
         }
         if !wire.is_empty() {
-            stream.write_all(&wire).await?;
+            write_all(stream, &wire, ctx).await?;
         }
         if close {
             let _ = stream.shutdown().await;

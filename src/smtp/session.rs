@@ -179,9 +179,6 @@ impl Session {
         self.txn = None;
         self.mode = Mode::Command;
         self.process(&mut out);
-        if self.shutting_down && matches!(self.mode, Mode::Command) {
-            self.close_with(&mut out, Reply::shutting_down());
-        }
         out
     }
 
@@ -230,7 +227,8 @@ impl Session {
                     Piece::Line(n) => {
                         let line = rest[..n].to_vec();
                         pos += n;
-                        if self.shutting_down {
+                        // A BDAT transaction already under way may still finish.
+                        if self.shutting_down && !self.in_message() {
                             self.close_with(out, Reply::shutting_down());
                             break;
                         }
@@ -318,6 +316,9 @@ impl Session {
                 }
             }
         }
+        if self.shutting_down && !self.is_closed() && !self.in_message() {
+            self.close_with(out, Reply::shutting_down());
+        }
         if self.is_closed() {
             self.inbuf = Vec::new();
         } else {
@@ -377,6 +378,10 @@ impl Session {
     }
 
     fn command(&mut self, line: &[u8], out: &mut Vec<Output>) {
+        if let Some(reply) = overflowing_number(line) {
+            self.error(out, reply);
+            return;
+        }
         let request = Request::parse(&mut line.iter());
         let reply = match request {
             Ok(request) => self.request(request, out),
@@ -450,6 +455,9 @@ impl Session {
         if has_control_chars(&from.address) {
             return Err(Reply::bad_characters());
         }
+        if from.flags & MAIL_SMTPUTF8 == 0 && !from.address.is_ascii() {
+            return Err(Reply::non_ascii_address());
+        }
         if from.flags & MAIL_BODY_BINARYMIME != 0 {
             return Err(Reply::unsupported_parameter("BODY=BINARYMIME"));
         }
@@ -501,8 +509,12 @@ impl Session {
         if txn.rcpt_to.iter().any(|r| *r == to.address) {
             return Ok(Reply::recipient_ok());
         }
+        if !txn.smtputf8 && !to.address.is_ascii() {
+            return Err(Reply::non_ascii_address());
+        }
         if txn.rcpt_to.len() >= max {
-            return Err(Reply::too_many_recipients());
+            // Not a client error: RFC 5321 §4.5.3.1.10 has the client send the rest later.
+            return Ok(Reply::too_many_recipients());
         }
         txn.rcpt_to.push(to.address.into_owned());
         Ok(Reply::recipient_ok())
@@ -540,6 +552,30 @@ impl Session {
             reject,
         };
     }
+}
+
+/// smtp-proto 0.2 turns an overflowing number into its last digit (`...99995` reads as 5),
+/// which would let BDAT framing disagree with the client's; such numbers are refused here.
+fn overflowing_number(line: &[u8]) -> Option<Reply> {
+    let text = std::str::from_utf8(line).ok()?;
+    let mut words = text.split_ascii_whitespace();
+    let verb = words.next()?;
+    let overflows = |v: &str| {
+        !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && v.parse::<usize>().is_err()
+    };
+    if verb.eq_ignore_ascii_case("BDAT") {
+        if words.next().is_some_and(overflows) {
+            return Some(Reply::syntax("BDAT chunk-size [LAST]"));
+        }
+    } else if verb.eq_ignore_ascii_case("MAIL") {
+        let size_too_big = words.any(|w| {
+            w.get(..5).is_some_and(|p| p.eq_ignore_ascii_case("SIZE=")) && overflows(&w[5..])
+        });
+        if size_too_big {
+            return Some(Reply::message_too_big());
+        }
+    }
+    None
 }
 
 fn proto_error_reply(err: &ProtoError) -> Reply {
@@ -807,6 +843,69 @@ mod tests {
                 Output::Reply(Reply::ok())
             ]
         );
+    }
+
+    #[test]
+    fn too_many_recipients_is_not_a_session_error() {
+        let mut input = b"EHLO c\r\nMAIL FROM:<a@x>\r\n".to_vec();
+        for i in 0..20 {
+            input.extend_from_slice(format!("RCPT TO:<r{i}@x>\r\n").as_bytes());
+        }
+        input.extend_from_slice(b"DATA\r\nA: b\r\n.\r\n");
+        let t = run(&input);
+        assert!(!t.closed);
+        assert_eq!(t.submissions[0].envelope.rcpt_to.len(), 3);
+        assert_eq!(
+            t.replies
+                .iter()
+                .filter(|r| r.starts_with("452 4.5.3"))
+                .count(),
+            17
+        );
+    }
+
+    #[test]
+    fn overflowing_numbers_are_refused_not_misread() {
+        let t = run(b"EHLO c\r\nMAIL FROM:<a@x> SIZE=99999999999999999999999\r\nMAIL FROM:<a@x>\r\nRCPT TO:<b@x>\r\nBDAT 999999999999999999995 LAST\r\nNOOP\r\n");
+        assert!(t.replies[1].starts_with("552 5.3.4"), "{t:?}");
+        assert!(t.replies[4].starts_with("501 5.5.4"), "{t:?}");
+        assert_eq!(codes(&t)[5], 250);
+        assert!(t.submissions.is_empty());
+    }
+
+    #[test]
+    fn non_ascii_addresses_need_smtputf8() {
+        let t = run("EHLO c\r\nMAIL FROM:<jös@x>\r\nMAIL FROM:<a@x>\r\nRCPT TO:<ö@x>\r\nRSET\r\nMAIL FROM:<jös@x> SMTPUTF8\r\nRCPT TO:<ö@x>\r\n".as_bytes());
+        assert_eq!(codes(&t), vec![250, 553, 250, 553, 250, 250, 250]);
+        assert!(t.replies[1].starts_with("553 5.6.7"));
+    }
+
+    #[test]
+    fn a_bdat_transaction_may_finish_during_shutdown() {
+        let mut s = session();
+        let mut t = Transcript::default();
+        let out = s.feed(b"EHLO c\r\nMAIL FROM:<a@x>\r\nRCPT TO:<b@x>\r\nBDAT 6\r\nA: b\r\n");
+        absorb(&mut s, out, &mut t);
+        assert!(s.begin_shutdown().is_empty());
+        let out = s.feed(b"BDAT 4 LAST\r\nbody");
+        absorb(&mut s, out, &mut t);
+        assert_eq!(t.submissions.len(), 1);
+        assert_eq!(t.submissions[0].message, b"A: b\r\nbody");
+        assert_eq!(&codes(&t)[4..], &[250, 421]);
+        assert!(t.closed);
+    }
+
+    #[test]
+    fn a_refused_message_during_shutdown_ends_the_session() {
+        let mut s = session();
+        let mut t = Transcript::default();
+        let out = s.feed(b"EHLO c\r\nMAIL FROM:<a@x>\r\nRCPT TO:<b@x>\r\nDATA\r\nA: \0\r\n");
+        absorb(&mut s, out, &mut t);
+        assert!(s.begin_shutdown().is_empty());
+        let out = s.feed(b".\r\n");
+        absorb(&mut s, out, &mut t);
+        assert_eq!(&codes(&t)[4..], &[554, 421]);
+        assert!(t.closed);
     }
 
     fn script() -> impl Strategy<Value = Vec<u8>> {
