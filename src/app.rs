@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::config::Settings;
+use crate::delivery::upstream::UpstreamTarget;
+use crate::delivery::worker::{self, DeliverySettings};
 use crate::intake::{Intake, IntakeSettings};
 use crate::smtp::server::{serve, ListenerPolicy, ServerContext};
 use crate::smtp::session::SessionConfig;
@@ -21,6 +23,7 @@ pub struct Relay {
     stop: watch::Sender<bool>,
     alive_rx: mpsc::Receiver<()>,
     tasks: Vec<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
     grace: Duration,
 }
 
@@ -35,7 +38,7 @@ impl Relay {
             listeners.push(listener);
         }
         let store = store::open(&settings.store, settings.store_busy_timeout).await?;
-        Ok(Relay::with_parts(settings, store, listeners))
+        Relay::with_parts(settings, store, listeners)
     }
 
     /// Starts on listeners and a store the caller made (tests bind port 0).
@@ -43,7 +46,8 @@ impl Relay {
         settings: &Settings,
         store: Arc<dyn Store>,
         listeners: Vec<TcpListener>,
-    ) -> Relay {
+    ) -> anyhow::Result<Relay> {
+        let hint = Arc::new(Notify::new());
         let intake = Arc::new(Intake::new(
             store.clone(),
             IntakeSettings {
@@ -52,6 +56,7 @@ impl Relay {
                 retention: settings.retention,
                 in_progress_wait: settings.in_progress_wait,
             },
+            hint.clone(),
         ));
         let ctx = Arc::new(ServerContext {
             intake: intake.clone(),
@@ -89,20 +94,47 @@ impl Relay {
             settings.store_probe_interval,
             stop_rx.clone(),
         )));
+        let mut workers = Vec::new();
+        match &settings.upstream {
+            Some(url) => {
+                let password = std::env::var("IDEMRELAY_UPSTREAM_PASSWORD").ok();
+                let d = &settings.delivery;
+                let delivery = DeliverySettings {
+                    target: UpstreamTarget::parse(url.expose(), password)?,
+                    ca_file: d.ca_file.clone(),
+                    hostname: settings.hostname.clone(),
+                    timeouts: d.timeouts,
+                    retry: d.retry_policy(),
+                    workers: d.connections,
+                    scan_interval: d.scan_interval,
+                    rate_per_second: d.rate,
+                    burst: d.burst,
+                    breaker_threshold: d.breaker_threshold,
+                    breaker_cooldown: d.breaker_cooldown,
+                    pause_probe_interval: d.pause_probe_interval,
+                    max_per_connection: d.max_messages_per_connection,
+                    idle_close: d.idle_close,
+                };
+                tracing::info!(upstream = %url.redacted(), "delivering upstream");
+                workers = worker::start(store.clone(), delivery, hint, stop_rx.clone())?;
+            }
+            None => tracing::warn!("no upstream configured: accepted messages stay queued"),
+        }
         tasks.push(tokio::spawn(purge_loop(
             store,
             settings.retention,
             settings.purge_interval,
             stop_rx,
         )));
-        Relay {
+        Ok(Relay {
             addrs,
             intake,
             stop,
             alive_rx,
             tasks,
+            workers,
             grace: settings.shutdown_grace,
-        }
+        })
     }
 
     pub fn local_addrs(&self) -> &[SocketAddr] {
@@ -120,12 +152,24 @@ impl Relay {
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }
-        // Every connection task holds a sender clone; recv() is None once all have ended.
-        if tokio::time::timeout(self.grace, self.alive_rx.recv())
-            .await
-            .is_err()
-        {
-            tracing::warn!("shutdown grace period over; closing remaining connections");
+        let workers = std::mem::take(&mut self.workers);
+        let aborts: Vec<_> = workers.iter().map(JoinHandle::abort_handle).collect();
+        let drained = async {
+            // Every connection task holds a sender clone; recv() is None once all have ended.
+            self.alive_rx.recv().await;
+            for worker in workers {
+                let _ = worker.await;
+            }
+        };
+        if tokio::time::timeout(self.grace, drained).await.is_err() {
+            // An attempt cut off here has its intent open: the next start treats it as
+            // UNKNOWN, never as not sent.
+            tracing::warn!(
+                "shutdown grace period over; closing remaining connections and attempts"
+            );
+            for abort in aborts {
+                abort.abort();
+            }
         }
     }
 }

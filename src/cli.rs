@@ -34,6 +34,26 @@ pub enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// The delivery queue.
+    Queue {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(subcommand)]
+        command: QueueCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Resume delivery after an account-level pause (the relay notices within a second).
+    Resume,
+    /// Pause delivery for the whole relay; accepted messages keep queueing.
+    Pause {
+        #[arg(long, default_value = "paused by an operator")]
+        reason: String,
+    },
+    /// Show whether delivery is paused, and why.
+    Status,
 }
 
 #[derive(Debug, Subcommand)]
@@ -77,7 +97,32 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", derive_report(&args)?);
             Ok(())
         }
+        Command::Queue { config, command } => queue(&Settings::load(&config)?, command),
     }
+}
+
+fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let store = crate::store::open(&settings.store, settings.store_busy_timeout).await?;
+        match command {
+            QueueCommand::Resume => {
+                store.resume().await?;
+                println!("delivery resumed");
+            }
+            QueueCommand::Pause { reason } => {
+                store.pause(&reason).await?;
+                println!("delivery paused: {reason}");
+            }
+            QueueCommand::Status => match store.paused().await? {
+                Some(reason) => println!("paused: {reason}"),
+                None => println!("running"),
+            },
+        }
+        Ok(())
+    })
 }
 
 fn serve(settings: &Settings) -> anyhow::Result<()> {

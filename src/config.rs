@@ -9,10 +9,12 @@ use anyhow::{bail, Context};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use crate::delivery::retry::RetryPolicy;
+use crate::delivery::upstream::PhaseTimeouts;
 use crate::intake::key::{is_valid_key, MissingKey};
 
 /// Durations are written the human way in files and flags: `3h`, `500ms`.
-mod human_duration {
+pub(crate) mod human_duration {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
@@ -116,6 +118,88 @@ pub struct Settings {
     /// How long sessions inside a message may run on after SIGTERM.
     #[serde(with = "human_duration")]
     pub shutdown_grace: Duration,
+    /// Delivery upstream (used only when `upstream` is set).
+    pub delivery: DeliveryConfig,
+}
+
+/// How accepted messages are forwarded upstream (DESIGN §2).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// PEM file of extra trusted CA certificates for the upstream's TLS (tests, private CAs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// Concurrent upstream connections.
+    pub connections: usize,
+    pub max_messages_per_connection: usize,
+    #[serde(with = "human_duration")]
+    pub idle_close: Duration,
+    /// Upper bound between looks at the queue (intake also wakes the workers).
+    #[serde(with = "human_duration")]
+    pub scan_interval: Duration,
+    #[serde(with = "human_duration")]
+    pub retry_base: Duration,
+    #[serde(with = "human_duration")]
+    pub retry_cap: Duration,
+    pub max_attempts: u32,
+    /// Give up (fail, or park as unresolved) this long after acceptance.
+    #[serde(with = "human_duration")]
+    pub deadline: Duration,
+    /// The upstream's idempotency window: an UNKNOWN outcome is retried only inside it.
+    #[serde(with = "human_duration")]
+    pub upstream_window: Duration,
+    #[serde(with = "human_duration")]
+    pub window_margin: Duration,
+    /// Upstream message rate (messages per second) and burst.
+    pub rate: f64,
+    pub burst: f64,
+    /// Consecutive transient/unknown failures that open the circuit breaker.
+    pub breaker_threshold: u32,
+    #[serde(with = "human_duration")]
+    pub breaker_cooldown: Duration,
+    /// While paused for an account-level failure, how often the upstream is probed.
+    #[serde(with = "human_duration")]
+    pub pause_probe_interval: Duration,
+    /// One deadline per SMTP phase of the upstream conversation.
+    pub timeouts: PhaseTimeouts,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        let retry = RetryPolicy::default();
+        DeliveryConfig {
+            ca_file: None,
+            connections: 4,
+            max_messages_per_connection: 100,
+            idle_close: Duration::from_secs(50),
+            scan_interval: Duration::from_secs(1),
+            retry_base: retry.base,
+            retry_cap: retry.cap,
+            max_attempts: retry.max_attempts,
+            deadline: retry.deadline,
+            upstream_window: retry.window,
+            window_margin: retry.window_margin,
+            rate: 50.0,
+            burst: 50.0,
+            breaker_threshold: 5,
+            breaker_cooldown: Duration::from_secs(30),
+            pause_probe_interval: Duration::from_secs(60),
+            timeouts: PhaseTimeouts::default(),
+        }
+    }
+}
+
+impl DeliveryConfig {
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            base: self.retry_base,
+            cap: self.retry_cap,
+            max_attempts: self.max_attempts,
+            deadline: self.deadline,
+            window: self.upstream_window,
+            window_margin: self.window_margin,
+        }
+    }
 }
 
 fn system_hostname() -> String {
@@ -146,6 +230,7 @@ impl Default for Settings {
             purge_interval: Duration::from_secs(60),
             store_probe_interval: Duration::from_secs(2),
             shutdown_grace: Duration::from_secs(30),
+            delivery: DeliveryConfig::default(),
         }
     }
 }
@@ -197,6 +282,17 @@ pub struct ConfigArgs {
     pub store_probe_interval: Option<Duration>,
     #[arg(long, env = "IDEMRELAY_SHUTDOWN_GRACE", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Option<Duration>,
+    /// Extra trusted CA certificates (PEM) for the upstream's TLS.
+    #[arg(long, env = "IDEMRELAY_UPSTREAM_CA_FILE")]
+    pub upstream_ca_file: Option<PathBuf>,
+    /// The upstream's idempotency window (UNKNOWN outcomes are retried only inside it).
+    #[arg(long, env = "IDEMRELAY_UPSTREAM_WINDOW", value_parser = humantime::parse_duration)]
+    pub upstream_window: Option<Duration>,
+    #[arg(long, env = "IDEMRELAY_RETRY_BASE", value_parser = humantime::parse_duration)]
+    pub retry_base: Option<Duration>,
+    /// Concurrent upstream connections.
+    #[arg(long, env = "IDEMRELAY_UPSTREAM_CONNECTIONS")]
+    pub upstream_connections: Option<usize>,
 }
 
 impl Settings {
@@ -260,6 +356,18 @@ impl Settings {
         if let Some(url) = &args.upstream {
             s.upstream = Some(UpstreamUrl(url.clone()));
         }
+        if let Some(path) = &args.upstream_ca_file {
+            s.delivery.ca_file = Some(path.clone());
+        }
+        if let Some(window) = args.upstream_window {
+            s.delivery.upstream_window = window;
+        }
+        if let Some(base) = args.retry_base {
+            s.delivery.retry_base = base;
+        }
+        if let Some(n) = args.upstream_connections {
+            s.delivery.connections = n;
+        }
         s.validate()?;
         Ok(s)
     }
@@ -284,6 +392,18 @@ impl Settings {
                     url.redacted()
                 );
             }
+            crate::delivery::upstream::UpstreamTarget::parse(url.expose(), None)
+                .map_err(|e| anyhow::anyhow!("upstream {}: {e}", url.redacted()))?;
+        }
+        let d = &self.delivery;
+        if d.connections == 0 || d.max_messages_per_connection == 0 || d.max_attempts == 0 {
+            bail!("delivery: connections, max_messages_per_connection and max_attempts must be positive");
+        }
+        if !(d.rate > 0.0 && d.burst >= 1.0) {
+            bail!("delivery: rate must be positive and burst at least 1");
+        }
+        if d.window_margin >= d.upstream_window {
+            bail!("delivery: window_margin must be smaller than upstream_window");
         }
         if !is_valid_key(&self.scope) {
             bail!("scope: must be 1-255 printable characters");

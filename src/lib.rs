@@ -5,6 +5,8 @@
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod delivery;
 pub mod intake;
+pub mod sink;
 pub mod smtp;
 pub mod store;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
@@ -71,6 +71,8 @@ pub struct Intake {
     /// False after a store failure until a probe or a write succeeds; new connections are
     /// refused meanwhile (fail closed).
     store_healthy: AtomicBool,
+    /// Wakes the delivery workers after a commit.
+    delivery_hint: Arc<Notify>,
 }
 
 /// Removes the in-flight entry (waking the waiters) however the attempt ends.
@@ -109,10 +111,15 @@ pub fn new_queue_id() -> String {
 }
 
 impl Intake {
-    pub fn new(store: Arc<dyn Store>, settings: IntakeSettings) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        settings: IntakeSettings,
+        delivery_hint: Arc<Notify>,
+    ) -> Self {
         Intake {
             store,
             settings,
+            delivery_hint,
             in_flight: Mutex::new(HashMap::new()),
             store_healthy: AtomicBool::new(true),
         }
@@ -195,7 +202,10 @@ impl Intake {
         // Only a failed write or a committed one says anything about the store's health.
         match decision.outcome {
             Outcome::Unavailable => self.store_healthy.store(false, Ordering::Relaxed),
-            Outcome::Accepted => self.store_healthy.store(true, Ordering::Relaxed),
+            Outcome::Accepted => {
+                self.store_healthy.store(true, Ordering::Relaxed);
+                self.delivery_hint.notify_waiters();
+            }
             _ => {}
         }
         (decision, key)
@@ -265,6 +275,7 @@ impl Intake {
             content,
             state,
             reply: reply.line(),
+            dsn_of: None,
         }
     }
 

@@ -70,6 +70,8 @@ pub struct NewRecord {
     pub state: State,
     /// The reply line given to the client, replayed to its retries.
     pub reply: String,
+    /// For a delivery status notification: the message it reports on.
+    pub dsn_of: Option<String>,
 }
 
 /// An existing live record under the same (scope, key).
@@ -102,6 +104,69 @@ pub struct StoredMessage {
     pub reply: String,
     pub accepted_at_ms: i64,
     pub has_job: bool,
+}
+
+/// A queued message handed to one worker under a lease, with the facts of its ledger.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: String,
+    pub scope: String,
+    pub key: Option<String>,
+    pub mail_from: String,
+    pub rcpt_to: Vec<String>,
+    pub eight_bit: bool,
+    pub smtputf8: bool,
+    pub content: Vec<u8>,
+    pub accepted_at_ms: i64,
+    /// Finished attempts so far (a recovered one included).
+    pub attempts: u32,
+    pub first_attempt_at_ms: Option<i64>,
+    pub any_unknown: bool,
+    /// An intent left open by a worker that lost its lease was closed as unknown.
+    pub recovered: bool,
+    /// The store's clock at the claim.
+    pub now_ms: i64,
+}
+
+/// The outcome of one attempt, as written to the ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptResult {
+    pub outcome: &'static str,
+    pub phase: Option<&'static str>,
+    pub code: Option<u16>,
+    pub reply: String,
+}
+
+/// What becomes of the message after an attempt.
+#[derive(Debug, Clone)]
+pub enum Settle {
+    Delivered {
+        upstream_reply: String,
+    },
+    Retry {
+        after: Duration,
+    },
+    /// Permanently failed; the DSN (if the sender can get one) is queued in the same commit.
+    Failed {
+        upstream_reply: String,
+        dsn: Option<Box<NewRecord>>,
+    },
+    Unresolved {
+        upstream_reply: String,
+    },
+}
+
+/// One row of the ledger, for operators and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRow {
+    pub attempt: u32,
+    pub owner: String,
+    pub started_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+    pub outcome: Option<String>,
+    pub phase: Option<String>,
+    pub code: Option<u16>,
+    pub reply: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +211,32 @@ pub trait Store: Send + Sync {
 
     /// Deletes terminal records older than the retention; returns how many.
     async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError>;
+
+    /// Leases the next due job (fair across scopes), closing a dead worker's open intent.
+    async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError>;
+
+    /// Writes the intent row before the upstream is contacted. False if the lease was lost.
+    async fn begin_attempt(&self, id: &str, owner: &str, attempt: u32) -> Result<bool, StoreError>;
+
+    /// Writes the attempt's outcome and what follows, in one commit, fenced by the lease.
+    async fn end_attempt(
+        &self,
+        id: &str,
+        owner: &str,
+        attempt: u32,
+        result: &AttemptResult,
+        settle: &Settle,
+    ) -> Result<bool, StoreError>;
+
+    /// Gives a lease back without an attempt (queue paused, breaker open, rate limit).
+    async fn release(&self, id: &str, owner: &str, after: Duration) -> Result<(), StoreError>;
+
+    async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError>;
+
+    /// Relay-wide delivery pause (account-level failure); `None` when running.
+    async fn paused(&self) -> Result<Option<String>, StoreError>;
+    async fn pause(&self, reason: &str) -> Result<(), StoreError>;
+    async fn resume(&self) -> Result<(), StoreError>;
 }
 
 /// Opens the backend named by the URL scheme.

@@ -12,10 +12,11 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Connection, Row};
+use sqlx::{Connection, Row, SqliteConnection};
 
 use super::{
-    now_ms, retention_ms, Existing, Insert, NewRecord, State, Store, StoreError, StoredMessage,
+    now_ms, retention_ms, AttemptResult, AttemptRow, Claimed, Existing, Insert, NewRecord, Settle,
+    State, Store, StoreError, StoredMessage,
 };
 use crate::intake::fingerprint::Fingerprint;
 
@@ -23,11 +24,18 @@ use crate::intake::fingerprint::Fingerprint;
 #[derive(Debug)]
 struct Embedded;
 
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "messages",
-    include_str!("../../migrations/sqlite/0001_messages.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "messages",
+        include_str!("../../migrations/sqlite/0001_messages.sql"),
+    ),
+    (
+        2,
+        "delivery",
+        include_str!("../../migrations/sqlite/0002_delivery.sql"),
+    ),
+];
 
 impl<'s> MigrationSource<'s> for Embedded {
     #[allow(clippy::type_complexity)]
@@ -93,6 +101,47 @@ impl SqliteStore {
     }
 }
 
+/// Inserts a message row unless its (scope, key) is taken; returns the rows inserted.
+async fn insert_message(
+    conn: &mut SqliteConnection,
+    record: &NewRecord,
+    now: i64,
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
+            rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT (scope, idem_key) DO NOTHING",
+    )
+    .bind(&record.id)
+    .bind(&record.scope)
+    .bind(&record.key)
+    .bind(record.key_source)
+    .bind(&record.fingerprint.as_bytes()[..])
+    .bind(&record.envelope.mail_from)
+    .bind(record.envelope.rcpt_to.join("\n"))
+    .bind(record.envelope.body.as_str())
+    .bind(record.envelope.smtputf8)
+    .bind(record.size as i64)
+    .bind(record.content.as_deref())
+    .bind(record.state.as_str())
+    .bind(&record.reply)
+    .bind(now)
+    .bind(&record.dsn_of)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected())
+}
+
+async fn insert_job(conn: &mut SqliteConnection, id: &str, now: i64) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO delivery_jobs (message_id, due_at) VALUES (?, ?)")
+        .bind(id)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 fn existing_from_row(row: &SqliteRow) -> Result<Existing, StoreError> {
     let id: String = row.try_get("id")?;
     let fp: Vec<u8> = row.try_get("fingerprint")?;
@@ -117,29 +166,7 @@ impl Store for SqliteStore {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let now = now_ms();
-        let insert = || {
-            sqlx::query(
-                "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
-                    rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                 ON CONFLICT (scope, idem_key) DO NOTHING",
-            )
-            .bind(&record.id)
-            .bind(&record.scope)
-            .bind(&record.key)
-            .bind(record.key_source)
-            .bind(&record.fingerprint.as_bytes()[..])
-            .bind(&record.envelope.mail_from)
-            .bind(record.envelope.rcpt_to.join("\n"))
-            .bind(record.envelope.body.as_str())
-            .bind(record.envelope.smtputf8)
-            .bind(record.size as i64)
-            .bind(record.content.as_deref())
-            .bind(record.state.as_str())
-            .bind(&record.reply)
-            .bind(now)
-        };
-        let mut inserted = insert().execute(&mut *tx).await?.rows_affected() == 1;
+        let mut inserted = insert_message(&mut tx, record, now).await? == 1;
         if !inserted {
             let key = record.key.as_deref().unwrap_or_default();
             let row = sqlx::query(
@@ -162,15 +189,11 @@ impl Store for SqliteStore {
                 .bind(&existing.id)
                 .execute(&mut *tx)
                 .await?;
-            inserted = insert().execute(&mut *tx).await?.rows_affected() == 1;
+            inserted = insert_message(&mut tx, record, now).await? == 1;
         }
         debug_assert!(inserted);
         if record.state == State::Queued {
-            sqlx::query("INSERT INTO delivery_jobs (message_id, due_at) VALUES (?, ?)")
-                .bind(&record.id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
+            insert_job(&mut tx, &record.id, now).await?;
         }
         tx.commit().await?;
         Ok(Insert::Inserted)
@@ -272,5 +295,281 @@ impl Store for SqliteStore {
         .rows_affected();
         tx.commit().await?;
         Ok(deleted)
+    }
+
+    async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_ms();
+        let row = sqlx::query(
+            "SELECT j.message_id, m.scope FROM delivery_jobs j
+             JOIN messages m ON m.id = j.message_id
+             LEFT JOIN scope_turns t ON t.scope = m.scope
+             WHERE j.due_at <= ?1 AND (j.lease_until IS NULL OR j.lease_until <= ?1)
+             ORDER BY COALESCE(t.turn, 0), j.due_at, j.message_id
+             LIMIT 1",
+        )
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let id: String = row.try_get("message_id")?;
+        let scope: String = row.try_get("scope")?;
+        sqlx::query(
+            "INSERT INTO scope_turns (scope, turn)
+             VALUES (?1, (SELECT COALESCE(MAX(turn), 0) + 1 FROM scope_turns))
+             ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
+        )
+        .bind(&scope)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE delivery_jobs SET lease_owner = ?, lease_until = ? WHERE message_id = ?",
+        )
+        .bind(owner)
+        .bind(now.saturating_add(retention_ms(lease)))
+        .bind(&id)
+        .execute(&mut *tx)
+        .await?;
+        let recovered = sqlx::query(
+            "UPDATE attempts SET outcome = 'unknown', finished_at = ?,
+                reply = 'worker stopped with this attempt open; outcome unknown'
+             WHERE message_id = ? AND outcome IS NULL",
+        )
+        .bind(now)
+        .bind(&id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            > 0;
+        let m = sqlx::query(
+            "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
+                    m.accepted_at, j.first_attempt_at,
+                    (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
+                    EXISTS (SELECT 1 FROM attempts a
+                            WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
+             FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?",
+        )
+        .bind(&id)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let rcpts: String = m.try_get("rcpt_to")?;
+        let body_type: String = m.try_get("body_type")?;
+        let content: Option<Vec<u8>> = m.try_get("content")?;
+        Ok(Some(Claimed {
+            content: content.ok_or(StoreError::Corrupt {
+                id: id.clone(),
+                what: "queued message without content",
+            })?,
+            key: m.try_get("idem_key")?,
+            mail_from: m.try_get("mail_from")?,
+            rcpt_to: rcpts.split('\n').map(str::to_string).collect(),
+            eight_bit: body_type == "8BITMIME",
+            smtputf8: m.try_get("smtputf8")?,
+            accepted_at_ms: m.try_get("accepted_at")?,
+            attempts: m.try_get::<i64, _>("attempts")? as u32,
+            first_attempt_at_ms: m.try_get("first_attempt_at")?,
+            any_unknown: m.try_get("any_unknown")?,
+            recovered,
+            now_ms: now,
+            id,
+            scope,
+        }))
+    }
+
+    async fn begin_attempt(&self, id: &str, owner: &str, attempt: u32) -> Result<bool, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_ms();
+        let held = sqlx::query(
+            "UPDATE delivery_jobs SET first_attempt_at = COALESCE(first_attempt_at, ?)
+             WHERE message_id = ? AND lease_owner = ?",
+        )
+        .bind(now)
+        .bind(id)
+        .bind(owner)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !held {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO attempts (message_id, attempt, owner, started_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(id)
+        .bind(attempt as i64)
+        .bind(owner)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn end_attempt(
+        &self,
+        id: &str,
+        owner: &str,
+        attempt: u32,
+        result: &AttemptResult,
+        settle: &Settle,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_ms();
+        let held: Option<i64> = sqlx::query_scalar(
+            "SELECT 1 FROM delivery_jobs WHERE message_id = ? AND lease_owner = ?",
+        )
+        .bind(id)
+        .bind(owner)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if held.is_none() {
+            // Our lease was taken over; the new holder owns the record now.
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        sqlx::query(
+            "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?
+             WHERE message_id = ? AND attempt = ?",
+        )
+        .bind(now)
+        .bind(result.outcome)
+        .bind(result.phase)
+        .bind(result.code.map(i64::from))
+        .bind(&result.reply)
+        .bind(id)
+        .bind(attempt as i64)
+        .execute(&mut *tx)
+        .await?;
+        let finish = |state: State, reply: &str| {
+            sqlx::query(
+                "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ? WHERE id = ?",
+            )
+            .bind(state.as_str())
+            .bind(reply.to_string())
+            .bind(now)
+            .bind(id.to_string())
+        };
+        match settle {
+            Settle::Retry { after } => {
+                sqlx::query(
+                    "UPDATE delivery_jobs SET due_at = ?, attempts = attempts + 1,
+                        lease_owner = NULL, lease_until = NULL
+                     WHERE message_id = ?",
+                )
+                .bind(now.saturating_add(retention_ms(*after)))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Settle::Delivered { upstream_reply } => {
+                finish(State::Delivered, upstream_reply)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Settle::Unresolved { upstream_reply } => {
+                finish(State::Unresolved, upstream_reply)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Settle::Failed {
+                upstream_reply,
+                dsn,
+            } => {
+                finish(State::Failed, upstream_reply)
+                    .execute(&mut *tx)
+                    .await?;
+                if let Some(dsn) = dsn {
+                    if insert_message(&mut tx, dsn, now).await? == 1 {
+                        insert_job(&mut tx, &dsn.id, now).await?;
+                    }
+                }
+            }
+        }
+        if !matches!(settle, Settle::Retry { .. }) {
+            sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn release(&self, id: &str, owner: &str, after: Duration) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE delivery_jobs SET lease_owner = NULL, lease_until = NULL,
+                due_at = MAX(due_at, ?)
+             WHERE message_id = ? AND lease_owner = ?",
+        )
+        .bind(now_ms().saturating_add(retention_ms(after)))
+        .bind(id)
+        .bind(owner)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT attempt, owner, started_at, finished_at, outcome, phase, code, reply
+             FROM attempts WHERE message_id = ? ORDER BY attempt",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(AttemptRow {
+                    attempt: r.try_get::<i64, _>("attempt")? as u32,
+                    owner: r.try_get("owner")?,
+                    started_at_ms: r.try_get("started_at")?,
+                    finished_at_ms: r.try_get("finished_at")?,
+                    outcome: r.try_get("outcome")?,
+                    phase: r.try_get("phase")?,
+                    code: r.try_get::<Option<i64>, _>("code")?.map(|c| c as u16),
+                    reply: r.try_get("reply")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn paused(&self) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT paused_at, reason FROM delivery_control WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        let paused_at: Option<i64> = row.try_get("paused_at")?;
+        Ok(paused_at.map(|_| {
+            row.try_get::<Option<String>, _>("reason")
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+        }))
+    }
+
+    async fn pause(&self, reason: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE delivery_control SET paused_at = COALESCE(paused_at, ?), reason = ? WHERE id = 1",
+        )
+        .bind(now_ms())
+        .bind(reason)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn resume(&self) -> Result<(), StoreError> {
+        sqlx::query("UPDATE delivery_control SET paused_at = NULL, reason = NULL WHERE id = 1")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 }

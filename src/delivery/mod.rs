@@ -1,0 +1,9 @@
+//! Delivery: claim → attempt → classify → schedule, with the attempt ledger in the store.
+
+pub mod breaker;
+pub mod dsn;
+pub mod outcome;
+pub mod ratelimit;
+pub mod retry;
+pub mod upstream;
+pub mod worker;

@@ -1,0 +1,444 @@
+//! The upstream SMTP client: lettre's `AsyncSmtpConnection`, driven phase by phase, each
+//! phase under its own deadline (lettre bounds only the TCP connect). A connection that
+//! failed or timed out anywhere is dropped, never reused.
+
+use std::time::{Duration, Instant};
+
+use lettre::transport::smtp::authentication::{Credentials, Mechanism};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, Certificate, TlsParameters};
+use lettre::transport::smtp::extension::ClientId;
+use lettre::transport::smtp::Error as SmtpError;
+use serde::{Deserialize, Serialize};
+
+use super::outcome::{after_dot, classify, Failure, Outcome, Phase};
+
+/// How the connection is secured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// `smtp://` (default): STARTTLS, and refuse to go on without it.
+    StartTls,
+    /// `smtps://`: TLS from the first byte.
+    Implicit,
+    /// `smtp://...?tls=none`: plaintext, for tests and loopback smarthosts.
+    None,
+}
+
+/// A parsed upstream URL.
+#[derive(Clone)]
+pub struct UpstreamTarget {
+    pub host: String,
+    pub port: u16,
+    pub tls: TlsMode,
+    pub user: Option<String>,
+    password: Option<String>,
+}
+
+impl std::fmt::Debug for UpstreamTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTarget")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("tls", &self.tls)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "********"))
+            .finish()
+    }
+}
+
+impl UpstreamTarget {
+    /// Parses `smtp://user:pass@host:587`, `smtps://host:465`, `smtp://host:2525?tls=none`.
+    /// `password_override` (from `IDEMRELAY_UPSTREAM_PASSWORD`) wins over the URL's.
+    pub fn parse(url: &str, password_override: Option<String>) -> anyhow::Result<Self> {
+        let parsed = url::Url::parse(url).map_err(|e| anyhow::anyhow!("upstream URL: {e}"))?;
+        let (mut tls, default_port) = match parsed.scheme() {
+            "smtp" => (TlsMode::StartTls, 587),
+            "smtps" => (TlsMode::Implicit, 465),
+            other => anyhow::bail!("upstream URL: scheme {other:?} is not smtp or smtps"),
+        };
+        for (k, v) in parsed.query_pairs() {
+            match (k.as_ref(), v.as_ref()) {
+                ("tls", "none") if tls == TlsMode::StartTls => tls = TlsMode::None,
+                ("tls", "required" | "starttls") if tls == TlsMode::StartTls => {}
+                _ => anyhow::bail!("upstream URL: unsupported parameter {k}={v}"),
+            }
+        }
+        let host = parsed
+            .host_str()
+            .ok_or_else(|| anyhow::anyhow!("upstream URL: no host"))?
+            .trim_matches(['[', ']'])
+            .to_string();
+        let decode = |s: &str| {
+            url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        };
+        let user = (!parsed.username().is_empty()).then(|| decode(parsed.username()));
+        let password = password_override.or_else(|| parsed.password().map(decode));
+        Ok(UpstreamTarget {
+            host,
+            port: parsed.port().unwrap_or(default_port),
+            tls,
+            user,
+            password,
+        })
+    }
+
+    fn credentials(&self) -> Option<Credentials> {
+        Some(Credentials::new(
+            self.user.clone()?,
+            self.password.clone().unwrap_or_default(),
+        ))
+    }
+}
+
+/// One deadline per phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseTimeouts {
+    #[serde(with = "crate::config::human_duration")]
+    pub connect: Duration,
+    /// Greeting and EHLO (lettre reads both in one call).
+    #[serde(with = "crate::config::human_duration")]
+    pub greeting: Duration,
+    #[serde(with = "crate::config::human_duration")]
+    pub starttls: Duration,
+    #[serde(with = "crate::config::human_duration")]
+    pub auth: Duration,
+    #[serde(with = "crate::config::human_duration")]
+    pub mail: Duration,
+    #[serde(with = "crate::config::human_duration")]
+    pub rcpt: Duration,
+    #[serde(with = "crate::config::human_duration")]
+    pub data: Duration,
+    /// Sending the body and waiting for the reply to the final dot.
+    #[serde(with = "crate::config::human_duration")]
+    pub dot: Duration,
+}
+
+impl Default for PhaseTimeouts {
+    /// RFC 5321 §4.5.3.2's minimums, shortened where a relay can afford to give up sooner.
+    fn default() -> Self {
+        PhaseTimeouts {
+            connect: Duration::from_secs(30),
+            greeting: Duration::from_secs(120),
+            starttls: Duration::from_secs(60),
+            auth: Duration::from_secs(60),
+            mail: Duration::from_secs(120),
+            rcpt: Duration::from_secs(120),
+            data: Duration::from_secs(120),
+            dot: Duration::from_secs(600),
+        }
+    }
+}
+
+impl PhaseTimeouts {
+    /// The longest one attempt can take; the delivery lease must outlast it.
+    pub fn worst_case(&self) -> Duration {
+        self.connect
+            + self.greeting
+            + self.starttls
+            + self.greeting
+            + self.auth
+            + self.mail
+            + self.rcpt * 4
+            + self.data
+            + self.dot
+    }
+}
+
+/// What to send: the envelope and the stored bytes, exactly.
+pub struct Envelope<'a> {
+    pub mail_from: &'a str,
+    pub rcpt_to: &'a [String],
+    pub eight_bit: bool,
+    pub smtputf8: bool,
+}
+
+pub struct UpstreamClient {
+    target: UpstreamTarget,
+    hello: ClientId,
+    timeouts: PhaseTimeouts,
+    tls: Option<TlsParameters>,
+    /// Messages per connection before it is closed and a new one opened.
+    pub max_per_connection: usize,
+    /// An idle connection older than this is closed instead of reused.
+    pub idle_close: Duration,
+    conn: Option<Idle>,
+}
+
+struct Idle {
+    conn: AsyncSmtpConnection,
+    sent: usize,
+    idle_since: Instant,
+}
+
+/// A failure in a phase, with the phase in flight (the final dot included).
+struct PhaseError {
+    phase: Phase,
+    failure: Failure,
+}
+
+fn failure_of(err: &SmtpError) -> Failure {
+    match err.status() {
+        Some(code) => Failure::Reply {
+            code: code.to_string().parse().unwrap_or(0),
+            text: std::error::Error::source(err)
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+        },
+        None if err.is_tls() => Failure::Tls(err.to_string()),
+        None if err.is_timeout() => Failure::Timeout,
+        None => Failure::ConnectionLost(err.to_string()),
+    }
+}
+
+async fn phase<T>(
+    phase: Phase,
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<T, SmtpError>>,
+) -> Result<T, PhaseError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(err)) => Err(PhaseError {
+            phase,
+            failure: failure_of(&err),
+        }),
+        Err(_) => Err(PhaseError {
+            phase,
+            failure: Failure::Timeout,
+        }),
+    }
+}
+
+/// A raw command line: lettre's typed commands re-validate addresses, and the relay must pass
+/// the envelope through exactly as it was accepted.
+struct Line(String);
+
+impl std::fmt::Display for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}\r\n", self.0)
+    }
+}
+
+impl UpstreamClient {
+    pub fn new(
+        target: UpstreamTarget,
+        hello: &str,
+        timeouts: PhaseTimeouts,
+        ca_file: Option<&std::path::Path>,
+    ) -> anyhow::Result<Self> {
+        let tls = match target.tls {
+            TlsMode::None => None,
+            TlsMode::StartTls | TlsMode::Implicit => {
+                let mut builder = TlsParameters::builder(target.host.clone());
+                if let Some(path) = ca_file {
+                    let pem = std::fs::read(path)
+                        .map_err(|e| anyhow::anyhow!("reading CA file {}: {e}", path.display()))?;
+                    builder = builder.add_root_certificate(Certificate::from_pem(&pem)?);
+                }
+                Some(builder.build_rustls()?)
+            }
+        };
+        Ok(UpstreamClient {
+            target,
+            hello: ClientId::Domain(hello.to_string()),
+            timeouts,
+            tls,
+            max_per_connection: 100,
+            idle_close: Duration::from_secs(50),
+            conn: None,
+        })
+    }
+
+    /// Sends one message and classifies what happened.
+    pub async fn send(&mut self, envelope: &Envelope<'_>, message: &[u8]) -> Outcome {
+        let reused = self.take_idle().await;
+        let (mut conn, sent) = match reused {
+            Some(idle) => (idle.conn, idle.sent),
+            None => match self.open().await {
+                Ok(conn) => (conn, 0),
+                Err(e) => return classify(e.phase, e.failure),
+            },
+        };
+        match self.transaction(&mut conn, envelope, message).await {
+            Ok((code, text)) => {
+                let outcome = after_dot(code, &text);
+                if matches!(outcome, Outcome::Accepted { .. }) && sent + 1 < self.max_per_connection
+                {
+                    self.conn = Some(Idle {
+                        conn,
+                        sent: sent + 1,
+                        idle_since: Instant::now(),
+                    });
+                } else {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), conn.quit()).await;
+                }
+                outcome
+            }
+            // The connection is in an unknown state: drop it without a QUIT exchange.
+            Err(e) => classify(e.phase, e.failure),
+        }
+    }
+
+    /// Connect, greeting/EHLO, STARTTLS, AUTH: a probe of the account uses this alone.
+    pub async fn probe(&mut self) -> Result<(), Outcome> {
+        self.conn = None;
+        match self.open().await {
+            Ok(mut conn) => {
+                let _ = tokio::time::timeout(Duration::from_secs(5), conn.quit()).await;
+                Ok(())
+            }
+            Err(e) => Err(classify(e.phase, e.failure)),
+        }
+    }
+
+    /// Closes an idle connection that is too old (call from an idle timer).
+    pub async fn close_idle(&mut self) {
+        if let Some(idle) = &self.conn {
+            if idle.idle_since.elapsed() >= self.idle_close {
+                if let Some(mut idle) = self.conn.take() {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), idle.conn.quit()).await;
+                }
+            }
+        }
+    }
+
+    async fn take_idle(&mut self) -> Option<Idle> {
+        let idle = self.conn.take()?;
+        if idle.idle_since.elapsed() >= self.idle_close || idle.conn.has_broken() {
+            return None;
+        }
+        Some(idle)
+    }
+
+    async fn open(&self) -> Result<AsyncSmtpConnection, PhaseError> {
+        let t = &self.timeouts;
+        let addr = (self.target.host.as_str(), self.target.port);
+        let mut conn = match self.target.tls {
+            TlsMode::Implicit => {
+                // lettre does TCP, TLS, greeting and EHLO in one call here.
+                phase(
+                    Phase::Connect,
+                    t.connect + t.greeting,
+                    AsyncSmtpConnection::connect_tokio1(
+                        addr,
+                        Some(t.connect),
+                        &self.hello,
+                        self.tls.clone(),
+                        None,
+                    ),
+                )
+                .await?
+            }
+            TlsMode::StartTls | TlsMode::None => {
+                let tcp =
+                    match tokio::time::timeout(t.connect, tokio::net::TcpStream::connect(addr))
+                        .await
+                    {
+                        Ok(Ok(tcp)) => tcp,
+                        Ok(Err(e)) => {
+                            return Err(PhaseError {
+                                phase: Phase::Connect,
+                                failure: Failure::ConnectionLost(e.to_string()),
+                            })
+                        }
+                        Err(_) => {
+                            return Err(PhaseError {
+                                phase: Phase::Connect,
+                                failure: Failure::Timeout,
+                            })
+                        }
+                    };
+                let _ = tcp.set_nodelay(true);
+                phase(
+                    Phase::Greeting,
+                    t.greeting,
+                    AsyncSmtpConnection::connect_with_transport(Box::new(tcp), &self.hello),
+                )
+                .await?
+            }
+        };
+        if self.target.tls == TlsMode::StartTls {
+            if !conn.can_starttls() {
+                return Err(PhaseError {
+                    phase: Phase::StartTls,
+                    failure: Failure::Tls("upstream does not offer STARTTLS".into()),
+                });
+            }
+            let params = self.tls.clone().expect("TLS parameters for STARTTLS");
+            phase(
+                Phase::StartTls,
+                t.starttls + t.greeting,
+                conn.starttls(params, &self.hello),
+            )
+            .await?;
+        }
+        if let Some(credentials) = self.target.credentials() {
+            phase(
+                Phase::Auth,
+                t.auth,
+                conn.auth(&[Mechanism::Plain, Mechanism::Login], &credentials),
+            )
+            .await?;
+        }
+        Ok(conn)
+    }
+
+    async fn transaction(
+        &self,
+        conn: &mut AsyncSmtpConnection,
+        envelope: &Envelope<'_>,
+        message: &[u8],
+    ) -> Result<(u16, String), PhaseError> {
+        let t = &self.timeouts;
+        let mut mail = format!("MAIL FROM:<{}>", envelope.mail_from);
+        if envelope.eight_bit {
+            mail.push_str(" BODY=8BITMIME");
+        }
+        if envelope.smtputf8 {
+            mail.push_str(" SMTPUTF8");
+        }
+        let r = phase(Phase::Mail, t.mail, conn.command(Line(mail))).await?;
+        expect(Phase::Mail, &r, |c| (200..300).contains(&c))?;
+        for rcpt in envelope.rcpt_to {
+            let r = phase(
+                Phase::Rcpt,
+                t.rcpt,
+                conn.command(Line(format!("RCPT TO:<{rcpt}>"))),
+            )
+            .await?;
+            expect(Phase::Rcpt, &r, |c| (200..300).contains(&c))?;
+        }
+        let go = phase(Phase::Data, t.data, conn.command(Line("DATA".into()))).await?;
+        expect(Phase::Data, &go, |c| c == 354)?;
+        // lettre appends CRLF.CRLF itself: hand it the message without its own final CRLF
+        // so that the upstream receives the stored bytes, not an extra empty line.
+        let body = message.strip_suffix(b"\r\n").unwrap_or(message);
+        // Writing the body and reading the final reply are one lettre call, so a failure
+        // anywhere in it counts as after the dot: UNKNOWN, the safe side.
+        let reply = phase(Phase::Dot, t.dot, conn.message(body)).await?;
+        Ok(code_and_text(&reply))
+    }
+}
+
+fn code_and_text(reply: &lettre::transport::smtp::response::Response) -> (u16, String) {
+    let code = reply.code().to_string().parse().unwrap_or(0);
+    (code, reply.message().collect::<Vec<_>>().join(" "))
+}
+
+/// lettre takes any 2xx/3xx as success; each phase has its own expected code.
+fn expect(
+    phase: Phase,
+    reply: &lettre::transport::smtp::response::Response,
+    ok: impl Fn(u16) -> bool,
+) -> Result<(), PhaseError> {
+    let (code, text) = code_and_text(reply);
+    if ok(code) {
+        Ok(())
+    } else {
+        Err(PhaseError {
+            phase,
+            failure: Failure::Reply { code, text },
+        })
+    }
+}

@@ -1,0 +1,409 @@
+//! The delivery workers: claim a due message under a lease, write the intent, attempt it
+//! upstream, classify, and write the outcome with what follows, in one commit.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use super::breaker::Breaker;
+use super::dsn::{build_dsn, dsn_key, DsnInput};
+use super::outcome::{is_account_problem, is_slow_down, Outcome, OutcomeKind};
+use super::ratelimit::TokenBucket;
+use super::retry::{next_step, Ledger, Next, RetryPolicy};
+use super::upstream::{Envelope, PhaseTimeouts, UpstreamClient, UpstreamTarget};
+use crate::app::stopped;
+use crate::intake::fingerprint::fingerprint;
+use crate::intake::key::KEY_HEADER;
+use crate::intake::new_queue_id;
+use crate::smtp::reply::Reply;
+use crate::smtp::session::{BodyType, Envelope as SmtpEnvelope};
+use crate::store::{AttemptResult, Claimed, NewRecord, Settle, State, Store};
+
+#[derive(Debug, Clone)]
+pub struct DeliverySettings {
+    pub target: UpstreamTarget,
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Our name in EHLO and in DSNs.
+    pub hostname: String,
+    pub timeouts: PhaseTimeouts,
+    pub retry: RetryPolicy,
+    /// Concurrent upstream connections (one per worker).
+    pub workers: usize,
+    pub scan_interval: Duration,
+    pub rate_per_second: f64,
+    pub burst: f64,
+    pub breaker_threshold: u32,
+    pub breaker_cooldown: Duration,
+    pub pause_probe_interval: Duration,
+    pub max_per_connection: usize,
+    pub idle_close: Duration,
+}
+
+/// State every worker shares: the upstream's health and pace are relay-wide.
+struct Shared {
+    store: Arc<dyn Store>,
+    settings: DeliverySettings,
+    breaker: Mutex<Breaker>,
+    bucket: Mutex<TokenBucket>,
+    hint: Arc<Notify>,
+    lease: Duration,
+}
+
+/// Starts the workers; they stop when `stop` flips. `hint` wakes them when intake commits.
+pub fn start(
+    store: Arc<dyn Store>,
+    settings: DeliverySettings,
+    hint: Arc<Notify>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    let lease = settings.timeouts.worst_case() + Duration::from_secs(60);
+    let shared = Arc::new(Shared {
+        breaker: Mutex::new(Breaker::new(
+            settings.breaker_threshold,
+            settings.breaker_cooldown,
+        )),
+        bucket: Mutex::new(TokenBucket::new(
+            settings.rate_per_second,
+            settings.burst,
+            Instant::now(),
+        )),
+        store,
+        hint,
+        lease,
+        settings,
+    });
+    let process = format!("{:08x}", fastrand::u32(..));
+    let mut tasks = Vec::new();
+    for n in 0..shared.settings.workers.max(1) {
+        let mut client = UpstreamClient::new(
+            shared.settings.target.clone(),
+            &shared.settings.hostname,
+            shared.settings.timeouts,
+            shared.settings.ca_file.as_deref(),
+        )?;
+        client.max_per_connection = shared.settings.max_per_connection;
+        client.idle_close = shared.settings.idle_close;
+        let worker = Worker {
+            shared: shared.clone(),
+            owner: format!("{process}-{n}"),
+            client,
+            prober: n == 0,
+            last_probe: None,
+        };
+        tasks.push(tokio::spawn(worker.run(stop.clone())));
+    }
+    Ok(tasks)
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    /// Lease owner: process and worker, so a takeover is visible in the ledger.
+    owner: String,
+    client: UpstreamClient,
+    /// One worker probes the upstream while the queue is paused.
+    prober: bool,
+    last_probe: Option<Instant>,
+}
+
+impl Worker {
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let hint = self.shared.hint.clone();
+        loop {
+            let notified = hint.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let busy = match self.step().await {
+                Ok(busy) => busy,
+                Err(err) => {
+                    tracing::warn!(target: "idemrelay::delivery", error = %err, "delivery step failed; will retry");
+                    false
+                }
+            };
+            if busy {
+                if *stop.borrow() {
+                    return;
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(self.shared.settings.scan_interval) => {}
+                _ = stopped(&mut stop) => return,
+            }
+            self.client.close_idle().await;
+        }
+    }
+
+    /// One unit of work; true when something was done and the worker should look again.
+    async fn step(&mut self) -> anyhow::Result<bool> {
+        let store = self.shared.store.clone();
+        if let Some(reason) = store.paused().await? {
+            self.probe_while_paused(&reason).await?;
+            return Ok(false);
+        }
+        let Some(job) = store.claim(&self.owner, self.shared.lease).await? else {
+            return Ok(false);
+        };
+        let allowed = self
+            .shared
+            .breaker
+            .lock()
+            .expect("breaker lock")
+            .allow(Instant::now());
+        if !allowed {
+            store
+                .release(&job.id, &self.owner, self.shared.settings.breaker_cooldown)
+                .await?;
+            return Ok(false);
+        }
+        let wait = self
+            .shared
+            .bucket
+            .lock()
+            .expect("bucket lock")
+            .try_take(Instant::now());
+        if let Err(wait) = wait {
+            tokio::time::sleep(wait).await;
+        }
+        self.deliver(job).await?;
+        Ok(true)
+    }
+
+    async fn probe_while_paused(&mut self, reason: &str) -> anyhow::Result<()> {
+        let due = self
+            .last_probe
+            .is_none_or(|t| t.elapsed() >= self.shared.settings.pause_probe_interval);
+        if !self.prober || !due {
+            return Ok(());
+        }
+        self.last_probe = Some(Instant::now());
+        match self.client.probe().await {
+            Ok(()) => {
+                self.shared.store.resume().await?;
+                tracing::warn!(target: "idemrelay::delivery", "upstream answered the probe normally; delivery resumed");
+            }
+            Err(outcome) => {
+                tracing::error!(
+                    target: "idemrelay::alert",
+                    reason,
+                    probe = %outcome.reply_text(),
+                    "ALERT delivery paused: account-level upstream failure persists"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn deliver(&mut self, job: Claimed) -> anyhow::Result<()> {
+        let store = self.shared.store.clone();
+        let policy = self.shared.settings.retry;
+        let claimed_at = Instant::now();
+        let ledger_at = |attempts: u32, any_unknown: bool| {
+            let now = job.now_ms + claimed_at.elapsed().as_millis() as i64;
+            Ledger {
+                attempts,
+                since_accepted: ms(now - job.accepted_at_ms),
+                since_first_attempt: ms(now - job.first_attempt_at_ms.unwrap_or(now)),
+                any_unknown,
+                keyed: job.key.is_some(),
+            }
+        };
+        if job.recovered {
+            // The previous holder died mid-attempt: that attempt is UNKNOWN. Either it may be
+            // retried now (same key, same bytes) or it is parked for an operator.
+            let next = next_step(
+                &policy,
+                OutcomeKind::Unknown,
+                &ledger_at(job.attempts, true),
+                0.0,
+            );
+            if next == Next::Unresolved {
+                let result = AttemptResult {
+                    outcome: OutcomeKind::Unknown.as_str(),
+                    phase: None,
+                    code: None,
+                    reply: "worker stopped with this attempt open; outcome unknown".into(),
+                };
+                let settle = Settle::Unresolved {
+                    upstream_reply: result.reply.clone(),
+                };
+                store
+                    .end_attempt(&job.id, &self.owner, job.attempts, &result, &settle)
+                    .await?;
+                log_settled(&job, job.attempts, &result, &settle);
+                return Ok(());
+            }
+        }
+        let attempt = job.attempts + 1;
+        if !store.begin_attempt(&job.id, &self.owner, attempt).await? {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let envelope = Envelope {
+            mail_from: &job.mail_from,
+            rcpt_to: &job.rcpt_to,
+            eight_bit: job.eight_bit,
+            smtputf8: job.smtputf8,
+        };
+        let outcome = self.client.send(&envelope, &job.content).await;
+        let latency = started.elapsed();
+        self.observe(&outcome);
+        let ledger = ledger_at(
+            attempt,
+            job.any_unknown || outcome.kind() == OutcomeKind::Unknown,
+        );
+        let account = is_account_problem(&outcome);
+        let next = if account {
+            // Not this message's fault: keep it queued and pause everything instead.
+            Next::RetryAfter(policy.base)
+        } else {
+            next_step(&policy, outcome.kind(), &ledger, fastrand::f64())
+        };
+        let result = AttemptResult {
+            outcome: outcome.kind().as_str(),
+            phase: outcome.phase().map(|p| p.as_str()),
+            code: outcome.code(),
+            reply: outcome.reply_text(),
+        };
+        let settle = match next {
+            Next::Delivered => Settle::Delivered {
+                upstream_reply: result.reply.clone(),
+            },
+            Next::RetryAfter(after) => Settle::Retry { after },
+            Next::Unresolved => Settle::Unresolved {
+                upstream_reply: result.reply.clone(),
+            },
+            Next::Failed => Settle::Failed {
+                upstream_reply: result.reply.clone(),
+                dsn: self.dsn_for(&job, &outcome).map(Box::new),
+            },
+        };
+        if account {
+            store.pause(&result.reply).await?;
+            tracing::error!(
+                target: "idemrelay::alert",
+                id = %job.id,
+                reply = %result.reply,
+                "ALERT delivery paused: the upstream refused the account; queue kept, probing"
+            );
+        }
+        if store
+            .end_attempt(&job.id, &self.owner, attempt, &result, &settle)
+            .await?
+        {
+            tracing::info!(
+                target: "idemrelay::attempt",
+                id = %job.id,
+                key = job.key.as_deref().unwrap_or("-"),
+                attempt,
+                outcome = result.outcome,
+                phase = result.phase.unwrap_or("-"),
+                code = result.code.unwrap_or(0),
+                decision = settle_name(&settle),
+                latency_ms = latency.as_millis() as u64,
+                "attempt"
+            );
+        } else {
+            tracing::warn!(target: "idemrelay::attempt", id = %job.id, attempt, "lease lost before the outcome was written; the new holder decides");
+        }
+        Ok(())
+    }
+
+    /// The relay-wide reactions to an outcome: breaker and pace.
+    fn observe(&self, outcome: &Outcome) {
+        let now = Instant::now();
+        let mut breaker = self.shared.breaker.lock().expect("breaker lock");
+        match outcome.kind() {
+            OutcomeKind::Accepted => breaker.on_success(),
+            OutcomeKind::Permanent => breaker.on_neutral(),
+            OutcomeKind::Transient | OutcomeKind::Unknown => breaker.on_failure(now),
+        }
+        drop(breaker);
+        let mut bucket = self.shared.bucket.lock().expect("bucket lock");
+        if is_slow_down(outcome) {
+            bucket.slow_down(now);
+            tracing::warn!(target: "idemrelay::delivery", rate = bucket.current_rate(), "upstream asked to slow down; relay-wide rate lowered");
+        } else if outcome.kind() == OutcomeKind::Accepted {
+            bucket.on_success();
+        }
+    }
+
+    /// The RFC 3464 notice for a permanent failure, keyed from the original so that it is
+    /// itself sent once. None for the null sender (never notify a notification).
+    fn dsn_for(&self, job: &Claimed, outcome: &Outcome) -> Option<NewRecord> {
+        if job.mail_from.is_empty() {
+            return None;
+        }
+        let id = new_queue_id();
+        let key = dsn_key(&job.scope, job.key.as_deref().unwrap_or(&job.id));
+        let now_unix = crate::store::now_ms() / 1000;
+        let report = build_dsn(&DsnInput {
+            reporting_mta: &self.shared.settings.hostname,
+            original_id: &job.id,
+            original_envelope_from: &job.mail_from,
+            recipients: &job.rcpt_to,
+            phase: outcome.phase().map_or("dot", |p| p.as_str()),
+            remote_code: outcome.code().unwrap_or(550),
+            remote_reply: &outcome.reply_text(),
+            arrival_unix: job.accepted_at_ms / 1000,
+            now_unix,
+            original_message: &job.content,
+            dsn_message_id: &format!("{id}@{}", self.shared.settings.hostname),
+        });
+        let mut content = format!("{KEY_HEADER}: {key}\r\n").into_bytes();
+        content.extend_from_slice(&report);
+        let envelope = SmtpEnvelope {
+            mail_from: String::new(),
+            rcpt_to: vec![job.mail_from.clone()],
+            body: if job.eight_bit {
+                BodyType::EightBitMime
+            } else {
+                BodyType::SevenBit
+            },
+            smtputf8: job.smtputf8,
+        };
+        Some(NewRecord {
+            fingerprint: fingerprint(&job.scope, &envelope, &content),
+            reply: Reply::queued(&id).line(),
+            id,
+            scope: job.scope.clone(),
+            key: Some(key),
+            key_source: "dsn",
+            envelope,
+            size: content.len(),
+            content: Some(content),
+            state: State::Queued,
+            dsn_of: Some(job.id.clone()),
+        })
+    }
+}
+
+fn ms(millis: i64) -> Duration {
+    Duration::from_millis(millis.max(0) as u64)
+}
+
+fn settle_name(settle: &Settle) -> &'static str {
+    match settle {
+        Settle::Delivered { .. } => "delivered",
+        Settle::Retry { .. } => "retry",
+        Settle::Failed { .. } => "failed",
+        Settle::Unresolved { .. } => "unresolved",
+    }
+}
+
+fn log_settled(job: &Claimed, attempt: u32, result: &AttemptResult, settle: &Settle) {
+    tracing::info!(
+        target: "idemrelay::attempt",
+        id = %job.id,
+        key = job.key.as_deref().unwrap_or("-"),
+        attempt,
+        outcome = result.outcome,
+        phase = "-",
+        code = 0,
+        decision = settle_name(settle),
+        latency_ms = 0u64,
+        "attempt recovered after a crash"
+    );
+}

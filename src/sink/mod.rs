@@ -1,0 +1,1 @@
+//! `idemrelay sink`: the test upstream.
