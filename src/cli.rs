@@ -29,6 +29,9 @@ pub enum Command {
     Serve(ConfigArgs),
     /// Validate the configuration and print the effective settings (secrets redacted).
     CheckConfig(ConfigArgs),
+    /// Run the test upstream (`idemrelay sink`): an SMTP server with idempotent replay,
+    /// fault injection and an HTTP API, for integration tests and demos.
+    Sink(crate::sink::SinkArgs),
     /// Idempotency keys.
     Key {
         #[command(subcommand)]
@@ -98,6 +101,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Queue { config, command } => queue(&Settings::load(&config)?, command),
+        Command::Sink(args) => {
+            let config = args.into_config()?;
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(crate::sink::run(config))
+        }
     }
 }
 
@@ -113,11 +123,17 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
                 println!("delivery resumed");
             }
             QueueCommand::Pause { reason } => {
-                store.pause(&reason).await?;
+                store.pause(&reason, false).await?;
                 println!("delivery paused: {reason}");
             }
             QueueCommand::Status => match store.paused().await? {
-                Some(reason) => println!("paused: {reason}"),
+                Some(pause) if pause.probe => {
+                    println!(
+                        "paused (resumes after a normal upstream probe): {}",
+                        pause.reason
+                    )
+                }
+                Some(pause) => println!("paused by an operator: {}", pause.reason),
                 None => println!("running"),
             },
         }

@@ -22,7 +22,10 @@ ALTER TABLE messages ADD COLUMN dsn_of TEXT;
 CREATE TABLE delivery_control (
     id        INTEGER PRIMARY KEY CHECK (id = 1),
     paused_at INTEGER,
-    reason    TEXT
+    reason    TEXT,
+    -- 1 when the relay paused itself and may resume after a normal probe; an operator's
+    -- pause waits for the operator.
+    probe     INTEGER NOT NULL DEFAULT 0
 ) STRICT;
 INSERT INTO delivery_control (id) VALUES (1);
 

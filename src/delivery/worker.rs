@@ -139,8 +139,10 @@ impl Worker {
     /// One unit of work; true when something was done and the worker should look again.
     async fn step(&mut self) -> anyhow::Result<bool> {
         let store = self.shared.store.clone();
-        if let Some(reason) = store.paused().await? {
-            self.probe_while_paused(&reason).await?;
+        if let Some(pause) = store.paused().await? {
+            if pause.probe {
+                self.probe_while_paused(&pause.reason).await?;
+            }
             return Ok(false);
         }
         let Some(job) = store.claim(&self.owner, self.shared.lease).await? else {
@@ -210,31 +212,28 @@ impl Worker {
                 keyed: job.key.is_some(),
             }
         };
-        if job.recovered {
-            // The previous holder died mid-attempt: that attempt is UNKNOWN. Either it may be
-            // retried now (same key, same bytes) or it is parked for an operator.
-            let next = next_step(
-                &policy,
-                OutcomeKind::Unknown,
-                &ledger_at(job.attempts, true),
-                0.0,
+        // An earlier attempt may have been accepted upstream: once the upstream's window is
+        // (nearly) over, another try could be a second copy. Checked here, at the moment of
+        // sending, because the queue may have held the message past the planned time.
+        let unknown_before = job.any_unknown || job.recovered;
+        let ledger = ledger_at(job.attempts, unknown_before);
+        let window_over = unknown_before
+            && (!ledger.keyed
+                || ledger.since_first_attempt + policy.window_margin >= policy.window);
+        if window_over {
+            let settle = Settle::Unresolved {
+                upstream_reply: "earlier attempt outcome unknown; upstream idempotency window over"
+                    .into(),
+            };
+            store.settle(&job.id, &self.owner, None, &settle).await?;
+            tracing::warn!(
+                target: "idemrelay::attempt",
+                id = %job.id,
+                key = job.key.as_deref().unwrap_or("-"),
+                decision = "unresolved",
+                "outcome unknown and the upstream window is over: parked for an operator"
             );
-            if next == Next::Unresolved {
-                let result = AttemptResult {
-                    outcome: OutcomeKind::Unknown.as_str(),
-                    phase: None,
-                    code: None,
-                    reply: "worker stopped with this attempt open; outcome unknown".into(),
-                };
-                let settle = Settle::Unresolved {
-                    upstream_reply: result.reply.clone(),
-                };
-                store
-                    .end_attempt(&job.id, &self.owner, job.attempts, &result, &settle)
-                    .await?;
-                log_settled(&job, job.attempts, &result, &settle);
-                return Ok(());
-            }
+            return Ok(());
         }
         let attempt = job.attempts + 1;
         if !store.begin_attempt(&job.id, &self.owner, attempt).await? {
@@ -262,7 +261,12 @@ impl Worker {
             next_step(&policy, outcome.kind(), &ledger, fastrand::f64())
         };
         let result = AttemptResult {
-            outcome: outcome.kind().as_str(),
+            // An account-level refusal says nothing about this message: it stays transient.
+            outcome: if account {
+                OutcomeKind::Transient.as_str()
+            } else {
+                outcome.kind().as_str()
+            },
             phase: outcome.phase().map(|p| p.as_str()),
             code: outcome.code(),
             reply: outcome.reply_text(),
@@ -281,7 +285,7 @@ impl Worker {
             },
         };
         if account {
-            store.pause(&result.reply).await?;
+            store.pause(&result.reply, true).await?;
             tracing::error!(
                 target: "idemrelay::alert",
                 id = %job.id,
@@ -290,7 +294,7 @@ impl Worker {
             );
         }
         if store
-            .end_attempt(&job.id, &self.owner, attempt, &result, &settle)
+            .settle(&job.id, &self.owner, Some((attempt, &result)), &settle)
             .await?
         {
             tracing::info!(
@@ -391,19 +395,4 @@ fn settle_name(settle: &Settle) -> &'static str {
         Settle::Failed { .. } => "failed",
         Settle::Unresolved { .. } => "unresolved",
     }
-}
-
-fn log_settled(job: &Claimed, attempt: u32, result: &AttemptResult, settle: &Settle) {
-    tracing::info!(
-        target: "idemrelay::attempt",
-        id = %job.id,
-        key = job.key.as_deref().unwrap_or("-"),
-        attempt,
-        outcome = result.outcome,
-        phase = "-",
-        code = 0,
-        decision = settle_name(settle),
-        latency_ms = 0u64,
-        "attempt recovered after a crash"
-    );
 }

@@ -1,1 +1,602 @@
-//! `idemrelay sink`: the test upstream.
+//! `idemrelay sink`: the test upstream. An SMTP server that behaves like Bird's SMTP endpoint
+//! as far as idempotency goes (DESIGN §0), records everything it is sent, and misbehaves on
+//! request, so that tests and demos can prove the relay delivers exactly once.
+//!
+//! # What it answers at the final dot
+//!
+//! The key is the message's `X-Bird-Idempotency-Key` header (unfolded). A request is the
+//! envelope (MAIL FROM, the recipient set, BODY=8BITMIME, SMTPUTF8) plus the message bytes after
+//! dot-unstuffing, byte for byte.
+//!
+//! | situation | reply | counted as a message |
+//! |---|---|---|
+//! | new key, or no key | `250 2.0.0 OK <id>` | yes |
+//! | same key and request, within `window` of acceptance | `250 2.0.0 OK <original id> (idempotent replay)` | no |
+//! | same key, different request | `554 5.6.0 ... (E01005 IdempotencyKeyReuse)` | no |
+//! | same key while the first is still running (its reply held by a `delay` rule) | `451 4.3.0 ... (E01004 RequestInProgress); retry later` | no |
+//! | invalid key header (empty, > 255 characters, control characters, differing copies) | `554 5.6.0 ... (E01001)` | no |
+//! | line > 998 octets / NUL / over SIZE | `550 5.6.0` / `554 5.6.0` / `552 5.3.4` | no |
+//! | bare CR or LF anywhere | `521 5.5.2`, connection closed | no (not a transaction) |
+//!
+//! After `window` the same key starts a new operation (counted again). Every transaction that
+//! reaches the final dot is recorded (`transactions()`, `GET /transactions`), whatever its fate.
+//!
+//! # Fault rules
+//!
+//! `--fault RULE` (repeatable), `POST /faults` or [`SinkHandle::set_faults`]. A rule is
+//! `name=value` pairs separated by commas:
+//!
+//! | field | meaning |
+//! |---|---|
+//! | `phase` | `connect` (greeting), `ehlo` (EHLO/HELO), `mail`, `rcpt`, `data` (the DATA command), `dot` (end of the message) |
+//! | `action` | `reply` (answer `code text` instead; nothing accepted; 421 also closes), `drop` (dot only: commit the message as usual, then close without a reply), `delay` (wait `ms` before the normal reply; at dot the message is committed first), `disconnect` (close without a reply; nothing accepted) |
+//! | `code` | reply: 400-599 |
+//! | `text` | reply: the text after the code (default `<class>.0.0 sink fault at <phase>`); takes the rest of the string, commas included, so put it last |
+//! | `ms` | delay: milliseconds |
+//! | `times` | fire this many times, then the rule is spent (default: forever) |
+//! | `key` | only when the message's key contains this (phase=dot only) |
+//! | `rcpt` | only when a recipient contains this, ASCII case-insensitive (phase rcpt, data or dot; at rcpt, the recipient of that command) |
+//!
+//! Examples: `phase=dot,action=drop,times=1,key=abc`;
+//! `phase=rcpt,action=reply,code=451,text=4.3.0 try later`; `phase=dot,action=delay,ms=5000`;
+//! `phase=connect,action=reply,code=421`; `phase=data,action=disconnect,times=1`.
+//! Rules are tried in order; the first unspent rule that matches fires, once per phase event.
+//! The JSON form has the same fields: `[{"phase":"dot","action":"drop","times":1}]` (strings
+//! in the CLI form are accepted in the array too).
+//!
+//! # HTTP API (`--api ADDR`)
+//!
+//! `GET /messages[?key=K]` (id, key, mail_from, rcpt_to, size, received_at (Unix ms), blake3,
+//! body when UTF-8, tls, auth_user), `GET /messages/{id}/raw` (exact bytes),
+//! `GET /transactions[?key=K]` (same, plus seq, outcome, message_id, reply or `"none"`, fault),
+//! `GET /stats`, `GET|POST|DELETE /faults`, `POST /reset` (messages, transactions, records,
+//! counts and faults), `POST /pause?mode=refuse|greet421`, `POST /resume`.
+//!
+//! # Down modes
+//!
+//! [`Down::Refuse`] closes the listening socket, so connecting fails; [`Down::Greet421`] keeps
+//! accepting and answers `421 4.3.2` at once. Either way open connections are closed when the
+//! sink goes down (with a `421 4.3.2` in `Greet421` mode), as a real outage would.
+//!
+//! AUTH (when `require_auth` is set) is offered with or without TLS: this is a test tool, and
+//! relay tests run it on loopback.
+
+mod api;
+mod auth;
+pub mod faults;
+pub mod ledger;
+mod smtp;
+mod state;
+mod tls;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+pub use faults::{FaultAction, FaultError, FaultRule, Phase, RuleStatus};
+pub use ledger::KeyStats;
+pub use state::{Outcome, ReceivedMessage, SinkStats, Transaction};
+
+use state::{Life, Shared};
+
+/// How the sink simulates an upstream that is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Down {
+    /// Close the listening socket: connection attempts are refused.
+    Refuse,
+    /// Accept connections and greet them with `421 4.3.2`, then close.
+    Greet421,
+}
+
+#[derive(Clone)]
+pub struct SinkConfig {
+    pub listen: SocketAddr,
+    /// HTTP API address; none when `None`.
+    pub api: Option<SocketAddr>,
+    /// Each accepted message is also written to `<maildir>/<id>.eml` (created if missing).
+    pub maildir: Option<PathBuf>,
+    /// How long after acceptance a key replays.
+    pub window: Duration,
+    /// PEM certificate chain and private key; enables STARTTLS (or implicit TLS).
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// TLS from the first byte (needs `tls`); STARTTLS is then not offered.
+    pub implicit_tls: bool,
+    pub faults: Vec<FaultRule>,
+    /// User and password that AUTH PLAIN/LOGIN must present before MAIL.
+    pub require_auth: Option<(String, String)>,
+    /// Advertised in EHLO SIZE and enforced.
+    pub max_message_size: usize,
+    pub hostname: String,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            api: None,
+            maildir: None,
+            window: Duration::from_secs(3 * 3600),
+            tls: None,
+            implicit_tls: false,
+            faults: Vec::new(),
+            require_auth: None,
+            max_message_size: 25 * 1024 * 1024,
+            hostname: "sink.localhost".into(),
+        }
+    }
+}
+
+impl fmt::Debug for SinkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkConfig")
+            .field("listen", &self.listen)
+            .field("api", &self.api)
+            .field("maildir", &self.maildir)
+            .field("window", &self.window)
+            .field("tls", &self.tls)
+            .field("implicit_tls", &self.implicit_tls)
+            .field("faults", &self.faults)
+            .field(
+                "require_auth",
+                &self
+                    .require_auth
+                    .as_ref()
+                    .map(|(user, _)| (user, "<redacted>")),
+            )
+            .field("max_message_size", &self.max_message_size)
+            .field("hostname", &self.hostname)
+            .finish()
+    }
+}
+
+const FAULT_HELP: &str = "\
+Fault rule, repeatable: comma-separated name=value pairs.
+  phase=connect|ehlo|mail|rcpt|data|dot
+  action=reply      answer code/text instead (nothing accepted; 421 also closes)
+  action=drop       (dot only) commit the message, then close without replying
+  action=delay      wait ms=N before the normal reply (at dot: committed first)
+  action=disconnect close without replying (nothing accepted)
+  code=4xx|5xx  text=...  ms=N  times=N (then spent)
+  key=SUBSTRING (dot only)  rcpt=SUBSTRING (rcpt, data, dot)
+text= takes the rest of the rule, commas included; put it last.
+Examples:
+  --fault 'phase=dot,action=drop,times=1,key=abc'
+  --fault 'phase=rcpt,action=reply,code=451,text=4.3.0 try later'
+  --fault 'phase=dot,action=delay,ms=5000'";
+
+/// Run the test upstream: an SMTP server with idempotency replay, fault injection and an HTTP API
+#[derive(Clone, clap::Args)]
+pub struct SinkArgs {
+    /// SMTP listen address
+    #[arg(long, env = "IDEMRELAY_SINK_LISTEN", default_value = "127.0.0.1:2526")]
+    pub listen: SocketAddr,
+    /// HTTP API listen address (GET /messages, /transactions, /stats; POST|DELETE /faults;
+    /// POST /reset, /pause, /resume)
+    #[arg(long, env = "IDEMRELAY_SINK_API")]
+    pub api: Option<SocketAddr>,
+    /// Write each accepted message to DIR/<id>.eml
+    #[arg(long, env = "IDEMRELAY_SINK_MAILDIR", value_name = "DIR")]
+    pub maildir: Option<PathBuf>,
+    /// How long after acceptance the same key replays (e.g. 3h, 90s)
+    #[arg(long, env = "IDEMRELAY_SINK_WINDOW", default_value = "3h", value_parser = parse_duration)]
+    pub window: Duration,
+    /// PEM certificate chain; enables STARTTLS
+    #[arg(
+        long,
+        env = "IDEMRELAY_SINK_TLS_CERT",
+        requires = "tls_key",
+        value_name = "PEM"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key
+    #[arg(
+        long,
+        env = "IDEMRELAY_SINK_TLS_KEY",
+        requires = "tls_cert",
+        value_name = "PEM"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// TLS from the first byte (smtps) instead of STARTTLS
+    #[arg(long, env = "IDEMRELAY_SINK_IMPLICIT_TLS", requires = "tls_cert")]
+    pub implicit_tls: bool,
+    #[arg(long = "fault", value_name = "RULE", value_parser = parse_fault, long_help = FAULT_HELP, help = "Fault rule, repeatable (e.g. 'phase=dot,action=drop,times=1'); see --help")]
+    pub faults: Vec<FaultRule>,
+    /// Require AUTH PLAIN/LOGIN with this user before MAIL
+    #[arg(long, env = "IDEMRELAY_SINK_AUTH_USER", requires = "auth_password")]
+    pub auth_user: Option<String>,
+    /// Password for --auth-user
+    #[arg(
+        long,
+        env = "IDEMRELAY_SINK_AUTH_PASSWORD",
+        requires = "auth_user",
+        hide_env_values = true
+    )]
+    pub auth_password: Option<String>,
+    /// Largest message accepted (advertised as SIZE)
+    #[arg(long, env = "IDEMRELAY_SINK_MAX_MESSAGE_SIZE", default_value_t = 25 * 1024 * 1024)]
+    pub max_message_size: usize,
+    /// Name in the greeting and EHLO reply
+    #[arg(
+        long,
+        env = "IDEMRELAY_SINK_HOSTNAME",
+        default_value = "sink.localhost"
+    )]
+    pub hostname: String,
+}
+
+impl fmt::Debug for SinkArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkArgs")
+            .field("listen", &self.listen)
+            .field("api", &self.api)
+            .field("maildir", &self.maildir)
+            .field("window", &self.window)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("implicit_tls", &self.implicit_tls)
+            .field("faults", &self.faults)
+            .field("auth_user", &self.auth_user)
+            .field(
+                "auth_password",
+                &self.auth_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("max_message_size", &self.max_message_size)
+            .field("hostname", &self.hostname)
+            .finish()
+    }
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_fault(s: &str) -> Result<FaultRule, String> {
+    s.parse().map_err(|e: FaultError| e.to_string())
+}
+
+impl SinkArgs {
+    pub fn into_config(self) -> anyhow::Result<SinkConfig> {
+        let tls = match (self.tls_cert, self.tls_key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => anyhow::bail!("--tls-cert and --tls-key go together"),
+        };
+        let require_auth = match (self.auth_user, self.auth_password) {
+            (Some(user), Some(pass)) => Some((user, pass)),
+            (None, None) => None,
+            _ => anyhow::bail!("--auth-user and --auth-password go together"),
+        };
+        let config = SinkConfig {
+            listen: self.listen,
+            api: self.api,
+            maildir: self.maildir,
+            window: self.window,
+            tls,
+            implicit_tls: self.implicit_tls,
+            faults: self.faults,
+            require_auth,
+            max_message_size: self.max_message_size,
+            hostname: self.hostname,
+        };
+        validate(&config)?;
+        Ok(config)
+    }
+}
+
+fn validate(config: &SinkConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !config.implicit_tls || config.tls.is_some(),
+        "implicit TLS needs a certificate and key"
+    );
+    anyhow::ensure!(
+        config.max_message_size > 0,
+        "max_message_size must be positive"
+    );
+    for rule in &config.faults {
+        rule.validate()?;
+    }
+    Ok(())
+}
+
+/// Starts the sink inside the current runtime.
+pub struct Sink;
+
+impl Sink {
+    pub async fn start(config: SinkConfig) -> anyhow::Result<SinkHandle> {
+        validate(&config)?;
+        let tls = match &config.tls {
+            Some((cert, key)) => Some(tls::acceptor(cert, key)?),
+            None => None,
+        };
+        if let Some(dir) = &config.maildir {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating maildir {}", dir.display()))?;
+        }
+        let listener = smtp::bind(config.listen)
+            .with_context(|| format!("binding the sink SMTP listener on {}", config.listen))?;
+        let smtp_addr = listener.local_addr()?;
+        let api_listener = match config.api {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the sink API on {addr}"))?,
+            ),
+            None => None,
+        };
+        let api_addr = api_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+
+        let (control_tx, control_rx) = mpsc::channel(8);
+        let shared = Arc::new(Shared::new(config, tls, control_tx)?);
+        let (alive_tx, alive_rx) = mpsc::channel(1);
+        let mut tasks = vec![tokio::spawn(smtp::accept_loop(
+            shared.clone(),
+            listener,
+            control_rx,
+            alive_tx,
+        ))];
+        if let Some(listener) = api_listener {
+            let mut life = shared.life.subscribe();
+            let router = api::router(shared.clone());
+            tasks.push(tokio::spawn(async move {
+                let stop = async move { state::shutting_down(&mut life).await };
+                if let Err(err) = axum::serve(listener, router)
+                    .with_graceful_shutdown(stop)
+                    .await
+                {
+                    tracing::error!(error = %err, "sink API stopped");
+                }
+            }));
+        }
+        tracing::info!(%smtp_addr, api = ?api_addr, "sink started");
+        Ok(SinkHandle {
+            inner: Arc::new(Inner {
+                shared,
+                smtp_addr,
+                api_addr,
+                tasks: Mutex::new(tasks),
+                alive: tokio::sync::Mutex::new(Some(alive_rx)),
+            }),
+        })
+    }
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    smtp_addr: SocketAddr,
+    api_addr: Option<SocketAddr>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    alive: tokio::sync::Mutex<Option<mpsc::Receiver<()>>>,
+}
+
+/// A running sink. Clones share it; the sink runs until `shutdown` (or the runtime ends).
+#[derive(Clone)]
+pub struct SinkHandle {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for SinkHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkHandle")
+            .field("smtp_addr", &self.inner.smtp_addr)
+            .field("api_addr", &self.inner.api_addr)
+            .finish()
+    }
+}
+
+impl SinkHandle {
+    pub fn smtp_addr(&self) -> SocketAddr {
+        self.inner.smtp_addr
+    }
+
+    pub fn api_addr(&self) -> Option<SocketAddr> {
+        self.inner.api_addr
+    }
+
+    /// Accepted messages, in acceptance order; replays are not repeated here.
+    pub fn messages(&self) -> Vec<ReceivedMessage> {
+        self.inner.shared.messages()
+    }
+
+    /// Every transaction that reached the final dot, in order.
+    pub fn transactions(&self) -> Vec<Transaction> {
+        self.inner.shared.transactions()
+    }
+
+    pub fn stats(&self) -> SinkStats {
+        self.inner.shared.stats()
+    }
+
+    /// The active rules and how often each has fired.
+    pub fn faults(&self) -> Vec<RuleStatus> {
+        self.inner.shared.faults()
+    }
+
+    /// Replaces the rules (fire counts start over). Refuses rules that could never fire.
+    pub fn set_faults(&self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
+        self.inner.shared.set_faults(rules)
+    }
+
+    /// Forgets messages, transactions, idempotency records and counts; keeps the rules.
+    pub fn clear(&self) {
+        self.inner.shared.clear();
+    }
+
+    /// `clear` plus removing the rules: what `POST /reset` does.
+    pub fn reset(&self) {
+        self.inner.shared.clear();
+        let _ = self.inner.shared.set_faults(Vec::new());
+    }
+
+    /// Simulates the upstream going down; resolves once the mode is in effect (for
+    /// `Refuse`, the listening socket is closed).
+    pub async fn pause(&self, down: Down) -> anyhow::Result<()> {
+        self.inner.shared.pause(down).await
+    }
+
+    /// Back up on the same address.
+    pub async fn resume(&self) -> anyhow::Result<()> {
+        self.inner.shared.resume().await
+    }
+
+    /// Waits until `ready` holds for the stats, or fails after `timeout` with the last stats.
+    pub async fn wait_until(
+        &self,
+        timeout: Duration,
+        ready: impl Fn(&SinkStats) -> bool,
+    ) -> anyhow::Result<SinkStats> {
+        let mut version = self.inner.shared.version.subscribe();
+        let wait = async {
+            loop {
+                let _ = version.borrow_and_update();
+                let stats = self.stats();
+                if ready(&stats) {
+                    return stats;
+                }
+                if version.changed().await.is_err() {
+                    // The sender lives in `shared`, which we hold: unreachable in practice,
+                    // but a plain poll keeps this honest if that ever changes.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(stats) => Ok(stats),
+            Err(_) => anyhow::bail!(
+                "sink condition not met within {timeout:?}: {:?}",
+                self.stats()
+            ),
+        }
+    }
+
+    /// Waits for at least `n` accepted messages and returns them.
+    pub async fn wait_for_messages(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<ReceivedMessage>> {
+        self.wait_until(timeout, |s| s.messages >= n).await?;
+        Ok(self.messages())
+    }
+
+    /// Waits for at least `n` transactions that reached the final dot and returns them.
+    pub async fn wait_for_transactions(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<Transaction>> {
+        self.wait_until(timeout, |s| s.transactions >= n).await?;
+        Ok(self.transactions())
+    }
+
+    /// Stops listening, closes every connection (`421 4.3.2` to those that are open) and the
+    /// API, and waits for them. Idempotent.
+    pub async fn shutdown(&self) {
+        self.inner.shared.life.send_replace(Life::ShuttingDown);
+        let tasks =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for mut task in tasks {
+            if tokio::time::timeout(Duration::from_secs(5), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
+        }
+        if let Some(mut alive) = self.inner.alive.lock().await.take() {
+            // Every connection holds a sender; all gone means all closed.
+            let _ = tokio::time::timeout(Duration::from_secs(5), alive.recv()).await;
+        }
+        tracing::info!(smtp_addr = %self.inner.smtp_addr, "sink stopped");
+    }
+}
+
+/// `idemrelay sink`: runs until SIGTERM or SIGINT.
+pub async fn run(config: SinkConfig) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let handle = Sink::start(config).await?;
+    // One line on stdout that scripts can wait for.
+    match handle.api_addr() {
+        Some(api) => println!("sink smtp={} api={api}", handle.smtp_addr()),
+        None => println!("sink smtp={}", handle.smtp_addr()),
+    }
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    handle.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sink: SinkArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<SinkConfig, String> {
+        let cli = Cli::try_parse_from(std::iter::once("sink").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.sink.into_config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn cli_flags_become_the_config() {
+        let config = parse(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--api",
+            "127.0.0.1:8025",
+            "--window",
+            "90s",
+            "--fault",
+            "phase=dot,action=drop,times=1,key=abc",
+            "--fault",
+            "phase=rcpt,action=reply,code=451,text=try later",
+            "--auth-user",
+            "relay",
+            "--auth-password",
+            "pw",
+        ])
+        .unwrap();
+        assert_eq!(config.window, Duration::from_secs(90));
+        assert_eq!(config.api, Some("127.0.0.1:8025".parse().unwrap()));
+        assert_eq!(config.faults.len(), 2);
+        assert_eq!(config.require_auth, Some(("relay".into(), "pw".into())));
+        assert!(
+            !format!("{config:?}").contains("pw\""),
+            "password leaked into Debug"
+        );
+
+        let defaults = parse(&[]).unwrap();
+        assert_eq!(defaults.window, Duration::from_secs(3 * 3600));
+        assert_eq!(defaults.listen, "127.0.0.1:2526".parse().unwrap());
+
+        for bad in [
+            &["--fault", "phase=rcpt,action=drop"][..],
+            &["--tls-cert", "c.pem"],
+            &["--auth-user", "relay"],
+            &["--implicit-tls"],
+            &["--window", "soon"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+}

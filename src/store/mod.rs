@@ -156,6 +156,15 @@ pub enum Settle {
     },
 }
 
+/// Why delivery is paused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pause {
+    pub reason: String,
+    pub since_ms: i64,
+    /// Set by the relay for an account-level failure: a normal probe resumes it.
+    pub probe: bool,
+}
+
 /// One row of the ledger, for operators and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptRow {
@@ -213,18 +222,19 @@ pub trait Store: Send + Sync {
     async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError>;
 
     /// Leases the next due job (fair across scopes), closing a dead worker's open intent.
+    /// Nothing is claimed while delivery is paused (checked in the same transaction).
     async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError>;
 
     /// Writes the intent row before the upstream is contacted. False if the lease was lost.
     async fn begin_attempt(&self, id: &str, owner: &str, attempt: u32) -> Result<bool, StoreError>;
 
-    /// Writes the attempt's outcome and what follows, in one commit, fenced by the lease.
-    async fn end_attempt(
+    /// Writes the attempt's outcome (if an attempt was made) and what follows, in one
+    /// commit, fenced by the lease. False if the lease was lost.
+    async fn settle(
         &self,
         id: &str,
         owner: &str,
-        attempt: u32,
-        result: &AttemptResult,
+        attempt: Option<(u32, &AttemptResult)>,
         settle: &Settle,
     ) -> Result<bool, StoreError>;
 
@@ -233,9 +243,10 @@ pub trait Store: Send + Sync {
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError>;
 
-    /// Relay-wide delivery pause (account-level failure); `None` when running.
-    async fn paused(&self) -> Result<Option<String>, StoreError>;
-    async fn pause(&self, reason: &str) -> Result<(), StoreError>;
+    /// Relay-wide delivery pause; `None` when running.
+    async fn paused(&self) -> Result<Option<Pause>, StoreError>;
+    /// `probe`: the relay may resume by itself once the upstream answers a probe normally.
+    async fn pause(&self, reason: &str, probe: bool) -> Result<(), StoreError>;
     async fn resume(&self) -> Result<(), StoreError>;
 }
 

@@ -15,8 +15,8 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Row, SqliteConnection};
 
 use super::{
-    now_ms, retention_ms, AttemptResult, AttemptRow, Claimed, Existing, Insert, NewRecord, Settle,
-    State, Store, StoreError, StoredMessage,
+    now_ms, retention_ms, AttemptResult, AttemptRow, Claimed, Existing, Insert, NewRecord, Pause,
+    Settle, State, Store, StoreError, StoredMessage,
 };
 use crate::intake::fingerprint::Fingerprint;
 
@@ -306,6 +306,7 @@ impl Store for SqliteStore {
              JOIN messages m ON m.id = j.message_id
              LEFT JOIN scope_turns t ON t.scope = m.scope
              WHERE j.due_at <= ?1 AND (j.lease_until IS NULL OR j.lease_until <= ?1)
+               AND NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL)
              ORDER BY COALESCE(t.turn, 0), j.due_at, j.message_id
              LIMIT 1",
         )
@@ -413,12 +414,11 @@ impl Store for SqliteStore {
         Ok(true)
     }
 
-    async fn end_attempt(
+    async fn settle(
         &self,
         id: &str,
         owner: &str,
-        attempt: u32,
-        result: &AttemptResult,
+        attempt: Option<(u32, &AttemptResult)>,
         settle: &Settle,
     ) -> Result<bool, StoreError> {
         let mut conn = self.pool.acquire().await?;
@@ -436,19 +436,21 @@ impl Store for SqliteStore {
             tx.rollback().await?;
             return Ok(false);
         }
-        sqlx::query(
-            "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?
-             WHERE message_id = ? AND attempt = ?",
-        )
-        .bind(now)
-        .bind(result.outcome)
-        .bind(result.phase)
-        .bind(result.code.map(i64::from))
-        .bind(&result.reply)
-        .bind(id)
-        .bind(attempt as i64)
-        .execute(&mut *tx)
-        .await?;
+        if let Some((attempt, result)) = attempt {
+            sqlx::query(
+                "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?
+                 WHERE message_id = ? AND attempt = ?",
+            )
+            .bind(now)
+            .bind(result.outcome)
+            .bind(result.phase)
+            .bind(result.code.map(i64::from))
+            .bind(&result.reply)
+            .bind(id)
+            .bind(attempt as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
         let finish = |state: State, reply: &str| {
             sqlx::query(
                 "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ? WHERE id = ?",
@@ -542,34 +544,45 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn paused(&self) -> Result<Option<String>, StoreError> {
-        let row = sqlx::query("SELECT paused_at, reason FROM delivery_control WHERE id = 1")
+    async fn paused(&self) -> Result<Option<Pause>, StoreError> {
+        let row = sqlx::query("SELECT paused_at, reason, probe FROM delivery_control WHERE id = 1")
             .fetch_one(&self.pool)
             .await?;
-        let paused_at: Option<i64> = row.try_get("paused_at")?;
-        Ok(paused_at.map(|_| {
-            row.try_get::<Option<String>, _>("reason")
-                .ok()
-                .flatten()
-                .unwrap_or_default()
+        let Some(since_ms) = row.try_get::<Option<i64>, _>("paused_at")? else {
+            return Ok(None);
+        };
+        Ok(Some(Pause {
+            reason: row
+                .try_get::<Option<String>, _>("reason")?
+                .unwrap_or_default(),
+            since_ms,
+            probe: row.try_get("probe")?,
         }))
     }
 
-    async fn pause(&self, reason: &str) -> Result<(), StoreError> {
+    async fn pause(&self, reason: &str, probe: bool) -> Result<(), StoreError> {
+        // An operator's pause is never downgraded to one a probe may lift.
         sqlx::query(
-            "UPDATE delivery_control SET paused_at = COALESCE(paused_at, ?), reason = ? WHERE id = 1",
+            "UPDATE delivery_control SET reason = ?,
+                probe = CASE WHEN paused_at IS NULL THEN ? ELSE probe AND ? END,
+                paused_at = COALESCE(paused_at, ?)
+             WHERE id = 1",
         )
-        .bind(now_ms())
         .bind(reason)
+        .bind(probe)
+        .bind(probe)
+        .bind(now_ms())
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
     async fn resume(&self) -> Result<(), StoreError> {
-        sqlx::query("UPDATE delivery_control SET paused_at = NULL, reason = NULL WHERE id = 1")
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "UPDATE delivery_control SET paused_at = NULL, reason = NULL, probe = 0 WHERE id = 1",
+        )
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 }

@@ -262,3 +262,45 @@ impl TestRelay {
         n
     }
 }
+
+/// Polls `check` until it returns Some, or panics with `what` after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Delivery settings that make a test run in seconds: short backoff, quick scans, tight
+/// upstream deadlines.
+pub fn fast_delivery(settings: &mut Settings, upstream: SocketAddr) {
+    settings.upstream = Some(idemrelay::config::UpstreamUrl(format!(
+        "smtp://{upstream}?tls=none"
+    )));
+    let d = &mut settings.delivery;
+    d.retry_base = Duration::from_millis(50);
+    d.retry_cap = Duration::from_millis(200);
+    d.scan_interval = Duration::from_millis(50);
+    d.pause_probe_interval = Duration::from_millis(200);
+    d.breaker_cooldown = Duration::from_millis(100);
+    d.breaker_threshold = 1000;
+    d.connections = 2;
+    let t = &mut d.timeouts;
+    t.connect = Duration::from_secs(2);
+    t.greeting = Duration::from_secs(2);
+    t.mail = Duration::from_secs(2);
+    t.rcpt = Duration::from_secs(2);
+    t.data = Duration::from_secs(2);
+    t.dot = Duration::from_millis(800);
+}

@@ -1,0 +1,655 @@
+//! Fault rules: what the sink does instead of, or around, its normal answer at one phase of a
+//! session. Pure: parsing, validation and the "which rule fires" decision, no I/O.
+//!
+//! A rule that could never match is refused when it is set rather than silently never firing:
+//! the key is only known once the message has been read, so `key=` needs `phase=dot`; a
+//! recipient is only known from RCPT on, so `rcpt=` needs `rcpt`, `data` or `dot`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Where in the session a rule acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// The greeting (after the TLS handshake in implicit TLS mode).
+    Connect,
+    /// EHLO or HELO.
+    Ehlo,
+    Mail,
+    /// Each RCPT command; a `rcpt=` match looks at the recipient of that command.
+    Rcpt,
+    /// The DATA command itself (before `354`).
+    Data,
+    /// The final `.`: the message has been read completely.
+    Dot,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Connect => "connect",
+            Phase::Ehlo => "ehlo",
+            Phase::Mail => "mail",
+            Phase::Rcpt => "rcpt",
+            Phase::Data => "data",
+            Phase::Dot => "dot",
+        }
+    }
+
+    fn knows_recipients(self) -> bool {
+        matches!(self, Phase::Rcpt | Phase::Data | Phase::Dot)
+    }
+}
+
+impl FromStr for Phase {
+    type Err = FaultError;
+
+    fn from_str(s: &str) -> Result<Self, FaultError> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "connect" => Phase::Connect,
+            "ehlo" | "helo" => Phase::Ehlo,
+            "mail" => Phase::Mail,
+            "rcpt" => Phase::Rcpt,
+            "data" => Phase::Data,
+            "dot" => Phase::Dot,
+            _ => return Err(FaultError(format!("unknown phase {s:?}"))),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Answer `code text` instead of the normal reply; nothing is accepted at this phase.
+    /// A 421 also closes the connection, as it does on a real server.
+    Reply {
+        phase: Phase,
+        code: u16,
+        text: String,
+    },
+    /// Read the whole message, commit it exactly as a normal answer would (accepted, or
+    /// replayed / refused by the idempotency check), then close without replying: the
+    /// RFC 1047 "committed, reply lost" case.
+    DropAfterDot,
+    /// Wait before the normal reply. At `dot` the message is committed before the wait, and a
+    /// retry under the same key during the wait gets E01004 (still in progress).
+    DelayReply { phase: Phase, delay: Duration },
+    /// Close without a reply at this phase; nothing is accepted.
+    Disconnect { phase: Phase },
+}
+
+impl FaultAction {
+    pub fn phase(&self) -> Phase {
+        match self {
+            FaultAction::Reply { phase, .. }
+            | FaultAction::DelayReply { phase, .. }
+            | FaultAction::Disconnect { phase } => *phase,
+            FaultAction::DropAfterDot => Phase::Dot,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            FaultAction::Reply { .. } => "reply",
+            FaultAction::DropAfterDot => "drop",
+            FaultAction::DelayReply { .. } => "delay",
+            FaultAction::Disconnect { .. } => "disconnect",
+        }
+    }
+}
+
+/// One rule: an action, optional conditions, and how many times it may fire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RuleSpec", into = "RuleSpec")]
+pub struct FaultRule {
+    pub action: FaultAction,
+    /// Fires only when the message's idempotency key contains this (case-sensitive).
+    pub key: Option<String>,
+    /// Fires only when a recipient contains this (ASCII case-insensitive).
+    pub rcpt: Option<String>,
+    /// Fires this many times, then is spent; `None` fires forever.
+    pub times: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid fault rule: {0}")]
+pub struct FaultError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, FaultError> {
+    Err(FaultError(msg.into()))
+}
+
+impl FaultRule {
+    pub fn new(action: FaultAction) -> Self {
+        FaultRule {
+            action,
+            key: None,
+            rcpt: None,
+            times: None,
+        }
+    }
+
+    /// `Reply` with the default text `<class>.0.0 sink fault at <phase>` when `text` is empty.
+    pub fn reply(phase: Phase, code: u16, text: &str) -> Self {
+        let text = if text.is_empty() {
+            default_text(phase, code)
+        } else {
+            text.to_string()
+        };
+        FaultRule::new(FaultAction::Reply { phase, code, text })
+    }
+
+    pub fn drop_after_dot() -> Self {
+        FaultRule::new(FaultAction::DropAfterDot)
+    }
+
+    pub fn delay(phase: Phase, delay: Duration) -> Self {
+        FaultRule::new(FaultAction::DelayReply { phase, delay })
+    }
+
+    pub fn disconnect(phase: Phase) -> Self {
+        FaultRule::new(FaultAction::Disconnect { phase })
+    }
+
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    pub fn with_rcpt(mut self, rcpt: impl Into<String>) -> Self {
+        self.rcpt = Some(rcpt.into());
+        self
+    }
+
+    pub fn with_times(mut self, times: u32) -> Self {
+        self.times = Some(times);
+        self
+    }
+
+    pub fn validate(&self) -> Result<(), FaultError> {
+        let phase = self.action.phase();
+        if let FaultAction::Reply { code, text, .. } = &self.action {
+            if !(400..=599).contains(code) {
+                return err(format!("reply code {code} is not 4xx/5xx"));
+            }
+            if text.contains(['\r', '\n']) {
+                return err("reply text must be one line");
+            }
+        }
+        if self.key.is_some() && phase != Phase::Dot {
+            return err("key= needs phase=dot (the key is read from the message)");
+        }
+        if self.rcpt.is_some() && !phase.knows_recipients() {
+            return err("rcpt= needs phase=rcpt, data or dot");
+        }
+        if self.times == Some(0) {
+            return err("times=0 would never fire");
+        }
+        Ok(())
+    }
+
+    fn matches(&self, phase: Phase, ctx: &Context<'_>) -> bool {
+        if self.action.phase() != phase {
+            return false;
+        }
+        if let Some(want) = &self.key {
+            if !ctx.key.is_some_and(|k| k.contains(want.as_str())) {
+                return false;
+            }
+        }
+        if let Some(want) = &self.rcpt {
+            let want = want.to_ascii_lowercase();
+            if !ctx
+                .rcpts
+                .iter()
+                .any(|r| r.to_ascii_lowercase().contains(&want))
+            {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+fn default_text(phase: Phase, code: u16) -> String {
+    format!("{}.0.0 sink fault at {}", code / 100, phase.as_str())
+}
+
+/// What a rule may look at when the session reaches a phase.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Context<'a> {
+    pub key: Option<&'a str>,
+    /// At `rcpt` the recipient of the command; at `data`/`dot` the whole envelope.
+    pub rcpts: &'a [String],
+}
+
+/// A rule as reported back, with how often it has fired.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RuleStatus {
+    #[serde(flatten)]
+    pub rule: FaultRule,
+    pub fired: u32,
+}
+
+/// The active rules, in order, with their fire counts.
+#[derive(Debug, Clone, Default)]
+pub struct FaultSet {
+    rules: Vec<RuleStatus>,
+}
+
+impl FaultSet {
+    pub fn new(rules: Vec<FaultRule>) -> Result<Self, FaultError> {
+        for rule in &rules {
+            rule.validate()?;
+        }
+        Ok(FaultSet {
+            rules: rules
+                .into_iter()
+                .map(|rule| RuleStatus { rule, fired: 0 })
+                .collect(),
+        })
+    }
+
+    pub fn status(&self) -> Vec<RuleStatus> {
+        self.rules.clone()
+    }
+
+    /// The first unspent rule for `phase` whose conditions hold fires (and is counted).
+    pub fn fire(&mut self, phase: Phase, ctx: &Context<'_>) -> Option<FaultRule> {
+        let status = self.rules.iter_mut().find(|s| {
+            s.rule.times.is_none_or(|times| s.fired < times) && s.rule.matches(phase, ctx)
+        })?;
+        status.fired += 1;
+        Some(status.rule.clone())
+    }
+}
+
+/// The flat shape shared by the CLI string and the JSON form:
+/// `{"phase":"dot","action":"drop","times":1,"key":"abc"}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleSpec {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    phase: Option<Phase>,
+    action: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    times: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rcpt: Option<String>,
+}
+
+impl TryFrom<RuleSpec> for FaultRule {
+    type Error = FaultError;
+
+    fn try_from(spec: RuleSpec) -> Result<Self, FaultError> {
+        let phase = |default: Option<Phase>| match spec.phase.or(default) {
+            Some(p) => Ok(p),
+            None => err(format!("action={} needs phase=", spec.action)),
+        };
+        let unused = |name: &str, present: bool| {
+            if present {
+                err(format!("{name}= does not apply to action={}", spec.action))
+            } else {
+                Ok(())
+            }
+        };
+        let action = match spec.action.to_ascii_lowercase().as_str() {
+            "reply" => {
+                unused("ms", spec.ms.is_some())?;
+                let phase = phase(None)?;
+                let Some(code) = spec.code else {
+                    return err("action=reply needs code=");
+                };
+                let text = match spec.text.as_deref() {
+                    Some(t) if !t.trim().is_empty() => t.trim().to_string(),
+                    _ => default_text(phase, code),
+                };
+                FaultAction::Reply { phase, code, text }
+            }
+            "drop" => {
+                unused("code", spec.code.is_some())?;
+                unused("text", spec.text.is_some())?;
+                unused("ms", spec.ms.is_some())?;
+                if phase(Some(Phase::Dot))? != Phase::Dot {
+                    return err("action=drop only exists at phase=dot");
+                }
+                FaultAction::DropAfterDot
+            }
+            "delay" => {
+                unused("code", spec.code.is_some())?;
+                unused("text", spec.text.is_some())?;
+                let Some(ms) = spec.ms else {
+                    return err("action=delay needs ms=");
+                };
+                FaultAction::DelayReply {
+                    phase: phase(None)?,
+                    delay: Duration::from_millis(ms),
+                }
+            }
+            "disconnect" => {
+                unused("code", spec.code.is_some())?;
+                unused("text", spec.text.is_some())?;
+                unused("ms", spec.ms.is_some())?;
+                FaultAction::Disconnect {
+                    phase: phase(None)?,
+                }
+            }
+            other => {
+                return err(format!(
+                    "unknown action {other:?} (reply, drop, delay, disconnect)"
+                ))
+            }
+        };
+        let rule = FaultRule {
+            action,
+            key: spec.key,
+            rcpt: spec.rcpt,
+            times: spec.times,
+        };
+        rule.validate()?;
+        Ok(rule)
+    }
+}
+
+impl From<FaultRule> for RuleSpec {
+    fn from(rule: FaultRule) -> Self {
+        let mut spec = RuleSpec {
+            phase: Some(rule.action.phase()),
+            action: rule.action.name().to_string(),
+            times: rule.times,
+            key: rule.key,
+            rcpt: rule.rcpt,
+            ..RuleSpec::default()
+        };
+        match rule.action {
+            FaultAction::Reply { code, text, .. } => {
+                spec.code = Some(code);
+                spec.text = Some(text);
+            }
+            FaultAction::DelayReply { delay, .. } => {
+                spec.ms = Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+            }
+            FaultAction::DropAfterDot | FaultAction::Disconnect { .. } => {}
+        }
+        spec
+    }
+}
+
+/// `name=value` pairs separated by commas; `text=` takes the rest of the string, commas
+/// included, so it goes last.
+impl FromStr for FaultRule {
+    type Err = FaultError;
+
+    fn from_str(s: &str) -> Result<Self, FaultError> {
+        let mut spec = RuleSpec::default();
+        let mut action = None;
+        let mut rest = s.trim();
+        while !rest.is_empty() {
+            let Some((name, after)) = rest.split_once('=') else {
+                return err(format!("expected name=value, got {rest:?}"));
+            };
+            let name = name.trim().to_ascii_lowercase();
+            let (value, next) = if name == "text" {
+                (after, "")
+            } else {
+                after.split_once(',').unwrap_or((after, ""))
+            };
+            let value = value.trim();
+            let dup = |present: bool| {
+                if present {
+                    err(format!("{name}= given twice"))
+                } else {
+                    Ok(())
+                }
+            };
+            let number = |what: &str| {
+                value
+                    .parse::<u64>()
+                    .map_err(|_| FaultError(format!("{what}={value:?} is not a number")))
+            };
+            match name.as_str() {
+                "phase" => {
+                    dup(spec.phase.is_some())?;
+                    spec.phase = Some(value.parse()?);
+                }
+                "action" => {
+                    dup(action.is_some())?;
+                    action = Some(value.to_string());
+                }
+                "code" => {
+                    dup(spec.code.is_some())?;
+                    let code = number("code")?;
+                    spec.code = Some(u16::try_from(code).unwrap_or(u16::MAX));
+                }
+                "text" => spec.text = Some(value.to_string()),
+                "ms" => {
+                    dup(spec.ms.is_some())?;
+                    spec.ms = Some(number("ms")?);
+                }
+                "times" => {
+                    dup(spec.times.is_some())?;
+                    let times = number("times")?;
+                    spec.times = Some(u32::try_from(times).unwrap_or(u32::MAX));
+                }
+                "key" => {
+                    dup(spec.key.is_some())?;
+                    spec.key = Some(value.to_string());
+                }
+                "rcpt" => {
+                    dup(spec.rcpt.is_some())?;
+                    spec.rcpt = Some(value.to_string());
+                }
+                other => {
+                    return err(format!(
+                        "unknown field {other:?} (phase, action, code, text, ms, times, key, rcpt)"
+                    ))
+                }
+            }
+            rest = next.trim_start();
+        }
+        let Some(action) = action else {
+            return err("action= is required");
+        };
+        spec.action = action;
+        FaultRule::try_from(spec)
+    }
+}
+
+impl fmt::Display for FaultRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let spec = RuleSpec::from(self.clone());
+        write!(
+            f,
+            "phase={},action={}",
+            self.action.phase().as_str(),
+            spec.action
+        )?;
+        if let Some(code) = spec.code {
+            write!(f, ",code={code}")?;
+        }
+        if let Some(ms) = spec.ms {
+            write!(f, ",ms={ms}")?;
+        }
+        if let Some(times) = spec.times {
+            write!(f, ",times={times}")?;
+        }
+        if let Some(key) = &spec.key {
+            write!(f, ",key={key}")?;
+        }
+        if let Some(rcpt) = &spec.rcpt {
+            write!(f, ",rcpt={rcpt}")?;
+        }
+        if let Some(text) = &spec.text {
+            write!(f, ",text={text}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> FaultRule {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn parses_the_documented_examples() {
+        assert_eq!(
+            parse("phase=dot,action=drop,times=1,key=abc"),
+            FaultRule::drop_after_dot().with_times(1).with_key("abc")
+        );
+        assert_eq!(
+            parse("phase=rcpt,action=reply,code=451,text=try later"),
+            FaultRule::reply(Phase::Rcpt, 451, "try later")
+        );
+        assert_eq!(
+            parse("phase=dot,action=delay,ms=5000"),
+            FaultRule::delay(Phase::Dot, Duration::from_millis(5000))
+        );
+        assert_eq!(
+            parse("action=disconnect, phase=MAIL"),
+            FaultRule::disconnect(Phase::Mail)
+        );
+        // drop defaults to the only phase it has.
+        assert_eq!(parse("action=drop"), FaultRule::drop_after_dot());
+    }
+
+    #[test]
+    fn text_takes_the_rest_including_commas() {
+        let rule = parse("phase=dot,action=reply,code=550,text=5.7.1 no, really, no");
+        assert_eq!(
+            rule.action,
+            FaultAction::Reply {
+                phase: Phase::Dot,
+                code: 550,
+                text: "5.7.1 no, really, no".into()
+            }
+        );
+    }
+
+    #[test]
+    fn default_reply_text_carries_an_enhanced_code() {
+        let rule = parse("phase=connect,action=reply,code=421");
+        assert_eq!(
+            rule.action,
+            FaultAction::Reply {
+                phase: Phase::Connect,
+                code: 421,
+                text: "4.0.0 sink fault at connect".into()
+            }
+        );
+    }
+
+    #[test]
+    fn refuses_rules_that_cannot_fire_or_make_no_sense() {
+        for bad in [
+            "",
+            "phase=dot",
+            "phase=dot,action=explode",
+            "phase=rcpt,action=drop",
+            "phase=dot,action=reply",
+            "phase=dot,action=reply,code=250",
+            "phase=dot,action=reply,code=99999",
+            "action=reply,code=451",
+            "phase=dot,action=delay",
+            "phase=dot,action=delay,ms=soon",
+            "phase=rcpt,action=reply,code=451,key=abc",
+            "phase=mail,action=disconnect,rcpt=a@b",
+            "phase=dot,action=drop,times=0",
+            "phase=dot,action=drop,code=451",
+            "phase=dot,action=drop,colour=red",
+            "phase=dot,phase=rcpt,action=drop",
+            "phase=dot action=drop",
+        ] {
+            assert!(bad.parse::<FaultRule>().is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in [
+            "phase=dot,action=drop,times=1,key=abc",
+            "phase=rcpt,action=reply,code=451,rcpt=@slow.example,text=4.3.0 try, later",
+            "phase=ehlo,action=delay,ms=250",
+            "phase=data,action=disconnect,times=3",
+        ] {
+            let rule = parse(s);
+            assert_eq!(rule.to_string(), s);
+            assert_eq!(parse(&rule.to_string()), rule);
+        }
+    }
+
+    #[test]
+    fn json_form_matches_the_cli_form() {
+        let json = r#"[{"phase":"dot","action":"drop","times":1,"key":"abc"},
+                       {"phase":"rcpt","action":"reply","code":451,"text":"try later"},
+                       {"phase":"dot","action":"delay","ms":5000}]"#;
+        let rules: Vec<FaultRule> = serde_json::from_str(json).unwrap();
+        assert_eq!(
+            rules,
+            vec![
+                parse("phase=dot,action=drop,times=1,key=abc"),
+                parse("phase=rcpt,action=reply,code=451,text=try later"),
+                parse("phase=dot,action=delay,ms=5000"),
+            ]
+        );
+        let back: Vec<FaultRule> =
+            serde_json::from_str(&serde_json::to_string(&rules).unwrap()).unwrap();
+        assert_eq!(back, rules);
+        assert!(serde_json::from_str::<FaultRule>(r#"{"action":"drop","nope":1}"#).is_err());
+        assert!(serde_json::from_str::<FaultRule>(r#"{"phase":"rcpt","action":"drop"}"#).is_err());
+    }
+
+    #[test]
+    fn first_matching_unspent_rule_fires() {
+        let mut set = FaultSet::new(vec![
+            parse("phase=dot,action=drop,times=1,key=k1"),
+            parse("phase=dot,action=reply,code=451,times=2"),
+            parse("phase=rcpt,action=reply,code=550,rcpt=BAD@"),
+        ])
+        .unwrap();
+        let k1 = Context {
+            key: Some("order-k1"),
+            rcpts: &[],
+        };
+        let k2 = Context {
+            key: Some("order-k2"),
+            rcpts: &[],
+        };
+        let action = |r: Option<FaultRule>| r.map(|r| r.action.name());
+        assert_eq!(action(set.fire(Phase::Dot, &k2)), Some("reply"));
+        assert_eq!(action(set.fire(Phase::Dot, &k1)), Some("drop"));
+        assert_eq!(action(set.fire(Phase::Dot, &k1)), Some("reply"));
+        // Both spent now.
+        assert_eq!(action(set.fire(Phase::Dot, &k1)), None);
+        assert_eq!(action(set.fire(Phase::Mail, &k1)), None);
+
+        let good = ["good@example.com".to_string()];
+        let bad = ["bad@example.com".to_string()];
+        let ctx = |rcpts| Context { key: None, rcpts };
+        assert_eq!(action(set.fire(Phase::Rcpt, &ctx(&good))), None);
+        assert_eq!(action(set.fire(Phase::Rcpt, &ctx(&bad))), Some("reply"));
+        assert_eq!(action(set.fire(Phase::Rcpt, &ctx(&bad))), Some("reply"));
+        let fired: Vec<u32> = set.status().iter().map(|s| s.fired).collect();
+        assert_eq!(fired, vec![1, 2, 2]);
+    }
+
+    #[test]
+    fn a_key_rule_does_not_fire_for_a_message_without_key() {
+        let mut set = FaultSet::new(vec![parse("phase=dot,action=drop,key=abc")]).unwrap();
+        assert!(set.fire(Phase::Dot, &Context::default()).is_none());
+    }
+}

@@ -1,0 +1,629 @@
+//! What the sink has seen, shared by the SMTP connections, the HTTP API and the handle: the
+//! accepted messages, every transaction that reached the final dot, the ledger and the fault
+//! rules, behind one lock that is never held across an await.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_rustls::TlsAcceptor;
+
+use super::faults::{Context, FaultAction, FaultError, FaultRule, FaultSet, Phase, RuleStatus};
+use super::ledger::{fingerprint, KeyStats, Ledger, Verdict};
+use super::{Down, SinkConfig};
+use crate::intake::key::KeyHeader;
+use crate::smtp::framing::BodyFault;
+use crate::smtp::reply::Reply;
+
+/// A message the sink accepted (once per operation: replays are not messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedMessage {
+    /// The sink's id, as given in `250 2.0.0 OK <id>`.
+    pub id: String,
+    /// The `X-Bird-Idempotency-Key` value, unfolded; `None` when the message had none.
+    pub key: Option<String>,
+    pub mail_from: String,
+    /// In RCPT order, repeated recipients once.
+    pub rcpt_to: Vec<String>,
+    pub eightbitmime: bool,
+    pub smtputf8: bool,
+    /// The message exactly as received, after dot-unstuffing.
+    pub bytes: Vec<u8>,
+    /// Hex blake3 of `bytes`.
+    pub blake3: String,
+    pub received_at_ms: u64,
+    pub tls: bool,
+    pub auth_user: Option<String>,
+}
+
+/// How the sink decided a transaction that reached the final dot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Committed as a new message (even when a `drop` rule then withheld the reply).
+    Accepted,
+    /// Same key and request within the window: answered with the original id.
+    Replayed,
+    /// Same key, different request: E01005.
+    KeyReuse,
+    /// The first transaction under the key had not produced its reply yet: E01004.
+    InProgress,
+    /// The key header was empty, too long, had control characters or differing copies: E01001.
+    InvalidKey,
+    /// A line over 998 octets, a NUL, over SIZE, or the maildir write failed.
+    Rejected,
+    /// A `reply` or `disconnect` rule answered instead of the sink; nothing was committed.
+    Faulted,
+}
+
+/// One transaction that reached the final dot, whatever became of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transaction {
+    /// Order of arrival at the dot, from 1; not reset by `clear`.
+    pub seq: u64,
+    pub key: Option<String>,
+    pub mail_from: String,
+    pub rcpt_to: Vec<String>,
+    pub eightbitmime: bool,
+    pub smtputf8: bool,
+    /// The bytes as received after dot-unstuffing (empty when over SIZE).
+    pub bytes: Vec<u8>,
+    pub outcome: Outcome,
+    /// The sink id accepted or replayed.
+    pub message_id: Option<String>,
+    /// The reply line sent (or, for a delayed reply, about to be sent once the delay is
+    /// over); `None` when the connection was closed without one.
+    pub reply: Option<String>,
+    /// The rule that fired at the dot, in CLI syntax.
+    pub fault: Option<String>,
+    pub received_at_ms: u64,
+    pub tls: bool,
+    pub auth_user: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SinkStats {
+    pub keys: BTreeMap<String, KeyStats>,
+    /// Accepted messages.
+    pub messages: usize,
+    /// Transactions that reached the final dot.
+    pub transactions: usize,
+    /// TCP connections accepted.
+    pub connections: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Life {
+    Up,
+    Down(Down),
+    ShuttingDown,
+}
+
+/// Resolves with the new state once the sink is no longer up. Never holds the watch guard
+/// across an await (it is not `Send`).
+pub(crate) async fn not_up(life: &mut watch::Receiver<Life>) -> Life {
+    match life.wait_for(|l| *l != Life::Up).await {
+        Ok(l) => *l,
+        Err(_) => Life::ShuttingDown,
+    }
+}
+
+pub(crate) async fn shutting_down(life: &mut watch::Receiver<Life>) {
+    let _ = life.wait_for(|l| *l == Life::ShuttingDown).await;
+}
+
+pub(crate) enum Control {
+    /// Open (rebind) or close the SMTP listening socket.
+    Listen(bool, oneshot::Sender<std::io::Result<()>>),
+}
+
+struct State {
+    ledger: Ledger,
+    faults: FaultSet,
+    messages: Vec<ReceivedMessage>,
+    transactions: Vec<Transaction>,
+    connections: u64,
+    next_message: u64,
+    next_transaction: u64,
+}
+
+/// A transaction at its final dot, as the connection hands it over.
+pub(crate) struct Submission {
+    pub key: KeyHeader,
+    pub mail_from: String,
+    pub rcpt_to: Vec<String>,
+    pub eightbitmime: bool,
+    pub smtputf8: bool,
+    pub bytes: Vec<u8>,
+    pub body_fault: Option<BodyFault>,
+    pub tls: bool,
+    pub auth_user: Option<String>,
+}
+
+/// What the connection does after the dot.
+pub(crate) struct DotPlan {
+    /// `None`: close without replying.
+    pub reply: Option<Reply>,
+    pub delay: Option<Duration>,
+    /// Held through a delayed reply: until it is dropped, retries under the key get E01004.
+    pub running: Option<Running>,
+}
+
+/// A committed message whose reply is still being held back.
+pub(crate) struct Running {
+    shared: Arc<Shared>,
+    key: String,
+    id: String,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shared.lock().ledger.settle(&self.key, &self.id);
+    }
+}
+
+pub(crate) struct Shared {
+    pub config: SinkConfig,
+    pub tls: Option<TlsAcceptor>,
+    pub life: watch::Sender<Life>,
+    pub control: mpsc::Sender<Control>,
+    /// Bumped on every change, for the handle's `wait_for_*`.
+    pub version: watch::Sender<u64>,
+    state: Mutex<State>,
+}
+
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn body_fault_reply(fault: BodyFault) -> Reply {
+    match fault {
+        BodyFault::LineTooLong => Reply::new(550, "5.6.0 Message line longer than 998 octets"),
+        BodyFault::Nul => Reply::new(554, "5.6.0 NUL octet in message"),
+        BodyFault::TooBig => Reply::new(552, "5.3.4 Message size exceeds fixed maximum"),
+    }
+}
+
+pub(crate) fn e01005() -> Reply {
+    Reply::new(
+        554,
+        "5.6.0 X-Bird-Idempotency-Key already used for a different message \
+         (E01005 IdempotencyKeyReuse)",
+    )
+}
+
+pub(crate) fn e01004() -> Reply {
+    Reply::new(
+        451,
+        "4.3.0 a message with this X-Bird-Idempotency-Key is still being processed \
+         (E01004 RequestInProgress); retry later",
+    )
+}
+
+pub(crate) fn e01001() -> Reply {
+    Reply::new(
+        554,
+        "5.6.0 X-Bird-Idempotency-Key must be 1-255 printable characters (E01001); \
+         message not accepted",
+    )
+}
+
+fn write_atomically(dir: &Path, id: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    // A reader listing `*.eml` never sees a half-written file.
+    let tmp = dir.join(format!(".{id}.eml.tmp"));
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, dir.join(format!("{id}.eml")))
+}
+
+impl Shared {
+    pub fn new(
+        config: SinkConfig,
+        tls: Option<TlsAcceptor>,
+        control: mpsc::Sender<Control>,
+    ) -> Result<Self, FaultError> {
+        let faults = FaultSet::new(config.faults.clone())?;
+        Ok(Shared {
+            tls,
+            life: watch::Sender::new(Life::Up),
+            control,
+            version: watch::Sender::new(0),
+            state: Mutex::new(State {
+                ledger: Ledger::new(config.window),
+                faults,
+                messages: Vec::new(),
+                transactions: Vec::new(),
+                connections: 0,
+                next_message: 1,
+                next_transaction: 1,
+            }),
+            config,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent across a panicking holder: every update is one push or
+        // one counter, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn changed(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    pub fn messages(&self) -> Vec<ReceivedMessage> {
+        self.lock().messages.clone()
+    }
+
+    pub fn message(&self, id: &str) -> Option<ReceivedMessage> {
+        self.lock().messages.iter().find(|m| m.id == id).cloned()
+    }
+
+    pub fn transactions(&self) -> Vec<Transaction> {
+        self.lock().transactions.clone()
+    }
+
+    pub fn stats(&self) -> SinkStats {
+        let st = self.lock();
+        SinkStats {
+            keys: st.ledger.stats().clone(),
+            messages: st.messages.len(),
+            transactions: st.transactions.len(),
+            connections: st.connections,
+        }
+    }
+
+    pub fn faults(&self) -> Vec<RuleStatus> {
+        self.lock().faults.status()
+    }
+
+    pub fn set_faults(&self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
+        let set = FaultSet::new(rules)?;
+        self.lock().faults = set;
+        self.changed();
+        Ok(())
+    }
+
+    /// Forgets messages, transactions, idempotency records and counts; ids keep counting up
+    /// so an id never names two messages.
+    pub fn clear(&self) {
+        let mut st = self.lock();
+        st.ledger = Ledger::new(self.config.window);
+        st.messages.clear();
+        st.transactions.clear();
+        st.connections = 0;
+        drop(st);
+        self.changed();
+    }
+
+    async fn listen(&self, open: bool) -> anyhow::Result<()> {
+        let (ack, done) = oneshot::channel();
+        let gone = || anyhow::anyhow!("the sink has shut down");
+        self.control
+            .send(Control::Listen(open, ack))
+            .await
+            .map_err(|_| gone())?;
+        done.await.map_err(|_| gone())??;
+        Ok(())
+    }
+
+    fn set_life(&self, to: Life) -> anyhow::Result<()> {
+        let changed = self.life.send_if_modified(|life| {
+            let ok = *life != Life::ShuttingDown;
+            if ok {
+                *life = to;
+            }
+            ok
+        });
+        anyhow::ensure!(changed, "the sink is shutting down");
+        Ok(())
+    }
+
+    /// Open connections are closed first (they watch `life`), then the listener follows the
+    /// mode: closed for `Refuse`, open for `Greet421`.
+    pub async fn pause(&self, down: Down) -> anyhow::Result<()> {
+        self.set_life(Life::Down(down))?;
+        self.listen(down == Down::Greet421).await
+    }
+
+    pub async fn resume(&self) -> anyhow::Result<()> {
+        self.listen(true).await?;
+        self.set_life(Life::Up)
+    }
+
+    pub fn count_connection(&self) {
+        self.lock().connections += 1;
+        self.changed();
+    }
+
+    pub fn fire(&self, phase: Phase, ctx: &Context<'_>) -> Option<FaultAction> {
+        let rule = self.lock().faults.fire(phase, ctx)?;
+        tracing::info!(phase = phase.as_str(), rule = %rule, "sink fault fired");
+        Some(rule.action)
+    }
+
+    fn record(
+        st: &mut State,
+        sub: Submission,
+        outcome: Outcome,
+        id: Option<String>,
+        reply: Option<&Reply>,
+        fault: Option<String>,
+    ) {
+        let key = match &sub.key {
+            KeyHeader::Present(k) => Some(k.clone()),
+            _ => None,
+        };
+        if let Some(k) = &key {
+            st.ledger.count_transaction(k);
+        }
+        let seq = st.next_transaction;
+        st.next_transaction += 1;
+        tracing::info!(
+            seq,
+            id = id.as_deref().unwrap_or("-"),
+            key = key.as_deref().unwrap_or("-"),
+            outcome = ?outcome,
+            size = sub.bytes.len(),
+            rcpts = sub.rcpt_to.len(),
+            reply = reply.map_or(0, |r| r.code),
+            fault = fault.as_deref().unwrap_or("-"),
+            "sink transaction"
+        );
+        st.transactions.push(Transaction {
+            seq,
+            key,
+            mail_from: sub.mail_from,
+            rcpt_to: sub.rcpt_to,
+            eightbitmime: sub.eightbitmime,
+            smtputf8: sub.smtputf8,
+            bytes: sub.bytes,
+            outcome,
+            message_id: id,
+            reply: reply.map(Reply::line),
+            fault,
+            received_at_ms: unix_ms(),
+            tls: sub.tls,
+            auth_user: sub.auth_user,
+        });
+    }
+
+    /// Decides a transaction at its final dot: fault rules first, then the message's own
+    /// faults, then the idempotency record; commits a new message (maildir file included)
+    /// before returning, so a 250 is only ever sent for something already stored.
+    pub async fn dot(self: &Arc<Self>, sub: Submission) -> DotPlan {
+        let new = match self.decide(sub) {
+            Decided::Done(plan) => return plan,
+            Decided::Store(new) => new,
+        };
+        let stored = match &self.config.maildir {
+            None => Ok(()),
+            Some(dir) => {
+                let (dir, id, bytes) = (dir.clone(), new.id.clone(), new.sub.bytes.clone());
+                tokio::task::spawn_blocking(move || write_atomically(&dir, &id, &bytes))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+            }
+        };
+        self.commit(new, stored)
+    }
+
+    fn finish(&self, st: MutexGuard<'_, State>, reply: Reply, how: &How) -> DotPlan {
+        drop(st);
+        self.changed();
+        DotPlan {
+            reply: (!how.withhold).then_some(reply),
+            delay: how.delay,
+            running: None,
+        }
+    }
+
+    fn decide(&self, sub: Submission) -> Decided {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let key = match &sub.key {
+            KeyHeader::Present(k) => Some(k.clone()),
+            _ => None,
+        };
+        let ctx = Context {
+            key: key.as_deref(),
+            rcpts: &sub.rcpt_to,
+        };
+        let rule = st.faults.fire(Phase::Dot, &ctx);
+        if let Some(rule) = &rule {
+            tracing::info!(phase = "dot", rule = %rule, "sink fault fired");
+        }
+        let fault = rule.as_ref().map(ToString::to_string);
+        let how = match rule.map(|r| r.action) {
+            Some(FaultAction::Reply { code, text, .. }) => {
+                let reply = Reply::new(code, text);
+                Self::record(&mut st, sub, Outcome::Faulted, None, Some(&reply), fault);
+                return Decided::Done(self.finish(st, reply, &How::default()));
+            }
+            Some(FaultAction::Disconnect { .. }) => {
+                Self::record(&mut st, sub, Outcome::Faulted, None, None, fault);
+                drop(st);
+                self.changed();
+                return Decided::Done(DotPlan {
+                    reply: None,
+                    delay: None,
+                    running: None,
+                });
+            }
+            Some(FaultAction::DropAfterDot) => How {
+                withhold: true,
+                delay: None,
+            },
+            Some(FaultAction::DelayReply { delay, .. }) => How {
+                withhold: false,
+                delay: Some(delay),
+            },
+            None => How::default(),
+        };
+        let refusal = if let Some(body_fault) = sub.body_fault {
+            Some((Outcome::Rejected, body_fault_reply(body_fault)))
+        } else if sub.key == KeyHeader::Invalid {
+            Some((Outcome::InvalidKey, e01001()))
+        } else {
+            None
+        };
+        if let Some((outcome, reply)) = refusal {
+            Self::record(
+                &mut st,
+                sub,
+                outcome,
+                None,
+                how.given(&reply).as_ref(),
+                fault,
+            );
+            return Decided::Done(self.finish(st, reply, &how));
+        }
+        let id = format!("S{:06}{:08X}", st.next_message, fastrand::u32(..));
+        st.next_message += 1;
+        if let Some(k) = &key {
+            let fp = fingerprint(
+                &sub.mail_from,
+                &sub.rcpt_to,
+                sub.eightbitmime,
+                sub.smtputf8,
+                &sub.bytes,
+            );
+            let (outcome, reply, original) = match st.ledger.check(k, fp, &id, now) {
+                Verdict::New => {
+                    return Decided::Store(NewMessage {
+                        sub,
+                        key,
+                        id,
+                        how,
+                        fault,
+                    })
+                }
+                Verdict::Replay { id } => (
+                    Outcome::Replayed,
+                    Reply::new(250, format!("2.0.0 OK {id} (idempotent replay)")),
+                    Some(id),
+                ),
+                Verdict::KeyReuse => (Outcome::KeyReuse, e01005(), None),
+                Verdict::InProgress => (Outcome::InProgress, e01004(), None),
+            };
+            Self::record(
+                &mut st,
+                sub,
+                outcome,
+                original,
+                how.given(&reply).as_ref(),
+                fault,
+            );
+            return Decided::Done(self.finish(st, reply, &how));
+        }
+        Decided::Store(NewMessage {
+            sub,
+            key,
+            id,
+            how,
+            fault,
+        })
+    }
+
+    fn commit(self: &Arc<Self>, new: NewMessage, stored: std::io::Result<()>) -> DotPlan {
+        let NewMessage {
+            sub,
+            key,
+            id,
+            how,
+            fault,
+        } = new;
+        let mut st = self.lock();
+        if let Err(err) = stored {
+            tracing::error!(%id, error = %err, "sink could not write the maildir file; message refused");
+            if let Some(k) = &key {
+                st.ledger.abort(k, &id);
+            }
+            let reply = Reply::new(451, "4.3.0 sink could not store the message; retry later");
+            Self::record(
+                &mut st,
+                sub,
+                Outcome::Rejected,
+                None,
+                how.given(&reply).as_ref(),
+                fault,
+            );
+            return self.finish(st, reply, &how);
+        }
+        st.messages.push(ReceivedMessage {
+            id: id.clone(),
+            key: key.clone(),
+            mail_from: sub.mail_from.clone(),
+            rcpt_to: sub.rcpt_to.clone(),
+            eightbitmime: sub.eightbitmime,
+            smtputf8: sub.smtputf8,
+            bytes: sub.bytes.clone(),
+            blake3: blake3::hash(&sub.bytes).to_hex().to_string(),
+            received_at_ms: unix_ms(),
+            tls: sub.tls,
+            auth_user: sub.auth_user.clone(),
+        });
+        let mut running = None;
+        if let Some(k) = key {
+            st.ledger.commit(&k, &id);
+            if how.delay.is_some() {
+                running = Some(Running {
+                    shared: self.clone(),
+                    key: k,
+                    id: id.clone(),
+                });
+            } else {
+                st.ledger.settle(&k, &id);
+            }
+        }
+        let reply = Reply::new(250, format!("2.0.0 OK {id}"));
+        Self::record(
+            &mut st,
+            sub,
+            Outcome::Accepted,
+            Some(id),
+            how.given(&reply).as_ref(),
+            fault,
+        );
+        let mut plan = self.finish(st, reply, &how);
+        plan.running = running;
+        plan
+    }
+}
+
+/// How the reply to this dot goes out, as the fault rule (if any) has it.
+#[derive(Default)]
+struct How {
+    /// `drop`: no reply at all.
+    withhold: bool,
+    delay: Option<Duration>,
+}
+
+impl How {
+    /// The reply as the client gets it, for the transaction record.
+    fn given(&self, reply: &Reply) -> Option<Reply> {
+        (!self.withhold).then(|| reply.clone())
+    }
+}
+
+enum Decided {
+    Done(DotPlan),
+    Store(NewMessage),
+}
+
+/// A new message, reserved in the ledger, not yet committed.
+struct NewMessage {
+    sub: Submission,
+    key: Option<String>,
+    id: String,
+    how: How,
+    fault: Option<String>,
+}

@@ -1,0 +1,403 @@
+//! Delivery over real sockets with `idemrelay sink` as the upstream: every row of DESIGN §2's
+//! outcome table, byte-identical forwarding, DSNs, pause on account failures.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, fast_delivery, message, Client, TestRelay};
+use idemrelay::sink::{Down, FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandle};
+use idemrelay::store::State;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+async fn sink() -> SinkHandle {
+    Sink::start(SinkConfig::default()).await.expect("sink")
+}
+
+async fn relay_for(
+    sink: &SinkHandle,
+    tune: impl FnOnce(&mut idemrelay::config::Settings),
+) -> TestRelay {
+    let addr = sink.smtp_addr();
+    TestRelay::start_with(|s| {
+        fast_delivery(s, addr);
+        tune(s);
+    })
+    .await
+}
+
+async fn submit(relay: &TestRelay, from: &str, to: &[&str], msg: &[u8]) -> String {
+    let mut c = Client::ready(relay.addr).await;
+    let answer = c.submit(from, to, msg).await;
+    c.quit().await;
+    answer
+        .queue_id()
+        .unwrap_or_else(|| panic!("not accepted: {answer:?}"))
+}
+
+async fn wait_state(relay: &TestRelay, id: &str, state: State) {
+    eventually(LIMIT, &format!("{id} to become {state:?}"), || async {
+        (relay.stored(id).await.state == state).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_upstream_is_delivered_with_identical_bytes() {
+    let sink = sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    let msg = message(Some("deliver-1"), "hello", "body\r\n.leading dot\r\n..two");
+    let id = submit(&relay, "sender@example.com", &["rcpt@example.com"], &msg).await;
+    wait_state(&relay, &id, State::Delivered).await;
+    let stored = relay.stored(&id).await;
+    let got = sink.messages();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key.as_deref(), Some("deliver-1"));
+    assert_eq!(got[0].bytes, stored.content.clone().unwrap());
+    assert_eq!(got[0].mail_from, "sender@example.com");
+    assert_eq!(got[0].rcpt_to, vec!["rcpt@example.com"]);
+    let ledger = relay.store().attempts(&id).await.unwrap();
+    assert_eq!(ledger.len(), 1);
+    assert_eq!(ledger[0].outcome.as_deref(), Some("accepted"));
+    assert_eq!(ledger[0].code, Some(250));
+    assert!(ledger[0].finished_at_ms.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reply_lost_after_the_dot_is_retried_with_the_same_key_and_bytes() {
+    let sink = sink().await;
+    sink.set_faults(vec![FaultRule::drop_after_dot().with_times(1)])
+        .unwrap();
+    let relay = relay_for(&sink, |_| {}).await;
+    let msg = message(Some("lost-reply-1"), "s", "body");
+    let id = submit(&relay, "sender@example.com", &["rcpt@example.com"], &msg).await;
+    wait_state(&relay, &id, State::Delivered).await;
+    let ledger = relay.store().attempts(&id).await.unwrap();
+    let outcomes: Vec<_> = ledger.iter().map(|a| a.outcome.clone().unwrap()).collect();
+    assert_eq!(outcomes, vec!["unknown", "accepted"], "{ledger:?}");
+    assert_eq!(ledger[0].phase.as_deref(), Some("dot"));
+    // One message at the sink after its dedup; two raw transactions with identical bytes.
+    assert_eq!(sink.messages().len(), 1);
+    let tx = sink.transactions();
+    assert_eq!(tx.len(), 2);
+    assert_eq!(tx[0].bytes, tx[1].bytes);
+    assert_eq!(tx[0].key, tx[1].key);
+    assert_eq!(tx[0].bytes, relay.stored(&id).await.content.unwrap());
+    assert!(tx[1]
+        .reply
+        .as_deref()
+        .unwrap()
+        .ends_with("(idempotent replay)"));
+    assert_eq!(sink.stats().keys["lost-reply-1"].accepted, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4xx_then_success_is_delivered() {
+    let sink = sink().await;
+    sink.set_faults(vec![FaultRule::reply(
+        SinkPhase::Rcpt,
+        451,
+        "4.3.0 try again later",
+    )
+    .with_times(1)])
+        .unwrap();
+    let relay = relay_for(&sink, |_| {}).await;
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(Some("transient-1"), "s", "b"),
+    )
+    .await;
+    wait_state(&relay, &id, State::Delivered).await;
+    let ledger = relay.store().attempts(&id).await.unwrap();
+    assert_eq!(ledger.len(), 2, "{ledger:?}");
+    assert_eq!(ledger[0].outcome.as_deref(), Some("transient"));
+    assert_eq!(ledger[0].phase.as_deref(), Some("rcpt"));
+    assert_eq!(ledger[0].code, Some(451));
+    assert_eq!(sink.messages().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_at_rcpt_fails_the_message_and_sends_one_dsn() {
+    let sink = sink().await;
+    sink.set_faults(vec![FaultRule::reply(
+        SinkPhase::Rcpt,
+        550,
+        "5.1.1 no such user",
+    )
+    .with_rcpt("nobody@")
+    .with_times(1)])
+        .unwrap();
+    let relay = relay_for(&sink, |_| {}).await;
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["nobody@example.com"],
+        &message(Some("perm-1"), "s", "b"),
+    )
+    .await;
+    wait_state(&relay, &id, State::Failed).await;
+    let dsns = sink.wait_for_messages(1, LIMIT).await.unwrap();
+    assert_eq!(dsns.len(), 1);
+    let dsn = &dsns[0];
+    assert_eq!(dsn.mail_from, "", "DSNs use the null sender");
+    assert_eq!(dsn.rcpt_to, vec!["sender@example.com"]);
+    let text = String::from_utf8_lossy(&dsn.bytes);
+    assert!(text.contains("report-type=delivery-status"), "{text}");
+    assert!(text.contains("Status: 5.1.1"), "{text}");
+    assert!(
+        text.contains("Final-Recipient: rfc822; nobody@example.com"),
+        "{text}"
+    );
+    assert!(dsn.key.as_deref().unwrap().starts_with("dsn-"));
+    let ledger = relay.store().attempts(&id).await.unwrap();
+    assert_eq!(ledger.len(), 1);
+    assert_eq!(ledger[0].outcome.as_deref(), Some("permanent"));
+    // Nothing else arrives later.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sink.messages().len(), 1);
+    assert_eq!(sink.transactions().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_for_a_while_is_delivered_after_it_returns() {
+    let sink = sink().await;
+    // Greet421 keeps the port: a refused port could be handed to another test's sink.
+    sink.pause(Down::Greet421).await.unwrap();
+    let relay = relay_for(&sink, |_| {}).await;
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(Some("down-1"), "s", "b"),
+    )
+    .await;
+    eventually(LIMIT, "a few failed connects", || async {
+        (relay.store().attempts(&id).await.unwrap().len() >= 2).then_some(())
+    })
+    .await;
+    sink.resume().await.unwrap();
+    wait_state(&relay, &id, State::Delivered).await;
+    let ledger = relay.store().attempts(&id).await.unwrap();
+    assert!(ledger[..ledger.len() - 1]
+        .iter()
+        .all(|a| a.outcome.as_deref() == Some("transient") && a.code == Some(421)));
+    assert_eq!(sink.messages().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_past_the_window_is_unresolved_and_not_resent() {
+    let sink = sink().await;
+    // Every final reply comes later than the relay waits: each attempt ends UNKNOWN.
+    sink.set_faults(vec![FaultRule::delay(
+        SinkPhase::Dot,
+        Duration::from_secs(3),
+    )])
+    .unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.delivery.timeouts.dot = Duration::from_millis(300);
+        s.delivery.upstream_window = Duration::from_secs(2);
+        s.delivery.window_margin = Duration::from_millis(500);
+    })
+    .await;
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(Some("window-1"), "s", "b"),
+    )
+    .await;
+    wait_state(&relay, &id, State::Unresolved).await;
+    let ledger = relay.store().attempts(&id).await.unwrap();
+    assert!(ledger
+        .iter()
+        .all(|a| a.outcome.as_deref() == Some("unknown")));
+    let first = ledger[0].started_at_ms;
+    for a in &ledger {
+        assert!(
+            a.started_at_ms - first < 1500,
+            "attempt after window - margin: {ledger:?}"
+        );
+    }
+    let transactions = sink.transactions().len();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        sink.transactions().len(),
+        transactions,
+        "resent after unresolved"
+    );
+    assert_eq!(
+        relay.store().attempts(&id).await.unwrap().len(),
+        ledger.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_without_a_key_is_not_retried_after_unknown() {
+    let sink = sink().await;
+    sink.set_faults(vec![FaultRule::drop_after_dot().with_times(1)])
+        .unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.missing_key = idemrelay::intake::key::MissingKey::Pass;
+    })
+    .await;
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(None, "s", "no key"),
+    )
+    .await;
+    wait_state(&relay, &id, State::Unresolved).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink.transactions().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_are_identical_for_dots_8bit_and_a_missing_final_crlf() {
+    let sink = sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    let mut c = Client::ready(relay.addr).await;
+    // Dot-stuffed lines.
+    let dotted = message(Some("bytes-dots"), "dots", ".\r\n..\r\n.x\r\n...y");
+    let a = c
+        .submit("s@example.com", &["r@example.com"], &dotted)
+        .await
+        .queue_id()
+        .unwrap();
+    // 8-bit body declared with BODY=8BITMIME.
+    let eight = [
+        &b"From: s@example.com\r\nX-Bird-Idempotency-Key: bytes-8bit\r\nSubject: 8bit\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n\r\n"[..],
+        "grüße, ümlaut, 日本語\r\n".as_bytes(),
+    ]
+    .concat();
+    assert_eq!(
+        c.cmd("MAIL FROM:<s@example.com> BODY=8BITMIME").await.code,
+        250
+    );
+    assert_eq!(c.cmd("RCPT TO:<r@example.com>").await.code, 250);
+    let b = c.data(&eight).await.queue_id().unwrap();
+    // BDAT without a final CRLF: DATA upstream must end the last line.
+    let open_ended =
+        b"From: s@example.com\r\nX-Bird-Idempotency-Key: bytes-open\r\n\r\nno final newline";
+    assert_eq!(c.cmd("MAIL FROM:<s@example.com>").await.code, 250);
+    assert_eq!(c.cmd("RCPT TO:<r@example.com>").await.code, 250);
+    c.send(format!("BDAT {} LAST\r\n", open_ended.len()).as_bytes())
+        .await;
+    c.send(open_ended).await;
+    let d = c.read_answer().await.unwrap().queue_id().unwrap();
+    c.quit().await;
+    for id in [&a, &b, &d] {
+        wait_state(&relay, id, State::Delivered).await;
+    }
+    let by_key = |k: &str| {
+        sink.messages()
+            .into_iter()
+            .find(|m| m.key.as_deref() == Some(k))
+            .unwrap()
+    };
+    assert_eq!(
+        by_key("bytes-dots").bytes,
+        relay.stored(&a).await.content.unwrap()
+    );
+    let eight_at_sink = by_key("bytes-8bit");
+    assert!(eight_at_sink.eightbitmime);
+    assert_eq!(eight_at_sink.bytes, relay.stored(&b).await.content.unwrap());
+    let mut expected = relay.stored(&d).await.content.unwrap();
+    assert!(!expected.ends_with(b"\r\n"));
+    expected.extend_from_slice(b"\r\n");
+    assert_eq!(by_key("bytes-open").bytes, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corpus_messages_arrive_byte_for_byte() {
+    let sink = sink().await;
+    let relay = relay_for(&sink, |s| s.delivery.connections = 1).await;
+    let mut ids = Vec::new();
+    let mut c = Client::ready(relay.addr).await;
+    for (_, mut msg) in common::corpus() {
+        if !msg.ends_with(b"\r\n") {
+            msg.extend_from_slice(b"\r\n");
+        }
+        let answer = c.submit("s@example.com", &["r@example.com"], &msg).await;
+        if let Some(id) = answer.queue_id() {
+            ids.push(id);
+        }
+    }
+    c.quit().await;
+    assert!(ids.len() >= 20);
+    for id in &ids {
+        wait_state(&relay, id, State::Delivered).await;
+    }
+    let messages = sink.messages();
+    assert_eq!(messages.len(), ids.len());
+    for id in &ids {
+        let content = relay.stored(id).await.content.unwrap();
+        assert!(
+            messages.iter().any(|m| m.bytes == content),
+            "{id}: sink bytes differ from the stored bytes"
+        );
+    }
+    // One connection carried them all (reuse), well under the per-connection cap.
+    assert!(
+        sink.stats().connections <= 2,
+        "{:?}",
+        sink.stats().connections
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_failure_pauses_the_queue_instead_of_failing_messages() {
+    let sink = sink().await;
+    sink.set_faults(vec![FaultRule::reply(
+        SinkPhase::Mail,
+        554,
+        "5.7.1 Account suspended: sending disabled",
+    )
+    .with_times(1)])
+        .unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.delivery.pause_probe_interval = Duration::from_millis(300);
+    })
+    .await;
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(Some("account-1"), "s", "b"),
+    )
+    .await;
+    // The refusal paused delivery; the probe finds the upstream normal again and resumes.
+    wait_state(&relay, &id, State::Delivered).await;
+    let ledger = relay.store().attempts(&id).await.unwrap();
+    assert_eq!(
+        ledger[0].outcome.as_deref(),
+        Some("transient"),
+        "{ledger:?}"
+    );
+    assert_eq!(ledger[0].code, Some(554));
+    assert_eq!(relay.store().paused().await.unwrap(), None);
+    assert_eq!(sink.messages().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_pause_holds_delivery_until_resumed() {
+    let sink = sink().await;
+    // The probe interval is short: an operator's pause must still wait for the operator.
+    let relay = relay_for(&sink, |_| {}).await;
+    relay.store().pause("maintenance", false).await.unwrap();
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(Some("op-pause-1"), "s", "b"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sink.transactions(), vec![]);
+    assert_eq!(relay.stored(&id).await.state, State::Queued);
+    relay.store().resume().await.unwrap();
+    wait_state(&relay, &id, State::Delivered).await;
+}
