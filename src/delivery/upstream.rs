@@ -31,6 +31,8 @@ pub struct UpstreamTarget {
     pub tls: TlsMode,
     pub user: Option<String>,
     password: Option<String>,
+    /// SASL mechanisms in order of preference (`?auth=login` forces LOGIN).
+    mechanisms: Vec<Mechanism>,
 }
 
 impl std::fmt::Debug for UpstreamTarget {
@@ -55,10 +57,13 @@ impl UpstreamTarget {
             "smtps" => (TlsMode::Implicit, 465),
             other => anyhow::bail!("upstream URL: scheme {other:?} is not smtp or smtps"),
         };
+        let mut mechanisms = vec![Mechanism::Plain, Mechanism::Login];
         for (k, v) in parsed.query_pairs() {
             match (k.as_ref(), v.as_ref()) {
                 ("tls", "none") if tls == TlsMode::StartTls => tls = TlsMode::None,
                 ("tls", "required" | "starttls") if tls == TlsMode::StartTls => {}
+                ("auth", "login") => mechanisms = vec![Mechanism::Login],
+                ("auth", "plain") => mechanisms = vec![Mechanism::Plain],
                 _ => anyhow::bail!("upstream URL: unsupported parameter {k}={v}"),
             }
         }
@@ -81,6 +86,7 @@ impl UpstreamTarget {
             tls,
             user,
             password,
+            mechanisms,
         })
     }
 
@@ -377,7 +383,7 @@ impl UpstreamClient {
             phase(
                 Phase::Auth,
                 t.auth,
-                conn.auth(&[Mechanism::Plain, Mechanism::Login], &credentials),
+                conn.auth(&self.target.mechanisms, &credentials),
             )
             .await?;
         }
@@ -440,5 +446,54 @@ fn expect(
             phase,
             failure: Failure::Reply { code, text },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_forms() {
+        let t = UpstreamTarget::parse("smtp://me%40x:p%20w@smtp.example.com:587", None).unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.tls),
+            ("smtp.example.com", 587, TlsMode::StartTls)
+        );
+        assert_eq!(t.user.as_deref(), Some("me@x"));
+        assert_eq!(t.password.as_deref(), Some("p w"));
+        assert_eq!(t.mechanisms, vec![Mechanism::Plain, Mechanism::Login]);
+        assert!(!format!("{t:?}").contains("p w"));
+
+        let t = UpstreamTarget::parse("smtps://h", Some("env".into())).unwrap();
+        assert_eq!(
+            (t.port, t.tls, t.password.as_deref()),
+            (465, TlsMode::Implicit, Some("env"))
+        );
+        let t = UpstreamTarget::parse("smtp://u@h?auth=login", Some("pw".into())).unwrap();
+        assert_eq!(t.mechanisms, vec![Mechanism::Login]);
+        assert_eq!(t.port, 587);
+        let t = UpstreamTarget::parse("smtp://127.0.0.1:2525?tls=none", None).unwrap();
+        assert_eq!((t.port, t.tls, t.user), (2525, TlsMode::None, None));
+        let t = UpstreamTarget::parse("smtp://[::1]:25?tls=none", None).unwrap();
+        assert_eq!(t.host, "::1");
+
+        for bad in [
+            "http://h",
+            "smtps://h?tls=none",
+            "smtp://h?x=1",
+            "smtp://",
+            "nonsense",
+        ] {
+            assert!(UpstreamTarget::parse(bad, None).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_lease_outlasts_every_phase() {
+        let t = PhaseTimeouts::default();
+        assert!(
+            t.worst_case() > t.connect + t.greeting + t.auth + t.mail + t.rcpt + t.data + t.dot
+        );
     }
 }
