@@ -58,7 +58,7 @@ pub fn start(
     hint: Arc<Notify>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<JoinHandle<()>>> {
-    let lease = settings.timeouts.worst_case() + Duration::from_secs(60);
+    let lease = settings.timeouts.worst_case() + Duration::from_secs(10);
     let shared = Arc::new(Shared {
         breaker: Mutex::new(Breaker::new(
             settings.breaker_threshold,
@@ -74,8 +74,11 @@ pub fn start(
         lease,
         settings,
     });
-    let process = format!("{:08x}", fastrand::u32(..));
-    let mut tasks = Vec::new();
+    let process = ProcessId::current();
+    let mut tasks = vec![tokio::spawn(reclaim_dead_leases(
+        shared.store.clone(),
+        process.clone(),
+    ))];
     for n in 0..shared.settings.workers.max(1) {
         let mut client = UpstreamClient::new(
             shared.settings.target.clone(),
@@ -87,7 +90,7 @@ pub fn start(
         client.idle_close = shared.settings.idle_close;
         let worker = Worker {
             shared: shared.clone(),
-            owner: format!("{process}-{n}"),
+            owner: format!("{}-{n}", process.0),
             client,
             prober: n == 0,
             last_probe: None,
@@ -384,6 +387,74 @@ impl Worker {
     }
 }
 
+/// A lease owner names its process: `host/pid/nonce`. On one host, a relay that finds leases of
+/// a process that no longer exists takes them over at once instead of waiting for expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ProcessId(String);
+
+impl ProcessId {
+    fn current() -> Self {
+        ProcessId(format!(
+            "{}/{}/{:08x}",
+            host_name(),
+            std::process::id(),
+            fastrand::u32(..)
+        ))
+    }
+
+    /// True only when the owner is certainly dead: same host, and either its pid is gone or
+    /// it is our own pid with another nonce (a previous incarnation, e.g. PID 1 in a
+    /// container). Anything else might be alive and keeps its lease until expiry.
+    fn owner_is_dead(&self, owner: &str) -> bool {
+        let ours: Vec<&str> = self.0.splitn(3, '/').collect();
+        let process = owner.rsplit_once('-').map_or(owner, |(p, _)| p);
+        let theirs: Vec<&str> = process.splitn(3, '/').collect();
+        let ([host, pid, nonce], [their_host, their_pid, their_nonce]) =
+            (ours.as_slice(), theirs.as_slice())
+        else {
+            return false;
+        };
+        if host != their_host {
+            return false;
+        }
+        if pid == their_pid {
+            return nonce != their_nonce;
+        }
+        their_pid.parse::<u32>().is_ok()
+            && !std::path::Path::new(&format!("/proc/{their_pid}")).exists()
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().replace(['/', '-'], "_"))
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+async fn reclaim_dead_leases(store: Arc<dyn Store>, me: ProcessId) {
+    let result = async {
+        let dead: Vec<String> = store
+            .lease_owners()
+            .await?
+            .into_iter()
+            .filter(|owner| me.owner_is_dead(owner))
+            .collect();
+        store.reclaim_leases(&dead).await
+    }
+    .await;
+    match result {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(
+            target: "idemrelay::delivery",
+            leases = n,
+            "took over leases of a relay process that is gone; its open attempts count as UNKNOWN"
+        ),
+        Err(err) => {
+            tracing::warn!(target: "idemrelay::delivery", error = %err, "cannot check for stale leases")
+        }
+    }
+}
+
 fn ms(millis: i64) -> Duration {
     Duration::from_millis(millis.max(0) as u64)
 }
@@ -394,5 +465,25 @@ fn settle_name(settle: &Settle) -> &'static str {
         Settle::Retry { .. } => "retry",
         Settle::Failed { .. } => "failed",
         Settle::Unresolved { .. } => "unresolved",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProcessId;
+
+    #[test]
+    fn only_certainly_dead_owners_are_reclaimed() {
+        let me = ProcessId("hostA/4242/aaaa0000".into());
+        // A pid that cannot exist on Linux (pid_max is at most 2^22).
+        assert!(me.owner_is_dead("hostA/99999999/bbbb1111-0"));
+        // Our own pid with another nonce: a previous incarnation.
+        assert!(me.owner_is_dead("hostA/4242/bbbb1111-3"));
+        // Ourselves, another host, a live pid, garbage: keep the lease.
+        assert!(!me.owner_is_dead("hostA/4242/aaaa0000-1"));
+        assert!(!me.owner_is_dead("hostB/99999999/bbbb1111-0"));
+        assert!(!me.owner_is_dead(&format!("hostA/{}/cccc2222-0", std::process::id())));
+        assert!(!me.owner_is_dead("garbage"));
+        assert!(!me.owner_is_dead("hostA/notapid/x-0"));
     }
 }

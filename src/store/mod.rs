@@ -238,6 +238,13 @@ pub trait Store: Send + Sync {
         settle: &Settle,
     ) -> Result<bool, StoreError>;
 
+    /// Owners of leases that have not expired yet.
+    async fn lease_owners(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Ends the leases of owners known to be dead, so their jobs (and open intents, which
+    /// become UNKNOWN at the next claim) are taken over now rather than at lease expiry.
+    async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError>;
+
     /// Gives a lease back without an attempt (queue paused, breaker open, rate limit).
     async fn release(&self, id: &str, owner: &str, after: Duration) -> Result<(), StoreError>;
 

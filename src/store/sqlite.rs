@@ -506,6 +506,32 @@ impl Store for SqliteStore {
         Ok(true)
     }
 
+    async fn lease_owners(&self) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT lease_owner FROM delivery_jobs
+             WHERE lease_owner IS NOT NULL AND lease_until > ?",
+        )
+        .bind(now_ms())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError> {
+        let mut reclaimed = 0;
+        for owner in owners {
+            reclaimed += sqlx::query(
+                "UPDATE delivery_jobs SET lease_until = ? WHERE lease_owner = ? AND lease_until > ?",
+            )
+            .bind(now_ms())
+            .bind(owner)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        }
+        Ok(reclaimed)
+    }
+
     async fn release(&self, id: &str, owner: &str, after: Duration) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE delivery_jobs SET lease_owner = NULL, lease_until = NULL,
