@@ -8,12 +8,16 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
+use crate::auth::Users;
 use crate::config::Settings;
 use crate::delivery::upstream::UpstreamTarget;
 use crate::delivery::worker::{self, DeliverySettings};
 use crate::intake::{Intake, IntakeSettings};
-use crate::smtp::server::{serve, ListenerPolicy, ServerContext};
+use crate::smtp::server::{
+    serve, ConnectionLimits, ListenerKind, ListenerPolicy, ServerContext, SessionTimeouts,
+};
 use crate::smtp::session::SessionConfig;
+use crate::smtp::tls::TlsCerts;
 use crate::store::{self, Store};
 
 /// A relay that is running; dropping it does not stop it, `shutdown` does.
@@ -31,11 +35,18 @@ impl Relay {
     /// Opens the store and binds the configured listeners.
     pub async fn start(settings: &Settings) -> anyhow::Result<Relay> {
         let mut listeners = Vec::new();
-        for addr in &settings.listen {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-            listeners.push(listener);
+        let kinds = [
+            (ListenerKind::Plain, &settings.listen),
+            (ListenerKind::StartTls, &settings.submission_listen),
+            (ListenerKind::ImplicitTls, &settings.submissions_listen),
+        ];
+        for (kind, addrs) in kinds {
+            for addr in addrs {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+                listeners.push((kind, listener));
+            }
         }
         let store = store::open(&settings.store, settings.store_busy_timeout).await?;
         Relay::with_parts(settings, store, listeners)
@@ -45,7 +56,7 @@ impl Relay {
     pub fn with_parts(
         settings: &Settings,
         store: Arc<dyn Store>,
-        listeners: Vec<TcpListener>,
+        listeners: Vec<(ListenerKind, TcpListener)>,
     ) -> anyhow::Result<Relay> {
         let hint = Arc::new(Notify::new());
         let intake = Arc::new(Intake::new(
@@ -58,35 +69,80 @@ impl Relay {
             },
             hint.clone(),
         ));
-        let ctx = Arc::new(ServerContext {
-            intake: intake.clone(),
-            session: Arc::new(SessionConfig {
-                hostname: settings.hostname.clone(),
-                max_message_size: settings.max_message_size,
-                max_recipients: settings.max_recipients,
-                max_errors: settings.max_errors,
-                ..SessionConfig::default()
-            }),
-            policy: ListenerPolicy {
-                scope: settings.scope.clone(),
-                allow_networks: settings.allow_networks.clone(),
-            },
-            read_timeout: settings.read_timeout,
-        });
+        let tls = match (&settings.tls_cert, &settings.tls_key) {
+            (Some(cert), Some(key)) => Some(Arc::new(TlsCerts::load(cert, key)?)),
+            _ => None,
+        };
+        let users = match &settings.users_file {
+            Some(path) => Some(Arc::new(Users::load(path)?)),
+            None => None,
+        };
+        let limits = Arc::new(ConnectionLimits::new(
+            settings.max_connections,
+            settings.max_connections_per_ip,
+        ));
+        let context = |kind: ListenerKind| {
+            let tls_listener = kind != ListenerKind::Plain;
+            Arc::new(ServerContext {
+                intake: intake.clone(),
+                session: Arc::new(SessionConfig {
+                    hostname: settings.hostname.clone(),
+                    max_message_size: settings.max_message_size,
+                    max_recipients: settings.max_recipients,
+                    max_errors: settings.max_errors,
+                    starttls: kind == ListenerKind::StartTls,
+                    require_tls: tls_listener,
+                    auth: users.is_some(),
+                    max_auth_failures: settings.max_auth_failures,
+                    ..SessionConfig::default()
+                }),
+                policy: ListenerPolicy {
+                    kind,
+                    scope: settings.scope.clone(),
+                    allow_networks: if tls_listener {
+                        settings.submission_allow_networks.clone()
+                    } else {
+                        settings.allow_networks.clone()
+                    },
+                    greet_delay: if tls_listener {
+                        settings.submission_greet_delay
+                    } else {
+                        settings.greet_delay
+                    },
+                },
+                limits: limits.clone(),
+                timeouts: SessionTimeouts {
+                    read: settings.read_timeout,
+                    session: settings.session_timeout,
+                    min_data_rate: settings.min_data_rate,
+                    data_rate_grace: settings.data_rate_grace,
+                },
+                tls: tls.clone(),
+                users: users.clone(),
+                auth_failure_delay: settings.auth_failure_delay,
+            })
+        };
         let (stop, stop_rx) = watch::channel(false);
         let (alive, alive_rx) = mpsc::channel(1);
         let mut addrs = Vec::new();
         let mut tasks = Vec::new();
-        for listener in listeners {
+        for (kind, listener) in listeners {
             if let Ok(addr) = listener.local_addr() {
-                tracing::info!("listening on {addr}");
+                tracing::info!("listening on {addr} ({kind:?})");
                 addrs.push(addr);
             }
             tasks.push(tokio::spawn(serve(
                 listener,
-                ctx.clone(),
+                context(kind),
                 stop_rx.clone(),
                 alive.clone(),
+            )));
+        }
+        if let Some(tls) = tls {
+            tasks.push(tokio::spawn(tls_reload_loop(
+                tls,
+                settings.tls_reload_interval,
+                stop_rx.clone(),
             )));
         }
         tasks.push(tokio::spawn(store_health_loop(
@@ -169,6 +225,28 @@ impl Relay {
             );
             for abort in aborts {
                 abort.abort();
+            }
+        }
+    }
+}
+
+/// Swaps in renewed certificates: on SIGHUP at once, otherwise when the files change.
+async fn tls_reload_loop(tls: Arc<TlsCerts>, every: Duration, mut stop: watch::Receiver<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).ok();
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let force = tokio::select! {
+            _ = ticker.tick() => false,
+            Some(()) = async { hup.as_mut()?.recv().await } => true,
+            _ = stopped(&mut stop) => return,
+        };
+        match tls.reload(force) {
+            Ok(true) => tracing::info!("TLS certificate reloaded"),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::error!(error = %err, "TLS certificate reload failed; the previous one stays in service")
             }
         }
     }

@@ -37,12 +37,51 @@ pub enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// TLS certificates for the submission listeners.
+    Certs {
+        #[command(subcommand)]
+        command: CertsCommand,
+    },
+    /// Submission users (AUTH PLAIN/LOGIN).
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
     /// The delivery queue.
     Queue {
         #[command(flatten)]
         config: ConfigArgs,
         #[command(subcommand)]
         command: QueueCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CertsCommand {
+    /// Write a self-signed certificate and key (cert.pem, key.pem) for local use.
+    Generate {
+        #[arg(long, default_value = "certs")]
+        out: PathBuf,
+        /// Subject alternative names (repeatable).
+        #[arg(long = "name", default_values_t = ["localhost".to_string()])]
+        names: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Add or replace a user; the password is read from the first line of standard input.
+    Add {
+        name: String,
+        /// The users file (created if missing).
+        #[arg(long, env = "IDEMRELAY_USERS_FILE")]
+        users: PathBuf,
+        /// The user's idempotency scope (defaults to the user name).
+        #[arg(long)]
+        scope: Option<String>,
+        /// Allowed envelope sender: an address or `@domain` (repeatable; none = any).
+        #[arg(long = "allow-sender")]
+        allow_senders: Vec<String>,
     },
 }
 
@@ -101,6 +140,31 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Queue { config, command } => queue(&Settings::load(&config)?, command),
+        Command::Certs {
+            command: CertsCommand::Generate { out, names },
+        } => {
+            let (cert, key) = crate::smtp::tls::generate_self_signed(&out, &names)?;
+            println!("wrote {} and {}", cert.display(), key.display());
+            Ok(())
+        }
+        Command::User {
+            command:
+                UserCommand::Add {
+                    name,
+                    users,
+                    scope,
+                    allow_senders,
+                },
+        } => {
+            let mut password = String::new();
+            std::io::stdin().read_line(&mut password)?;
+            let password = password.trim_end_matches(['\r', '\n']);
+            anyhow::ensure!(!password.is_empty(), "no password on standard input");
+            let scope = scope.unwrap_or_else(|| name.clone());
+            crate::auth::Users::add_user(&users, &name, password, &scope, &allow_senders)?;
+            println!("user {name} written to {} (scope {scope})", users.display());
+            Ok(())
+        }
         Command::Sink(args) => {
             let config = args.into_config()?;
             tokio::runtime::Builder::new_multi_thread()

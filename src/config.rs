@@ -80,8 +80,24 @@ impl Serialize for UpstreamUrl {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
-    /// Plain SMTP listeners.
+    /// Plain SMTP listeners (allow-listed clients).
     pub listen: Vec<SocketAddr>,
+    /// Submission listeners with STARTTLS, required before MAIL and AUTH (port 587 style).
+    pub submission_listen: Vec<SocketAddr>,
+    /// Submission listeners with implicit TLS (port 465 style).
+    pub submissions_listen: Vec<SocketAddr>,
+    /// PEM certificate chain and private key for the TLS listeners (reloaded on change/SIGHUP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    #[serde(with = "human_duration")]
+    pub tls_reload_interval: Duration,
+    /// Users allowed to AUTH (TOML, argon2 hashes; `idemrelay user add`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub users_file: Option<PathBuf>,
+    /// Networks allowed to submit without AUTH on the TLS listeners (default: none).
+    pub submission_allow_networks: Vec<IpNet>,
     /// `sqlite://PATH` (created if missing).
     pub store: String,
     /// Where accepted mail goes (delivery is a separate component).
@@ -118,6 +134,26 @@ pub struct Settings {
     /// How long sessions inside a message may run on after SIGTERM.
     #[serde(with = "human_duration")]
     pub shutdown_grace: Duration,
+    /// Pause before the greeting on the plain / TLS listeners; a client that talks first gets
+    /// 554 5.5.0.
+    #[serde(with = "human_duration")]
+    pub greet_delay: Duration,
+    #[serde(with = "human_duration")]
+    pub submission_greet_delay: Duration,
+    /// Connection caps (421 4.7.0 beyond them).
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    /// Whole-session limit (421 4.4.2).
+    #[serde(with = "human_duration")]
+    pub session_timeout: Duration,
+    /// Bytes per second a message must arrive at after `data_rate_grace` (421 4.4.2).
+    pub min_data_rate: u64,
+    #[serde(with = "human_duration")]
+    pub data_rate_grace: Duration,
+    /// Failed AUTH attempts per connection before 421 4.7.0, and the delay before each 535.
+    pub max_auth_failures: usize,
+    #[serde(with = "human_duration")]
+    pub auth_failure_delay: Duration,
     /// Delivery upstream (used only when `upstream` is set).
     pub delivery: DeliveryConfig,
 }
@@ -214,6 +250,13 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             listen: vec!["127.0.0.1:2525".parse().unwrap()],
+            submission_listen: Vec::new(),
+            submissions_listen: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
+            tls_reload_interval: Duration::from_secs(30),
+            users_file: None,
+            submission_allow_networks: Vec::new(),
             store: "sqlite://idemrelay.db".into(),
             upstream: None,
             hostname: system_hostname(),
@@ -230,6 +273,15 @@ impl Default for Settings {
             purge_interval: Duration::from_secs(60),
             store_probe_interval: Duration::from_secs(2),
             shutdown_grace: Duration::from_secs(30),
+            greet_delay: Duration::ZERO,
+            submission_greet_delay: Duration::from_millis(500),
+            max_connections: 1000,
+            max_connections_per_ip: 100,
+            session_timeout: Duration::from_secs(30 * 60),
+            min_data_rate: 256,
+            data_rate_grace: Duration::from_secs(30),
+            max_auth_failures: 3,
+            auth_failure_delay: Duration::from_secs(1),
             delivery: DeliveryConfig::default(),
         }
     }
@@ -244,6 +296,18 @@ pub struct ConfigArgs {
     /// Plain SMTP listener address (repeatable).
     #[arg(long, env = "IDEMRELAY_LISTEN", value_delimiter = ',')]
     pub listen: Vec<SocketAddr>,
+    /// STARTTLS submission listener address (repeatable), e.g. 0.0.0.0:587.
+    #[arg(long, env = "IDEMRELAY_SUBMISSION_LISTEN", value_delimiter = ',')]
+    pub submission_listen: Vec<SocketAddr>,
+    /// Implicit-TLS submission listener address (repeatable), e.g. 0.0.0.0:465.
+    #[arg(long, env = "IDEMRELAY_SUBMISSIONS_LISTEN", value_delimiter = ',')]
+    pub submissions_listen: Vec<SocketAddr>,
+    #[arg(long, env = "IDEMRELAY_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "IDEMRELAY_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    #[arg(long, env = "IDEMRELAY_USERS_FILE")]
+    pub users_file: Option<PathBuf>,
     /// Store URL, e.g. sqlite://idemrelay.db.
     #[arg(long, env = "IDEMRELAY_STORE")]
     pub store: Option<String>,
@@ -332,6 +396,21 @@ impl Settings {
         if !args.listen.is_empty() {
             s.listen = args.listen.clone();
         }
+        if !args.submission_listen.is_empty() {
+            s.submission_listen = args.submission_listen.clone();
+        }
+        if !args.submissions_listen.is_empty() {
+            s.submissions_listen = args.submissions_listen.clone();
+        }
+        for (arg, field) in [
+            (&args.tls_cert, &mut s.tls_cert),
+            (&args.tls_key, &mut s.tls_key),
+            (&args.users_file, &mut s.users_file),
+        ] {
+            if arg.is_some() {
+                field.clone_from(arg);
+            }
+        }
         if !args.allow_networks.is_empty() {
             s.allow_networks = args.allow_networks.clone();
         }
@@ -373,8 +452,22 @@ impl Settings {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        if self.listen.is_empty() {
-            bail!("listen: at least one address is required");
+        if self.listen.is_empty()
+            && self.submission_listen.is_empty()
+            && self.submissions_listen.is_empty()
+        {
+            bail!("listen: at least one listener is required");
+        }
+        let tls_listeners =
+            !self.submission_listen.is_empty() || !self.submissions_listen.is_empty();
+        if tls_listeners && (self.tls_cert.is_none() || self.tls_key.is_none()) {
+            bail!("tls_cert and tls_key are required by submission_listen/submissions_listen");
+        }
+        if self.max_connections == 0
+            || self.max_connections_per_ip == 0
+            || self.max_auth_failures == 0
+        {
+            bail!("max_connections, max_connections_per_ip and max_auth_failures must be positive");
         }
         if !self.store.starts_with("sqlite:") {
             bail!(

@@ -3,6 +3,7 @@
 //! Bytes flow socket → `smtp::server` → `smtp::session` (pure) → `intake` → `store`.
 
 pub mod app;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod delivery;

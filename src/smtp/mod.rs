@@ -2,5 +2,7 @@
 
 pub mod framing;
 pub mod reply;
+pub mod sasl;
 pub mod server;
 pub mod session;
+pub mod tls;

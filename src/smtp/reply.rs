@@ -237,6 +237,83 @@ impl Reply {
         )
     }
 
+    pub fn ready_for_tls() -> Self {
+        Reply::new(220, "2.0.0 Ready to start TLS")
+    }
+
+    pub fn tls_already_active() -> Self {
+        Reply::new(503, "5.5.1 TLS already active")
+    }
+
+    pub fn starttls_first() -> Self {
+        Reply::new(530, "5.7.0 Must issue a STARTTLS command first")
+    }
+
+    pub fn encryption_required_for_auth() -> Self {
+        Reply::new(
+            538,
+            "5.7.11 Encryption required for requested authentication mechanism",
+        )
+    }
+
+    pub fn auth_ok() -> Self {
+        Reply::new(235, "2.7.0 Authentication successful")
+    }
+
+    pub fn auth_failed() -> Self {
+        Reply::new(535, "5.7.8 Authentication credentials invalid")
+    }
+
+    pub fn too_many_auth_failures() -> Self {
+        Reply::new(
+            421,
+            "4.7.0 Too many authentication failures; closing connection",
+        )
+    }
+
+    pub fn already_authenticated() -> Self {
+        Reply::new(503, "5.5.1 Already authenticated")
+    }
+
+    pub fn auth_during_transaction() -> Self {
+        Reply::new(503, "5.5.1 AUTH not allowed during a mail transaction")
+    }
+
+    pub fn unsupported_mechanism() -> Self {
+        Reply::new(
+            504,
+            "5.5.4 Unrecognized authentication mechanism (PLAIN, LOGIN)",
+        )
+    }
+
+    pub fn bad_sasl_response() -> Self {
+        Reply::new(501, "5.5.2 Cannot decode the authentication response")
+    }
+
+    pub fn auth_cancelled() -> Self {
+        Reply::new(501, "5.7.0 Authentication cancelled")
+    }
+
+    pub fn sender_not_allowed() -> Self {
+        Reply::new(550, "5.7.1 Sender address not allowed for this user")
+    }
+
+    pub fn early_talker() -> Self {
+        Reply::new(554, "5.5.0 Protocol error: data sent before the greeting")
+    }
+
+    pub fn too_many_connections() -> Self {
+        Reply::new(421, "4.7.0 Too many connections; try again later")
+    }
+
+    pub fn session_too_long() -> Self {
+        Reply::new(421, "4.4.2 Session time limit exceeded; closing connection")
+    }
+
+    pub fn too_slow() -> Self {
+        Reply::new(421, "4.4.2 Data arriving too slowly; closing connection")
+    }
+
     pub fn auth_required() -> Self {
         Reply::new(530, "5.7.0 Authentication required")
     }

@@ -1,26 +1,43 @@
 //! Listeners and connections: the only SMTP code that does I/O. It moves bytes between the
-//! socket and the session machine, calls intake when the session asks, and enforces read
-//! deadlines and shutdown.
+//! socket (plain or TLS) and the session machine, runs intake and credential checks when the
+//! session asks, and enforces connection caps, deadlines and shutdown.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use super::reply::Reply;
 use super::session::{Output, Session, SessionConfig};
+use super::tls::TlsCerts;
 use crate::app::stopped;
+use crate::auth::Users;
 use crate::intake::{Intake, Origin};
+
+/// How a listener speaks TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenerKind {
+    /// Plaintext, for allow-listed clients (loopback apps, test suites).
+    Plain,
+    /// Port 587 style: STARTTLS, required before MAIL and AUTH.
+    StartTls,
+    /// Port 465 style: TLS from the first byte.
+    ImplicitTls,
+}
 
 /// Who may submit without authentication, and under which scope.
 #[derive(Debug, Clone)]
 pub struct ListenerPolicy {
+    pub kind: ListenerKind,
     pub scope: String,
     pub allow_networks: Vec<IpNet>,
+    /// Wait this long before the greeting, to catch clients that talk first.
+    pub greet_delay: Duration,
 }
 
 impl ListenerPolicy {
@@ -30,11 +47,75 @@ impl ListenerPolicy {
     }
 }
 
+/// Deadlines that bound what one client can hold.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionTimeouts {
+    /// Silence allowed between reads.
+    pub read: Duration,
+    /// Whole-session limit.
+    pub session: Duration,
+    /// Bytes per second a message must arrive at, once `data_rate_grace` has passed.
+    pub min_data_rate: u64,
+    pub data_rate_grace: Duration,
+}
+
+/// Global and per-address connection caps, shared by all listeners.
+pub struct ConnectionLimits {
+    max_total: usize,
+    max_per_ip: usize,
+    open: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+pub struct ConnectionSlot<'a> {
+    limits: &'a ConnectionLimits,
+    ip: IpAddr,
+}
+
+impl ConnectionLimits {
+    pub fn new(max_total: usize, max_per_ip: usize) -> Self {
+        ConnectionLimits {
+            max_total,
+            max_per_ip,
+            open: Mutex::new((0, HashMap::new())),
+        }
+    }
+
+    pub fn try_acquire(&self, ip: IpAddr) -> Option<ConnectionSlot<'_>> {
+        let ip = ip.to_canonical();
+        let mut open = self.open.lock().expect("connection counts");
+        let per_ip = open.1.get(&ip).copied().unwrap_or(0);
+        if open.0 >= self.max_total || per_ip >= self.max_per_ip {
+            return None;
+        }
+        open.0 += 1;
+        *open.1.entry(ip).or_insert(0) += 1;
+        Some(ConnectionSlot { limits: self, ip })
+    }
+}
+
+impl Drop for ConnectionSlot<'_> {
+    fn drop(&mut self) {
+        let mut open = self.limits.open.lock().expect("connection counts");
+        open.0 -= 1;
+        if let Some(n) = open.1.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.1.remove(&self.ip);
+            }
+        }
+    }
+}
+
 pub struct ServerContext {
     pub intake: Arc<Intake>,
     pub session: Arc<SessionConfig>,
     pub policy: ListenerPolicy,
-    pub read_timeout: Duration,
+    pub limits: Arc<ConnectionLimits>,
+    pub timeouts: SessionTimeouts,
+    pub tls: Option<Arc<TlsCerts>>,
+    pub users: Option<Arc<Users>>,
+    /// Delay before answering a failed AUTH (slows password guessing).
+    pub auth_failure_delay: Duration,
 }
 
 /// Accepts until `shutdown` flips; each connection holds a clone of `alive` so the owner can
@@ -70,96 +151,259 @@ pub async fn serve(
     }
 }
 
+/// Writes one reply and closes: for connections refused before the session starts.
+async fn refuse(mut stream: TcpStream, reply: Reply) -> std::io::Result<()> {
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&reply.to_bytes())).await;
+    let _ = stream.shutdown().await;
+    Ok(())
+}
+
 async fn connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     ctx: &ServerContext,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
-    let origin = Origin {
-        scope: ctx.policy.scope.clone(),
-        peer: peer.ip().to_canonical(),
+    let Some(_slot) = ctx.limits.try_acquire(peer.ip()) else {
+        return refuse(stream, Reply::too_many_connections()).await;
     };
+    if *shutdown.borrow() {
+        return refuse(stream, Reply::shutting_down()).await;
+    }
     if !ctx.intake.store_healthy() {
         // Fail closed: nothing could be accepted, so say so before the client sends a message.
-        stream
-            .write_all(&Reply::store_unavailable_at_connect().to_bytes())
-            .await?;
-        let _ = stream.shutdown().await;
-        return Ok(());
+        return refuse(stream, Reply::store_unavailable_at_connect()).await;
     }
-    if *shutdown.borrow() {
-        let _ = write_all(&mut stream, &Reply::shutting_down().to_bytes(), ctx).await;
-        let _ = stream.shutdown().await;
-        return Ok(());
+    if talks_first(&stream, ctx.policy.greet_delay).await {
+        return refuse(stream, Reply::early_talker()).await;
     }
-    let mut session = Session::new(ctx.session.clone(), ctx.policy.allows(peer.ip()));
-    write_all(&mut stream, &session.greeting().to_bytes(), ctx).await?;
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut told_shutdown = false;
-    loop {
-        let outputs = tokio::select! {
-            read = tokio::time::timeout(ctx.read_timeout, stream.read(&mut buf)) => match read {
-                Err(_) => session.timed_out(),
-                Ok(Ok(0)) => return Ok(()),
-                Ok(Ok(n)) => session.feed(&buf[..n]),
-                Ok(Err(err)) => return Err(err),
-            },
-            _ = stopped(&mut shutdown), if !told_shutdown => {
-                told_shutdown = true;
-                session.begin_shutdown()
+    let may_submit = ctx.policy.allows(peer.ip());
+    let started = Instant::now();
+    let conv = Conversation {
+        ctx,
+        origin: Origin {
+            scope: ctx.policy.scope.clone(),
+            peer: peer.ip().to_canonical(),
+        },
+        started,
+    };
+    match ctx.policy.kind {
+        ListenerKind::ImplicitTls => {
+            let Some(tls) = handshake(stream, ctx).await else {
+                return Ok(());
+            };
+            let session = Session::new_tls(ctx.session.clone(), may_submit);
+            conv.run(tls, session, true, shutdown).await.map(|_| ())
+        }
+        ListenerKind::Plain | ListenerKind::StartTls => {
+            let session = Session::new(ctx.session.clone(), may_submit);
+            match conv.run(stream, session, true, shutdown.clone()).await? {
+                Ended::Closed => Ok(()),
+                Ended::StartTls(stream, mut session) => {
+                    let Some(tls) = handshake(stream, ctx).await else {
+                        return Ok(());
+                    };
+                    session.tls_started();
+                    conv.run(tls, session, false, shutdown).await.map(|_| ())
+                }
             }
-        };
-        if !drive(outputs, &mut session, &mut stream, ctx, &origin).await? {
-            return Ok(());
         }
     }
+}
+
+/// True when the client sent something before our greeting (a spam-bot habit and a sign it
+/// does not speak SMTP). Without a delay, only bytes already waiting are seen.
+async fn talks_first(stream: &TcpStream, delay: Duration) -> bool {
+    if !delay.is_zero()
+        && tokio::time::timeout(delay, stream.readable())
+            .await
+            .is_err()
+    {
+        return false;
+    }
+    let mut probe = [0u8; 1];
+    matches!(stream.try_read(&mut probe), Ok(n) if n > 0)
+}
+
+async fn handshake(
+    stream: TcpStream,
+    ctx: &ServerContext,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let acceptor = ctx.tls.as_ref()?.acceptor();
+    match tokio::time::timeout(ctx.timeouts.read, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(err)) => {
+            tracing::debug!(error = %err, "TLS handshake failed");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+enum Ended<S> {
+    Closed,
+    /// The client asked for STARTTLS: the plain stream and the session, to be upgraded.
+    StartTls(S, Session),
+}
+
+struct Conversation<'a> {
+    ctx: &'a ServerContext,
+    origin: Origin,
+    started: Instant,
+}
+
+/// Tracks how fast a message arrives, to drop slowloris clients.
+struct DataRate {
+    since: Instant,
+    bytes: u64,
+}
+
+impl Conversation<'_> {
+    async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        mut stream: S,
+        mut session: Session,
+        greet: bool,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> std::io::Result<Ended<S>> {
+        let t = self.ctx.timeouts;
+        if greet {
+            write_all(&mut stream, &session.greeting().to_bytes(), t.read).await?;
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut told_shutdown = false;
+        let mut rate: Option<DataRate> = None;
+        loop {
+            let left = t.session.saturating_sub(self.started.elapsed());
+            let wait = t.read.min(left);
+            let outputs = tokio::select! {
+                read = tokio::time::timeout(wait, stream.read(&mut buf)) => match read {
+                    Err(_) if left <= t.read => session.close_now(Reply::session_too_long()),
+                    Err(_) => session.timed_out(),
+                    Ok(Ok(0)) => return Ok(Ended::Closed),
+                    Ok(Ok(n)) => {
+                        let mut outputs = session.feed(&buf[..n]);
+                        if session.in_message() {
+                            let r = rate.get_or_insert(DataRate { since: Instant::now(), bytes: 0 });
+                            r.bytes += n as u64;
+                            let elapsed = r.since.elapsed();
+                            if elapsed > t.data_rate_grace
+                                && r.bytes < t.min_data_rate.saturating_mul(elapsed.as_secs())
+                            {
+                                outputs.extend(session.close_now(Reply::too_slow()));
+                            }
+                        } else {
+                            rate = None;
+                        }
+                        outputs
+                    }
+                    Ok(Err(err)) => return Err(err),
+                },
+                _ = stopped(&mut shutdown), if !told_shutdown => {
+                    told_shutdown = true;
+                    session.begin_shutdown()
+                }
+            };
+            match self.drive(outputs, &mut session, &mut stream).await? {
+                Step::Continue => {}
+                Step::Closed => return Ok(Ended::Closed),
+                Step::StartTls => return Ok(Ended::StartTls(stream, session)),
+            }
+        }
+    }
+
+    /// Writes replies, runs intake and credential checks when asked, and repeats until the
+    /// session has nothing more to say.
+    async fn drive<S: AsyncWrite + Unpin>(
+        &self,
+        mut outputs: Vec<Output>,
+        session: &mut Session,
+        stream: &mut S,
+    ) -> std::io::Result<Step> {
+        let read_timeout = self.ctx.timeouts.read;
+        loop {
+            let mut wire = Vec::new();
+            let mut next = None;
+            let mut close = false;
+            let mut starttls = false;
+            for output in outputs {
+                match output {
+                    Output::Reply(reply) => reply.write_to(&mut wire),
+                    Output::Close => close = true,
+                    Output::StartTls => starttls = true,
+                    other => next = Some(other),
+                }
+            }
+            if !wire.is_empty() {
+                write_all(stream, &wire, read_timeout).await?;
+            }
+            if close {
+                let _ = stream.shutdown().await;
+                return Ok(Step::Closed);
+            }
+            if starttls {
+                return Ok(Step::StartTls);
+            }
+            outputs = match next {
+                None => return Ok(Step::Continue),
+                Some(Output::Submit(sub)) => {
+                    let origin = match &sub.auth_scope {
+                        Some(scope) => Origin {
+                            scope: scope.clone(),
+                            peer: self.origin.peer,
+                        },
+                        None => self.origin.clone(),
+                    };
+                    let (reply, _) = self.ctx.intake.submit(&origin, &sub).await;
+                    session.submission_done(reply)
+                }
+                Some(Output::Authenticate(presented)) => {
+                    let user = match self.ctx.users.clone() {
+                        Some(users) => tokio::task::spawn_blocking(move || {
+                            users.verify(&presented.user, &presented.password)
+                        })
+                        .await
+                        .ok()
+                        .flatten(),
+                        None => None,
+                    };
+                    match &user {
+                        Some(user) => {
+                            tracing::info!(target: "idemrelay::auth", user = %user.name, peer = %self.origin.peer, "authenticated")
+                        }
+                        None => {
+                            tracing::warn!(target: "idemrelay::auth", peer = %self.origin.peer, "authentication failed");
+                            tokio::time::sleep(self.ctx.auth_failure_delay).await;
+                        }
+                    }
+                    session.auth_result(user)
+                }
+                Some(_) => unreachable!("replies, close and STARTTLS are handled above"),
+            };
+        }
+    }
+}
+
+enum Step {
+    Continue,
+    Closed,
+    StartTls,
 }
 
 /// A client that stops reading its replies must not pin the connection forever.
-async fn write_all(
-    stream: &mut TcpStream,
+async fn write_all<S: AsyncWrite + Unpin>(
+    stream: &mut S,
     bytes: &[u8],
-    ctx: &ServerContext,
+    limit: Duration,
 ) -> std::io::Result<()> {
-    match tokio::time::timeout(ctx.read_timeout, stream.write_all(bytes)).await {
+    match tokio::time::timeout(limit, async {
+        stream.write_all(bytes).await?;
+        stream.flush().await
+    })
+    .await
+    {
         Ok(result) => result,
         Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
-    }
-}
-
-/// Writes replies, runs intake when asked, and repeats until the session has nothing more to
-/// say. Returns false once the session closed.
-async fn drive(
-    mut outputs: Vec<Output>,
-    session: &mut Session,
-    stream: &mut TcpStream,
-    ctx: &ServerContext,
-    origin: &Origin,
-) -> std::io::Result<bool> {
-    loop {
-        let mut wire = Vec::new();
-        let mut submission = None;
-        let mut close = false;
-        for output in outputs {
-            match output {
-                Output::Reply(reply) => reply.write_to(&mut wire),
-                Output::Submit(sub) => submission = Some(sub),
-                Output::Close => close = true,
-            }
-        }
-        if !wire.is_empty() {
-            write_all(stream, &wire, ctx).await?;
-        }
-        if close {
-            let _ = stream.shutdown().await;
-            return Ok(false);
-        }
-        let Some(sub) = submission else {
-            return Ok(true);
-        };
-        let (reply, _) = ctx.intake.submit(origin, &sub).await;
-        outputs = session.submission_done(reply);
     }
 }

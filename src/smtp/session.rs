@@ -9,12 +9,14 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use smtp_proto::{
-    Error as ProtoError, MailFrom, RcptTo, Request, MAIL_BODY_7BIT, MAIL_BODY_8BITMIME,
-    MAIL_BODY_BINARYMIME, MAIL_SMTPUTF8,
+    Error as ProtoError, MailFrom, RcptTo, Request, AUTH_LOGIN, AUTH_PLAIN, MAIL_BODY_7BIT,
+    MAIL_BODY_8BITMIME, MAIL_BODY_BINARYMIME, MAIL_SMTPUTF8,
 };
 
 use super::framing::{next_piece, BodyFault, BodyLimits, BodyReceiver, BodyStatus, Piece};
 use super::reply::Reply;
+use super::sasl::{Mechanism as SaslMechanism, Presented, SaslExchange, SaslStep};
+use crate::auth::Authenticated;
 
 /// What a session enforces; built once per listener.
 #[derive(Debug, Clone)]
@@ -28,6 +30,15 @@ pub struct SessionConfig {
     pub max_data_line: usize,
     /// Syntax and sequence errors tolerated before the connection is dropped.
     pub max_errors: usize,
+    /// STARTTLS is offered (a TLS listener that is not already implicit TLS).
+    pub starttls: bool,
+    /// MAIL and AUTH need TLS first (the submission listener).
+    pub require_tls: bool,
+    /// AUTH PLAIN/LOGIN is offered (users are configured); only over TLS unless
+    /// `require_tls` is off (an allow-listed plain listener).
+    pub auth: bool,
+    /// Failed AUTH attempts before the connection is dropped with 421 4.7.0.
+    pub max_auth_failures: usize,
 }
 
 impl Default for SessionConfig {
@@ -39,6 +50,10 @@ impl Default for SessionConfig {
             max_command_line: 2048,
             max_data_line: 998,
             max_errors: 20,
+            starttls: false,
+            require_tls: false,
+            auth: false,
+            max_auth_failures: 3,
         }
     }
 }
@@ -75,12 +90,19 @@ pub struct Submission {
     pub helo: String,
     pub esmtp: bool,
     pub chunked: bool,
+    /// The authenticated user's idempotency scope; `None` for allow-listed clients.
+    pub auth_scope: Option<String>,
+    pub tls: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
     Reply(Reply),
     Submit(Submission),
+    /// Upgrade the connection, then call `tls_started`. Input buffered so far is dropped.
+    StartTls,
+    /// Check these credentials, then call `auth_result`.
+    Authenticate(Presented),
     Close,
 }
 
@@ -99,6 +121,10 @@ enum Mode {
         reject: Option<Reply>,
     },
     AwaitingIntake,
+    /// A SASL exchange: the next line is the client's response.
+    Sasl(SaslExchange),
+    AwaitingAuth,
+    AwaitingTls,
     Closed,
 }
 
@@ -122,6 +148,9 @@ pub struct Session {
     txn: Option<Transaction>,
     errors: usize,
     shutting_down: bool,
+    tls: bool,
+    user: Option<Authenticated>,
+    auth_failures: usize,
 }
 
 fn has_control_chars(s: &str) -> bool {
@@ -139,7 +168,63 @@ impl Session {
             txn: None,
             errors: 0,
             shutting_down: false,
+            tls: false,
+            user: None,
+            auth_failures: 0,
         }
+    }
+
+    /// A session on an implicit-TLS connection.
+    pub fn new_tls(config: Arc<SessionConfig>, may_submit: bool) -> Self {
+        let mut session = Session::new(config, may_submit);
+        session.tls = true;
+        session
+    }
+
+    /// The TLS handshake after STARTTLS succeeded: RFC 3207 says forget everything learnt
+    /// in plaintext, starting with EHLO.
+    pub fn tls_started(&mut self) {
+        if matches!(self.mode, Mode::AwaitingTls) {
+            self.tls = true;
+            self.helo = None;
+            self.txn = None;
+            self.user = None;
+            self.inbuf.clear();
+            self.mode = Mode::Command;
+        }
+    }
+
+    /// The credential check's answer to the last `Output::Authenticate`.
+    pub fn auth_result(&mut self, user: Option<Authenticated>) -> Vec<Output> {
+        let mut out = Vec::new();
+        if !matches!(self.mode, Mode::AwaitingAuth) {
+            return out;
+        }
+        self.mode = Mode::Command;
+        match user {
+            Some(user) => {
+                self.user = Some(user);
+                out.push(Output::Reply(Reply::auth_ok()));
+            }
+            None => {
+                self.auth_failures += 1;
+                if self.auth_failures >= self.config.max_auth_failures {
+                    self.close_with(&mut out, Reply::too_many_auth_failures());
+                    return out;
+                }
+                out.push(Output::Reply(Reply::auth_failed()));
+            }
+        }
+        self.process(&mut out);
+        out
+    }
+
+    pub fn authenticated(&self) -> Option<&Authenticated> {
+        self.user.as_ref()
+    }
+
+    fn auth_offered(&self) -> bool {
+        self.config.auth && (self.tls || !self.config.require_tls)
     }
 
     pub fn greeting(&self) -> Reply {
@@ -193,6 +278,15 @@ impl Session {
         out
     }
 
+    /// Ends the session with this reply (a deadline or rate limit enforced by the server).
+    pub fn close_now(&mut self, reply: Reply) -> Vec<Output> {
+        let mut out = Vec::new();
+        if !self.is_closed() {
+            self.close_with(&mut out, reply);
+        }
+        out
+    }
+
     /// The client was silent for too long.
     pub fn timed_out(&mut self) -> Vec<Output> {
         let mut out = Vec::new();
@@ -213,7 +307,25 @@ impl Session {
         loop {
             let rest = &self.inbuf[pos..];
             match &mut self.mode {
-                Mode::Closed | Mode::AwaitingIntake => break,
+                Mode::Closed | Mode::AwaitingIntake | Mode::AwaitingAuth | Mode::AwaitingTls => {
+                    break
+                }
+                Mode::Sasl(exchange) => match next_piece(rest, self.config.max_command_line) {
+                    Piece::NeedMore => break,
+                    Piece::BareLineEnding => {
+                        self.close_with(out, Reply::bare_line_ending());
+                        break;
+                    }
+                    Piece::Partial(_) => {
+                        self.mode = Mode::DiscardingLongLine;
+                    }
+                    Piece::Line(n) => {
+                        pos += n;
+                        let line = String::from_utf8_lossy(&rest[..n - 2]).into_owned();
+                        let step = exchange.next(&line);
+                        self.sasl_step(step, out);
+                    }
+                },
                 Mode::Command => match next_piece(rest, self.config.max_command_line) {
                     Piece::NeedMore => break,
                     Piece::BareLineEnding => {
@@ -352,6 +464,8 @@ impl Session {
         };
         let (helo, esmtp) = self.helo.clone().unwrap_or_default();
         out.push(Output::Submit(Submission {
+            auth_scope: self.user.as_ref().map(|u| u.scope.clone()),
+            tls: self.tls,
             envelope: Envelope {
                 mail_from: txn.mail_from,
                 rcpt_to: txn.rcpt_to,
@@ -424,6 +538,11 @@ impl Session {
                 return None;
             }
             Request::Vrfy { .. } => Ok(Reply::cannot_vrfy()),
+            Request::StartTls => return self.starttls(out),
+            Request::Auth {
+                mechanism,
+                initial_response,
+            } => return self.auth(mechanism, &initial_response, out),
             Request::Help { .. } => Ok(Reply::help()),
             other => Err(Reply::not_implemented(other.name())),
         })
@@ -436,7 +555,14 @@ impl Session {
         self.txn = None;
         self.helo = Some((host.to_string(), esmtp));
         Ok(if esmtp {
-            Reply::ehlo(&self.config.hostname, host, self.config.max_message_size)
+            let mut reply = Reply::ehlo(&self.config.hostname, host, self.config.max_message_size);
+            if self.config.starttls && !self.tls {
+                reply.lines.push("STARTTLS".into());
+            }
+            if self.auth_offered() {
+                reply.lines.push("AUTH PLAIN LOGIN".into());
+            }
+            reply
         } else {
             Reply::helo(&self.config.hostname, host)
         })
@@ -446,8 +572,16 @@ impl Session {
         if self.helo.is_none() {
             return Err(Reply::need_helo());
         }
-        if !self.may_submit {
+        if self.config.require_tls && !self.tls {
+            return Err(Reply::starttls_first());
+        }
+        if !self.may_submit && self.user.is_none() {
             return Err(Reply::auth_required());
+        }
+        if let Some(user) = &self.user {
+            if !user.may_send_as(&from.address) {
+                return Err(Reply::sender_not_allowed());
+            }
         }
         if self.txn.is_some() {
             return Err(Reply::nested_mail());
@@ -535,6 +669,71 @@ impl Session {
         Ok(Reply::start_data())
     }
 
+    fn starttls(&mut self, out: &mut Vec<Output>) -> Option<Result<Reply, Reply>> {
+        if !self.config.starttls {
+            return Some(Err(Reply::not_implemented("STARTTLS")));
+        }
+        if self.tls {
+            return Some(Err(Reply::tls_already_active()));
+        }
+        out.push(Output::Reply(Reply::ready_for_tls()));
+        out.push(Output::StartTls);
+        // Anything pipelined after STARTTLS arrived in plaintext: it must not be obeyed
+        // once encrypted (the CVE-2011-0411 class). The buffer is dropped in tls_started.
+        self.mode = Mode::AwaitingTls;
+        None
+    }
+
+    fn auth(
+        &mut self,
+        mechanism: u64,
+        initial: &str,
+        out: &mut Vec<Output>,
+    ) -> Option<Result<Reply, Reply>> {
+        if !self.config.auth {
+            return Some(Err(Reply::not_implemented("AUTH")));
+        }
+        if !self.auth_offered() {
+            return Some(Err(Reply::encryption_required_for_auth()));
+        }
+        if self.user.is_some() {
+            return Some(Err(Reply::already_authenticated()));
+        }
+        if self.txn.is_some() {
+            return Some(Err(Reply::auth_during_transaction()));
+        }
+        let mechanism = if mechanism == AUTH_PLAIN {
+            SaslMechanism::Plain
+        } else if mechanism == AUTH_LOGIN {
+            SaslMechanism::Login
+        } else {
+            return Some(Err(Reply::unsupported_mechanism()));
+        };
+        let initial = (!initial.is_empty()).then_some(initial);
+        let (exchange, step) = SaslExchange::start(mechanism, initial);
+        self.mode = Mode::Sasl(exchange);
+        self.sasl_step(step, out);
+        None
+    }
+
+    fn sasl_step(&mut self, step: SaslStep, out: &mut Vec<Output>) {
+        match step {
+            SaslStep::Challenge(challenge) => out.push(Output::Reply(Reply::new(334, challenge))),
+            SaslStep::Done(presented) => {
+                self.mode = Mode::AwaitingAuth;
+                out.push(Output::Authenticate(presented));
+            }
+            SaslStep::Malformed => {
+                self.mode = Mode::Command;
+                self.error(out, Reply::bad_sasl_response());
+            }
+            SaslStep::Cancelled => {
+                self.mode = Mode::Command;
+                self.error(out, Reply::auth_cancelled());
+            }
+        }
+    }
+
     fn bdat(&mut self, size: usize, last: bool) {
         let limits = self.body_limits();
         let reject = match self.txn.as_mut() {
@@ -618,6 +817,7 @@ mod tests {
         replies: Vec<String>,
         submissions: Vec<Submission>,
         closed: bool,
+        starttls: usize,
     }
 
     fn absorb(s: &mut Session, mut outputs: Vec<Output>, t: &mut Transcript) {
@@ -631,6 +831,18 @@ mod tests {
                         t.submissions.push(sub);
                         let id = format!("T{}", t.submissions.len());
                         next = s.submission_done(Reply::queued(&id));
+                    }
+                    Output::StartTls => {
+                        t.starttls += 1;
+                        s.tls_started();
+                    }
+                    Output::Authenticate(p) => {
+                        let ok = p.user == "good" && p.password == "pw";
+                        next = s.auth_result(ok.then(|| Authenticated {
+                            name: "good".into(),
+                            scope: "scope-good".into(),
+                            allowed_senders: vec!["@allowed.example".into()],
+                        }));
                     }
                 }
             }
@@ -906,6 +1118,120 @@ mod tests {
         absorb(&mut s, out, &mut t);
         assert_eq!(&codes(&t)[4..], &[554, 421]);
         assert!(t.closed);
+    }
+
+    fn tls_session(starttls: bool, may_submit: bool) -> Session {
+        Session::new(
+            Arc::new(SessionConfig {
+                hostname: "relay.test".into(),
+                starttls,
+                require_tls: true,
+                auth: true,
+                max_auth_failures: 2,
+                ..SessionConfig::default()
+            }),
+            may_submit,
+        )
+    }
+
+    fn run_on(mut s: Session, input: &[u8]) -> (Session, Transcript) {
+        let mut t = Transcript::default();
+        let out = s.feed(input);
+        absorb(&mut s, out, &mut t);
+        (s, t)
+    }
+
+    // "good\0good\0pw" and "good\0good\0bad" in base64.
+    const GOOD: &str = "Z29vZABnb29kAHB3";
+    const BAD: &str = "Z29vZABnb29kAGJhZA==";
+
+    #[test]
+    fn starttls_listener_needs_tls_before_mail_and_auth() {
+        let (_, t) = run_on(
+            tls_session(true, false),
+            format!("EHLO c\r\nMAIL FROM:<a@x>\r\nAUTH PLAIN {GOOD}\r\n").as_bytes(),
+        );
+        assert!(t.replies[0].contains("STARTTLS"));
+        assert_eq!(
+            t.replies[1],
+            "530 5.7.0 Must issue a STARTTLS command first"
+        );
+        assert_eq!(
+            t.replies[2],
+            "538 5.7.11 Encryption required for requested authentication mechanism"
+        );
+    }
+
+    #[test]
+    fn plaintext_pipelined_after_starttls_is_discarded() {
+        let (s, t) = run_on(
+            tls_session(true, false),
+            format!("EHLO c\r\nSTARTTLS\r\nAUTH PLAIN {GOOD}\r\nMAIL FROM:<a@x>\r\n").as_bytes(),
+        );
+        assert_eq!(t.starttls, 1);
+        assert_eq!(t.replies.len(), 2, "{t:?}");
+        assert_eq!(t.replies[1], "220 2.0.0 Ready to start TLS");
+        assert!(s.authenticated().is_none());
+        // After the handshake, EHLO must be sent again; AUTH is now offered.
+        let (_, t) = run_on(s, b"MAIL FROM:<a@x>\r\nEHLO c\r\n");
+        assert!(t.replies[0].starts_with("503 5.5.1"));
+        assert!(t.replies[1].contains("AUTH PLAIN LOGIN"));
+        assert!(!t.replies[1].contains("STARTTLS"));
+    }
+
+    #[test]
+    fn auth_plain_and_login_then_submission_under_the_user_scope() {
+        let s = Session::new_tls(tls_session(false, false).config.clone(), false);
+        let (s, t) = run_on(
+            s,
+            format!("EHLO c\r\nAUTH PLAIN {GOOD}\r\nMAIL FROM:<x@other.example>\r\nMAIL FROM:<me@allowed.example>\r\nRCPT TO:<b@x>\r\nDATA\r\nA: b\r\n.\r\n").as_bytes(),
+        );
+        assert_eq!(&codes(&t)[1..], &[235, 550, 250, 250, 354, 250]);
+        assert_eq!(
+            t.replies[2],
+            "550 5.7.1 Sender address not allowed for this user"
+        );
+        assert_eq!(t.submissions[0].auth_scope.as_deref(), Some("scope-good"));
+        assert!(t.submissions[0].tls);
+        assert_eq!(s.authenticated().unwrap().name, "good");
+
+        // LOGIN: two challenges, then the same outcome.
+        let s = Session::new_tls(tls_session(false, false).config.clone(), false);
+        let (_, t) = run_on(s, b"EHLO c\r\nAUTH LOGIN\r\nZ29vZA==\r\ncHc=\r\n");
+        assert_eq!(
+            &t.replies[1..],
+            &[
+                "334 VXNlcm5hbWU6",
+                "334 UGFzc3dvcmQ6",
+                "235 2.7.0 Authentication successful"
+            ]
+        );
+    }
+
+    #[test]
+    fn auth_failures_then_421() {
+        let s = Session::new_tls(tls_session(false, false).config.clone(), false);
+        let (_, t) = run_on(
+            s,
+            format!("EHLO c\r\nAUTH PLAIN {BAD}\r\nAUTH PLAIN !!!\r\nAUTH PLAIN\r\n*\r\nAUTH PLAIN {BAD}\r\nNOOP\r\n").as_bytes(),
+        );
+        assert_eq!(t.replies[1], "535 5.7.8 Authentication credentials invalid");
+        assert!(t.replies[2].starts_with("501 5.5.2"));
+        assert_eq!(t.replies[3], "334 ");
+        assert_eq!(t.replies[4], "501 5.7.0 Authentication cancelled");
+        assert_eq!(
+            t.replies[5],
+            "421 4.7.0 Too many authentication failures; closing connection"
+        );
+        assert!(t.closed);
+    }
+
+    #[test]
+    fn without_auth_configured_mail_needs_the_allow_list() {
+        let t = run(b"EHLO c\r\nAUTH PLAIN Z29vZABnb29kAHB3\r\nSTARTTLS\r\n");
+        assert!(!t.replies[0].contains("AUTH"));
+        assert!(t.replies[1].starts_with("502 5.5.1"));
+        assert!(t.replies[2].starts_with("502 5.5.1"));
     }
 
     fn script() -> impl Strategy<Value = Vec<u8>> {
