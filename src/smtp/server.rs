@@ -201,10 +201,13 @@ async fn connection(
             match conv.run(stream, session, true, shutdown.clone()).await? {
                 Ended::Closed => Ok(()),
                 Ended::StartTls(stream, mut session) => {
+                    let session = {
+                        session.tls_started();
+                        *session
+                    };
                     let Some(tls) = handshake(stream, ctx).await else {
                         return Ok(());
                     };
-                    session.tls_started();
                     conv.run(tls, session, false, shutdown).await.map(|_| ())
                 }
             }
@@ -244,7 +247,7 @@ async fn handshake(
 enum Ended<S> {
     Closed,
     /// The client asked for STARTTLS: the plain stream and the session, to be upgraded.
-    StartTls(S, Session),
+    StartTls(S, Box<Session>),
 }
 
 struct Conversation<'a> {
@@ -308,7 +311,7 @@ impl Conversation<'_> {
             match self.drive(outputs, &mut session, &mut stream).await? {
                 Step::Continue => {}
                 Step::Closed => return Ok(Ended::Closed),
-                Step::StartTls => return Ok(Ended::StartTls(stream, session)),
+                Step::StartTls => return Ok(Ended::StartTls(stream, Box::new(session))),
             }
         }
     }
