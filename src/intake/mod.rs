@@ -251,7 +251,7 @@ impl Intake {
                 helo: &sub.helo,
                 peer: origin.peer,
                 hostname: &self.settings.hostname,
-                protocol: protocol_name(sub),
+                protocol: &protocol_name(sub),
                 id,
                 unix_time: crate::store::now_ms() / 1000,
             }
@@ -391,10 +391,17 @@ fn unavailable(err: &crate::store::StoreError) -> Decision {
     Decision::refused(Reply::store_unavailable(), Outcome::Unavailable)
 }
 
-fn protocol_name(sub: &Submission) -> &'static str {
-    match (sub.esmtp, sub.envelope.smtputf8) {
-        (true, true) => "UTF8SMTP",
-        (true, false) => "ESMTP",
-        (false, _) => "SMTP",
+/// The `with` clause of the trace line (RFC 3848, RFC 6531).
+fn protocol_name(sub: &Submission) -> String {
+    if !sub.esmtp {
+        return "SMTP".into();
     }
+    let base = if sub.envelope.smtputf8 {
+        "UTF8SMTP"
+    } else {
+        "ESMTP"
+    };
+    let tls = if sub.tls { "S" } else { "" };
+    let auth = if sub.auth_scope.is_some() { "A" } else { "" };
+    format!("{base}{tls}{auth}")
 }

@@ -1,0 +1,234 @@
+//! The submission listeners with real TLS clients: swaks drives STARTTLS + AUTH on the 587-style
+//! listener and implicit TLS + AUTH on the 465-style one, with a certificate made at test time.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+
+use common::{Client, TestRelay};
+use idemrelay::auth::Users;
+
+struct TlsRelay {
+    relay: TestRelay,
+    plain: SocketAddr,
+    submission: SocketAddr,
+    submissions: SocketAddr,
+}
+
+async fn tls_relay() -> TlsRelay {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = idemrelay::smtp::tls::generate_self_signed(
+        &dir.path().join("certs"),
+        &["localhost".into()],
+    )
+    .unwrap();
+    let users = dir.path().join("users.toml");
+    Users::add_user(
+        &users,
+        "alice",
+        "correct horse",
+        "tenant-alice",
+        &["@example.com".into()],
+    )
+    .unwrap();
+    let mut settings = common::test_settings(dir.path());
+    settings.submission_listen = vec!["127.0.0.1:0".parse().unwrap()];
+    settings.submissions_listen = vec!["127.0.0.1:0".parse().unwrap()];
+    settings.tls_cert = Some(cert);
+    settings.tls_key = Some(key);
+    settings.users_file = Some(users);
+    settings.submission_greet_delay = std::time::Duration::ZERO;
+    settings.auth_failure_delay = std::time::Duration::from_millis(50);
+    let relay = TestRelay::start_in(dir, settings).await;
+    let addrs = relay.relay.local_addrs().to_vec();
+    TlsRelay {
+        plain: addrs[0],
+        submission: addrs[1],
+        submissions: addrs[2],
+        relay,
+    }
+}
+
+/// swaks, and its transcript. CI installs swaks; without it on a developer machine, skip.
+fn swaks(args: &[&str]) -> Option<String> {
+    let out = match Command::new("swaks").args(args).output() {
+        Ok(out) => out,
+        Err(_) if std::env::var_os("CI").is_none() => {
+            eprintln!("SKIPPED: swaks is not installed (apt-get install -y swaks)");
+            return None;
+        }
+        Err(err) => panic!("swaks is required in CI: {err}"),
+    };
+    Some(format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+fn base_args(addr: SocketAddr, key: &str) -> Vec<String> {
+    [
+        "--server",
+        &addr.to_string(),
+        "--helo",
+        "client.test",
+        "--from",
+        "app@example.com",
+        "--to",
+        "user@example.net",
+        "--header",
+        &format!("X-Bird-Idempotency-Key: {key}"),
+        "--timeout",
+        "20",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn run(args: Vec<String>) -> Option<String> {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    swaks(&refs)
+}
+
+fn queued_id(transcript: &str) -> Option<String> {
+    transcript
+        .lines()
+        .find_map(|l| l.split("250 2.0.0 OK queued as ").nth(1))
+        .map(|rest| rest.split_whitespace().next().unwrap().to_string())
+}
+
+fn auth_args(mut args: Vec<String>) -> Vec<String> {
+    args.extend(
+        [
+            "--auth",
+            "PLAIN",
+            "--auth-user",
+            "alice",
+            "--auth-password",
+            "correct horse",
+        ]
+        .map(String::from),
+    );
+    args
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swaks_starttls_and_auth_on_the_submission_listener() {
+    let r = tls_relay().await;
+    let mut args = auth_args(base_args(r.submission, "tls-starttls-1"));
+    args.push("--tls".into());
+    let Some(out) = tokio::task::spawn_blocking(move || run(args))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let id = queued_id(&out).unwrap_or_else(|| panic!("not queued:\n{out}"));
+    assert!(out.contains("STARTTLS"), "{out}");
+    assert!(out.contains("235 2.7.0"), "{out}");
+    let stored = r.relay.stored(&id).await;
+    // The authenticated user's scope, and an ESMTPSA trace line (RFC 3848).
+    assert_eq!(stored.scope, "tenant-alice");
+    let content = String::from_utf8_lossy(stored.content.as_ref().unwrap()).to_string();
+    assert!(content.contains("with ESMTPSA id"), "{content}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swaks_implicit_tls_and_auth_on_the_submissions_listener() {
+    let r = tls_relay().await;
+    let mut args = auth_args(base_args(r.submissions, "tls-implicit-1"));
+    args.push("--tlsc".into());
+    let Some(out) = tokio::task::spawn_blocking(move || run(args))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let id = queued_id(&out).unwrap_or_else(|| panic!("not queued:\n{out}"));
+    assert_eq!(r.relay.stored(&id).await.scope, "tenant-alice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_open_relay_without_auth_from_outside_the_allow_list() {
+    let r = tls_relay().await;
+    // Over TLS but without AUTH: refused.
+    let mut args = base_args(r.submission, "tls-noauth-1");
+    args.push("--tls".into());
+    let Some(out) = tokio::task::spawn_blocking(move || run(args))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    assert!(out.contains("530 5.7.0 Authentication required"), "{out}");
+    assert!(queued_id(&out).is_none());
+    // Wrong password: 535 after a delay.
+    let mut args = base_args(r.submission, "tls-badauth-1");
+    args.extend(
+        [
+            "--tls",
+            "--auth",
+            "PLAIN",
+            "--auth-user",
+            "alice",
+            "--auth-password",
+            "wrong",
+        ]
+        .map(String::from),
+    );
+    let out = tokio::task::spawn_blocking(move || run(args))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.contains("535 5.7.8"), "{out}");
+    // A sender the user may not use.
+    let mut args = auth_args(base_args(r.submission, "tls-sender-1"));
+    args.push("--tls".into());
+    for a in args.iter_mut() {
+        if a == "app@example.com" {
+            *a = "app@elsewhere.test".into();
+        }
+    }
+    let out = tokio::task::spawn_blocking(move || run(args))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        out.contains("550 5.7.1 Sender address not allowed"),
+        "{out}"
+    );
+    assert_eq!(r.relay.count("messages").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_tls_the_submission_listener_refuses_mail_and_auth() {
+    let r = tls_relay().await;
+    let mut c = Client::ready(r.submission).await;
+    assert_eq!(
+        c.cmd("MAIL FROM:<app@example.com>").await.line(),
+        "530 5.7.0 Must issue a STARTTLS command first"
+    );
+    assert_eq!(
+        c.cmd("AUTH PLAIN AGFsaWNlAGNvcnJlY3QgaG9yc2U=")
+            .await
+            .line(),
+        "538 5.7.11 Encryption required for requested authentication mechanism"
+    );
+    c.quit().await;
+    // The plain listener is for the allow-list (loopback here): no AUTH needed.
+    let mut c = Client::ready(r.plain).await;
+    let answer = c
+        .submit(
+            "app@example.com",
+            &["user@example.net"],
+            &common::message(Some("plain-1"), "s", "b"),
+        )
+        .await;
+    assert_eq!(answer.code, 250);
+    assert_eq!(
+        r.relay.stored(&answer.queue_id().unwrap()).await.scope,
+        "default"
+    );
+}
