@@ -17,7 +17,7 @@ WORKDIR /var/lib/idemrelay
 ENV IDEMRELAY_LISTEN=0.0.0.0:2525 \
     IDEMRELAY_STORE=sqlite:///var/lib/idemrelay/idemrelay.db
 VOLUME ["/var/lib/idemrelay"]
-EXPOSE 2525
+EXPOSE 2525 587 465
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["idemrelay"]
 CMD ["serve"]
