@@ -232,3 +232,129 @@ async fn before_tls_the_submission_listener_refuses_mail_and_auth() {
         "default"
     );
 }
+
+/// A TLS client that trusts exactly the certificate in `cert` (PEM).
+fn connector_trusting(cert: &std::path::Path) -> tokio_rustls::TlsConnector {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for der in rustls::pki_types::CertificateDer::pem_file_iter(cert).unwrap() {
+        roots.add(der.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+async fn read_reply<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    // One whole reply: lines until one with a space after the code.
+    loop {
+        let n = tokio::time::timeout(common::TIMEOUT, stream.read(&mut byte))
+            .await
+            .expect("reply in time")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        got.push(byte[0]);
+        if got.ends_with(b"\r\n") {
+            let text = String::from_utf8_lossy(&got).to_string();
+            let last = text
+                .trim_end()
+                .rsplit("\r\n")
+                .next()
+                .unwrap_or("")
+                .to_string();
+            if last.as_bytes().get(3) == Some(&b' ') {
+                return text;
+            }
+        }
+    }
+    String::from_utf8_lossy(&got).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_injected_after_starttls_is_not_obeyed() {
+    use tokio::io::AsyncWriteExt;
+    let r = tls_relay().await;
+    let cert = r.relay.settings.tls_cert.clone().unwrap();
+    let mut tcp = tokio::net::TcpStream::connect(r.submission).await.unwrap();
+    assert!(read_reply(&mut tcp).await.starts_with("220 "));
+    tcp.write_all(b"EHLO attacker.test\r\n").await.unwrap();
+    assert!(read_reply(&mut tcp).await.contains("STARTTLS"));
+    // The injected commands ride in the same packet as STARTTLS.
+    tcp.write_all(b"STARTTLS\r\nRSET\r\nMAIL FROM:<app@example.com>\r\n")
+        .await
+        .unwrap();
+    assert!(read_reply(&mut tcp).await.starts_with("220 2.0.0"));
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector_trusting(&cert).connect(name, tcp).await.unwrap();
+    tls.write_all(b"NOOP\r\n").await.unwrap();
+    // Had RSET/MAIL been kept, their replies would come first.
+    assert_eq!(read_reply(&mut tls).await, "250 2.0.0 OK\r\n");
+    tls.write_all(b"MAIL FROM:<app@example.com>\r\n")
+        .await
+        .unwrap();
+    assert!(
+        read_reply(&mut tls).await.starts_with("503 5.5.1"),
+        "EHLO is forgotten after TLS"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_certificate_is_served_without_a_restart() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let (cert, key) =
+        idemrelay::smtp::tls::generate_self_signed(&certs, &["localhost".into()]).unwrap();
+    let first = std::fs::read(&cert).unwrap();
+    let mut settings = common::test_settings(dir.path());
+    settings.submissions_listen = vec!["127.0.0.1:0".parse().unwrap()];
+    settings.tls_cert = Some(cert.clone());
+    settings.tls_key = Some(key);
+    settings.submission_greet_delay = std::time::Duration::ZERO;
+    settings.tls_reload_interval = std::time::Duration::from_millis(100);
+    let relay = TestRelay::start_in(dir, settings).await;
+    let addr = relay.relay.local_addrs()[1];
+    let handshake = |trust: std::path::PathBuf| async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        connector_trusting(&trust).connect(name, tcp).await
+    };
+    let old_copy = relay.dir.path().join("old.pem");
+    std::fs::write(&old_copy, &first).unwrap();
+    let mut tls = handshake(old_copy.clone())
+        .await
+        .expect("first certificate served");
+    assert!(read_reply(&mut tls).await.starts_with("220 "));
+    tls.shutdown().await.ok();
+    // Renew in place (as an ACME client would); the relay picks it up by itself.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    idemrelay::smtp::tls::generate_self_signed(
+        &relay.dir.path().join("certs"),
+        &["localhost".into()],
+    )
+    .unwrap();
+    assert_ne!(std::fs::read(&cert).unwrap(), first);
+    common::eventually(
+        std::time::Duration::from_secs(10),
+        "the new certificate",
+        || {
+            let cert = cert.clone();
+            async move { handshake(cert).await.ok().map(|_| ()) }
+        },
+    )
+    .await;
+    assert!(
+        handshake(old_copy).await.is_err(),
+        "old certificate still served"
+    );
+}
