@@ -62,7 +62,6 @@
 //! relay tests run it on loopback.
 
 mod api;
-mod auth;
 pub mod faults;
 pub mod ledger;
 mod smtp;

@@ -18,7 +18,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use super::auth::{decode_plain, decode_response};
 use super::faults::{Context, FaultAction, Phase};
 use super::state::{not_up, shutting_down, Control, Life, Shared, Submission};
 use super::Down;
@@ -26,6 +25,7 @@ use crate::intake::key::read_key_header;
 use crate::intake::message::scan_headers;
 use crate::smtp::framing::{next_piece, BodyLimits, BodyReceiver, BodyStatus, Piece};
 use crate::smtp::reply::Reply;
+use crate::smtp::sasl::{Mechanism as SaslMechanism, SaslExchange, SaslStep};
 
 /// Longest command line, CRLF included (RFC 5321 allows 512; AUTH responses need more).
 const MAX_COMMAND_LINE: usize = 2048;
@@ -178,9 +178,8 @@ enum Mode {
     Command,
     /// The rest of an over-long line, up to its CRLF.
     DiscardLine,
-    AuthPlain,
-    AuthLoginUser,
-    AuthLoginPassword(String),
+    /// A SASL exchange: the next line is the client's response.
+    Sasl(SaslExchange),
 }
 
 struct Txn {
@@ -419,23 +418,9 @@ impl Session {
                         self.reply(500, "5.5.2 Line too long");
                         Ok(Some(Flow::Continue))
                     }
-                    Mode::AuthPlain => {
-                        self.auth_plain(content);
-                        Ok(Some(Flow::Continue))
-                    }
-                    Mode::AuthLoginUser => {
-                        if let Some(user) = self.sasl_response(content) {
-                            self.mode = Mode::AuthLoginPassword(
-                                String::from_utf8_lossy(&user).into_owned(),
-                            );
-                            self.reply(334, "UGFzc3dvcmQ6");
-                        }
-                        Ok(Some(Flow::Continue))
-                    }
-                    Mode::AuthLoginPassword(user) => {
-                        if let Some(pass) = self.sasl_response(content) {
-                            self.check_credentials(&user, &String::from_utf8_lossy(&pass));
-                        }
+                    Mode::Sasl(mut exchange) => {
+                        let step = exchange.next(&String::from_utf8_lossy(content));
+                        self.sasl_step(exchange, step);
                         Ok(Some(Flow::Continue))
                     }
                 }
@@ -686,6 +671,11 @@ impl Session {
     }
 
     fn auth(&mut self, mechanism: u64, initial: &str) {
+        let mechanism = match mechanism {
+            AUTH_PLAIN => Some(SaslMechanism::Plain),
+            AUTH_LOGIN => Some(SaslMechanism::Login),
+            _ => None,
+        };
         if self.shared.config.require_auth.is_none() {
             self.reply(502, "5.5.1 AUTH not available");
         } else if !self.helo {
@@ -694,47 +684,26 @@ impl Session {
             self.reply(503, "5.5.1 Already authenticated");
         } else if self.txn.is_some() {
             self.reply(503, "5.5.1 AUTH not allowed during a mail transaction");
-        } else if mechanism == AUTH_PLAIN {
-            if initial.is_empty() {
-                self.mode = Mode::AuthPlain;
-                self.reply(334, "");
-            } else {
-                self.auth_plain(initial.as_bytes());
-            }
-        } else if mechanism == AUTH_LOGIN {
-            if initial.is_empty() {
-                self.mode = Mode::AuthLoginUser;
-                self.reply(334, "VXNlcm5hbWU6");
-            } else if let Some(user) = self.sasl_response(initial.as_bytes()) {
-                self.mode = Mode::AuthLoginPassword(String::from_utf8_lossy(&user).into_owned());
-                self.reply(334, "UGFzc3dvcmQ6");
-            }
+        } else if let Some(mechanism) = mechanism {
+            let initial = (!initial.is_empty()).then_some(initial);
+            let (exchange, step) = SaslExchange::start(mechanism, initial);
+            self.sasl_step(exchange, step);
         } else {
             self.reply(504, "5.5.4 Unrecognized authentication type");
         }
     }
 
-    /// Decodes one SASL response line, answering the cancel and garbage cases itself.
-    fn sasl_response(&mut self, line: &[u8]) -> Option<Vec<u8>> {
-        let text = std::str::from_utf8(line).unwrap_or("");
-        if text.trim() == "*" {
-            self.reply(501, "5.0.0 Authentication cancelled");
-            return None;
-        }
-        let decoded = decode_response(text);
-        if decoded.is_none() {
-            self.reply(501, "5.5.2 Cannot decode the response");
-        }
-        decoded
-    }
-
-    fn auth_plain(&mut self, line: &[u8]) {
-        let Some(response) = self.sasl_response(line) else {
-            return;
-        };
-        match decode_plain(&response) {
-            Some((user, pass)) => self.check_credentials(&user, &pass),
-            None => self.reply(535, "5.7.8 Authentication credentials invalid"),
+    fn sasl_step(&mut self, exchange: SaslExchange, step: SaslStep) {
+        match step {
+            SaslStep::Challenge(challenge) => {
+                self.mode = Mode::Sasl(exchange);
+                self.reply(334, challenge);
+            }
+            SaslStep::Done(presented) => {
+                self.check_credentials(&presented.user, &presented.password)
+            }
+            SaslStep::Malformed => self.reply(501, "5.5.2 Cannot decode the response"),
+            SaslStep::Cancelled => self.reply(501, "5.0.0 Authentication cancelled"),
         }
     }
 
