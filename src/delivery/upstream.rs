@@ -100,6 +100,7 @@ impl UpstreamTarget {
 
 /// One deadline per phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct PhaseTimeouts {
     #[serde(with = "crate::config::human_duration")]
     pub connect: Duration,
@@ -310,11 +311,16 @@ impl UpstreamClient {
     }
 
     async fn take_idle(&mut self) -> Option<Idle> {
-        let idle = self.conn.take()?;
+        let mut idle = self.conn.take()?;
         if idle.idle_since.elapsed() >= self.idle_close || idle.conn.has_broken() {
             return None;
         }
-        Some(idle)
+        // The upstream may have closed it meanwhile (often with a parting 421): a NOOP finds
+        // out before the message's MAIL would, so a dead connection costs no attempt.
+        match tokio::time::timeout(self.timeouts.mail, idle.conn.test_connected()).await {
+            Ok(true) => Some(idle),
+            _ => None,
+        }
     }
 
     async fn open(&self) -> Result<AsyncSmtpConnection, PhaseError> {

@@ -163,14 +163,18 @@ impl Worker {
                 .await?;
             return Ok(false);
         }
-        let wait = self
-            .shared
-            .bucket
-            .lock()
-            .expect("bucket lock")
-            .try_take(Instant::now());
-        if let Err(wait) = wait {
-            tokio::time::sleep(wait).await;
+        // Wait for a token, then take it: other workers may take the one we waited for.
+        loop {
+            let taken = self
+                .shared
+                .bucket
+                .lock()
+                .expect("bucket lock")
+                .try_take(Instant::now());
+            match taken {
+                Ok(()) => break,
+                Err(wait) => tokio::time::sleep(wait).await,
+            }
         }
         self.deliver(job).await?;
         Ok(true)

@@ -52,6 +52,16 @@ pub enum BodyFault {
     TooBig,
 }
 
+impl BodyFault {
+    fn rank(self) -> u8 {
+        match self {
+            BodyFault::Nul => 0,
+            BodyFault::LineTooLong => 1,
+            BodyFault::TooBig => 2,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyStatus {
     NeedMore,
@@ -101,8 +111,9 @@ impl BodyReceiver {
     }
 
     fn set_fault(&mut self, fault: BodyFault) {
-        // The first fault decides the reply; a too-big body also frees what it held.
-        if self.fault.is_none() {
+        // The most serious fault decides the reply, so that it does not depend on how the
+        // bytes were split into reads; a too-big body also frees what it held.
+        if self.fault.is_none_or(|f| fault.rank() > f.rank()) {
             self.fault = Some(fault);
         }
         if fault == BodyFault::TooBig {

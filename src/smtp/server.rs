@@ -175,7 +175,9 @@ async fn connection(
         // Fail closed: nothing could be accepted, so say so before the client sends a message.
         return refuse(stream, Reply::store_unavailable_at_connect()).await;
     }
-    if talks_first(&stream, ctx.policy.greet_delay).await {
+    // On implicit TLS the client rightly speaks first (its ClientHello).
+    let implicit = ctx.policy.kind == ListenerKind::ImplicitTls;
+    if !implicit && talks_first(&stream, ctx.policy.greet_delay).await {
         return refuse(stream, Reply::early_talker()).await;
     }
     let may_submit = ctx.policy.allows(peer.ip());
@@ -218,15 +220,22 @@ async fn connection(
 /// True when the client sent something before our greeting (a spam-bot habit and a sign it
 /// does not speak SMTP). Without a delay, only bytes already waiting are seen.
 async fn talks_first(stream: &TcpStream, delay: Duration) -> bool {
-    if !delay.is_zero()
-        && tokio::time::timeout(delay, stream.readable())
+    let deadline = tokio::time::Instant::now() + delay;
+    let mut probe = [0u8; 1];
+    loop {
+        // Readiness can be reported before any byte is there: only a read decides.
+        match stream.try_read(&mut probe) {
+            Ok(n) => return n > 0,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return false,
+        }
+        if tokio::time::timeout_at(deadline, stream.readable())
             .await
             .is_err()
-    {
-        return false;
+        {
+            return false;
+        }
     }
-    let mut probe = [0u8; 1];
-    matches!(stream.try_read(&mut probe), Ok(n) if n > 0)
 }
 
 async fn handshake(
@@ -279,6 +288,12 @@ impl Conversation<'_> {
         let mut rate: Option<DataRate> = None;
         loop {
             let left = t.session.saturating_sub(self.started.elapsed());
+            if left.is_zero() {
+                // Checked here too: with input always waiting, a read never times out.
+                let outputs = session.close_now(Reply::session_too_long());
+                self.drive(outputs, &mut session, &mut stream).await?;
+                return Ok(Ended::Closed);
+            }
             let wait = t.read.min(left);
             let outputs = tokio::select! {
                 read = tokio::time::timeout(wait, stream.read(&mut buf)) => match read {
@@ -292,7 +307,7 @@ impl Conversation<'_> {
                             r.bytes += n as u64;
                             let elapsed = r.since.elapsed();
                             if elapsed > t.data_rate_grace
-                                && r.bytes < t.min_data_rate.saturating_mul(elapsed.as_secs())
+                                && (r.bytes as f64) < t.min_data_rate as f64 * elapsed.as_secs_f64()
                             {
                                 outputs.extend(session.close_now(Reply::too_slow()));
                             }

@@ -319,6 +319,11 @@ impl Session {
                     Piece::Partial(_) => {
                         self.mode = Mode::DiscardingLongLine;
                     }
+                    Piece::Line(n) if n > self.config.max_command_line => {
+                        pos += n;
+                        self.mode = Mode::Command;
+                        self.error(out, Reply::line_too_long());
+                    }
                     Piece::Line(n) => {
                         pos += n;
                         let line = String::from_utf8_lossy(&rest[..n - 2]).into_owned();
@@ -492,7 +497,7 @@ impl Session {
     }
 
     fn command(&mut self, line: &[u8], out: &mut Vec<Output>) {
-        if let Some(reply) = overflowing_number(line) {
+        if let Some(reply) = overflowing_number(line).or_else(|| control_in_arguments(line)) {
             self.error(out, reply);
             return;
         }
@@ -775,6 +780,21 @@ fn overflowing_number(line: &[u8]) -> Option<Reply> {
         }
     }
     None
+}
+
+/// Control characters in a name or address are refused as such, before smtp-proto's parser
+/// would call them a syntax error of another kind.
+fn control_in_arguments(line: &[u8]) -> Option<Reply> {
+    let body = line.strip_suffix(b"\r\n").unwrap_or(line);
+    let verb_end = body.iter().position(|&b| b == b' ').unwrap_or(body.len());
+    let verb = &body[..verb_end];
+    let checked = [&b"MAIL"[..], b"RCPT", b"HELO", b"EHLO"]
+        .iter()
+        .any(|v| verb.eq_ignore_ascii_case(v));
+    let control = body[verb_end..]
+        .iter()
+        .any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f);
+    (checked && control).then(Reply::bad_characters)
 }
 
 fn proto_error_reply(err: &ProtoError) -> Reply {
