@@ -495,6 +495,9 @@ impl Settings {
         if !(d.rate > 0.0 && d.burst >= 1.0) {
             bail!("delivery: rate must be positive and burst at least 1");
         }
+        if d.retry_cap < d.retry_base {
+            bail!("delivery: retry_cap must not be smaller than retry_base");
+        }
         if d.window_margin >= d.upstream_window {
             bail!("delivery: window_margin must be smaller than upstream_window");
         }

@@ -587,70 +587,32 @@ async fn control_characters_in_names_and_addresses_get_501() {
     assert_reply(&a, &Reply::need_helo(), "503 5.5.1");
     let a = c.cmd("EHLO good.test").await;
     assert_eq!(a.code, 250);
+    // Whether smtp-proto would call the address a syntax error or not (a C0 control in an
+    // unquoted local part), the answer is the control-character one.
     for from in [
         "MAIL FROM:<a\x7f@example.com>",
         "MAIL FROM:<\"a\x1b\"@example.com>",
         "MAIL FROM:<a@exam\x7fple.com>",
-    ] {
-        let a = c.cmd(from).await;
-        assert_reply(&a, &Reply::bad_characters(), "501 5.5.2");
-    }
-    // A C0 control in an unquoted local part is already a syntax error to smtp-proto, which
-    // answers first (see control_characters_in_addresses_always_get_501_5_5_2 below).
-    for from in [
         "MAIL FROM:<a\x01b@example.com>",
         "MAIL FROM:<a\0b@example.com>",
     ] {
         let a = c.cmd(from).await;
-        assert_eq!(a.code, 501, "{from:?}: {a:?}");
-        let line = a.line();
-        assert!(
-            line == Reply::bad_characters().line() || line == Reply::bad_sender_address().line(),
-            "{from:?}: {line}"
-        );
+        assert_reply(&a, &Reply::bad_characters(), "501 5.5.2");
     }
     let a = c.cmd(&format!("MAIL FROM:<{FROM}>")).await;
     assert_reply(&a, &Reply::sender_ok(), "250 2.1.0");
     for rcpt in [
         "RCPT TO:<r@exa\x7fmple.com>",
         "RCPT TO:<\"r\x1b\"@example.com>",
+        "RCPT TO:<r\x01@example.com>",
+        "RCPT TO:<r\x1f@example.com>",
     ] {
         let a = c.cmd(rcpt).await;
         assert_reply(&a, &Reply::bad_characters(), "501 5.5.2");
-    }
-    for rcpt in ["RCPT TO:<r\x01@example.com>", "RCPT TO:<r\x1f@example.com>"] {
-        let a = c.cmd(rcpt).await;
-        assert_eq!(a.code, 501, "{rcpt:?}: {a:?}");
-        let line = a.line();
-        assert!(
-            line == Reply::bad_characters().line() || line == Reply::bad_recipient_address().line(),
-            "{rcpt:?}: {line}"
-        );
     }
     assert_reply(&c.cmd("RSET").await, &Reply::reset_ok(), "250 2.0.0");
     assert_eq!(relay.count("messages").await, 0);
     still_usable(&relay, &mut c, "ctl-after").await;
-}
-
-/// The contract's reply for a control character in an address is `501 5.5.2`, whatever the
-/// control character and wherever it sits.
-#[tokio::test]
-async fn control_characters_in_addresses_always_get_501_5_5_2() {
-    let relay = TestRelay::start().await;
-    let mut c = Client::ready(relay.addr).await;
-    for from in [
-        "MAIL FROM:<a\x01b@example.com>",
-        "MAIL FROM:<a\0b@example.com>",
-    ] {
-        let a = c.cmd(from).await;
-        assert_reply(&a, &Reply::bad_characters(), "501 5.5.2");
-    }
-    let a = c.cmd(&format!("MAIL FROM:<{FROM}>")).await;
-    assert_reply(&a, &Reply::sender_ok(), "250 2.1.0");
-    for rcpt in ["RCPT TO:<r\x01@example.com>", "RCPT TO:<r\x1f@example.com>"] {
-        let a = c.cmd(rcpt).await;
-        assert_reply(&a, &Reply::bad_characters(), "501 5.5.2");
-    }
 }
 
 /// A client that keeps sending garbage is thrown out after `max_errors`, pipelined or not.
