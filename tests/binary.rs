@@ -4,149 +4,22 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::process::{Command, ExitStatus, Output};
 use std::time::{Duration, Instant};
 
+use common::process::{idemrelay, serve_args, store_url, RelayProcess};
 use common::{corpus, corpus_dir, dot_stuff, message, Client};
-
-const BIN: &str = env!("CARGO_BIN_EXE_idemrelay");
-
-/// Generous: a debug build on a loaded two-core CI box may take a while to open the store.
-const STARTUP: Duration = Duration::from_secs(20);
 
 /// How long an idle relay may take to exit after SIGTERM (it has nothing to wait for).
 const QUICK_EXIT: Duration = Duration::from_secs(5);
 
-/// The binary with a clean configuration environment, so a developer's `IDEMRELAY_*` exports
-/// (or `IDEMRELAY_LOG=warn`, which would hide the port line) cannot change what is tested.
-fn idemrelay() -> Command {
-    let mut cmd = Command::new(BIN);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("IDEMRELAY_") {
-            cmd.env_remove(name);
-        }
-    }
-    cmd
-}
-
-fn store_url(db: &Path) -> String {
-    format!("sqlite://{}", db.display())
-}
-
-/// A running `idemrelay serve` on 127.0.0.1:0. It is SIGKILLed when dropped, so a failing
-/// assertion never leaves a relay behind.
-struct RelayProcess {
-    child: Child,
-    addr: SocketAddr,
-    /// Everything the relay wrote to stderr so far, for failure messages.
-    log: Arc<Mutex<String>>,
-}
-
-impl RelayProcess {
-    /// Starts the relay on `db` and waits until it reports the port it bound. It blocks, but
-    /// the async tests calling it have nothing else running on their runtime meanwhile.
-    fn start(db: &Path, extra: &[&str]) -> RelayProcess {
-        let mut child = idemrelay()
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--hostname",
-                "relay.test",
-            ])
-            .arg("--store")
-            .arg(store_url(db))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn idemrelay");
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (port_tx, port_rx) = mpsc::channel();
-        let sink = log.clone();
-        // The reader keeps draining after the port line, or a chatty relay would block on a
-        // full pipe; it ends by itself when the process closes stderr.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let addr = listening_addr(&line);
-                {
-                    let mut log = sink.lock().unwrap();
-                    log.push_str(&line);
-                    log.push('\n');
-                }
-                if let Some(addr) = addr {
-                    let _ = port_tx.send(addr);
-                }
-            }
-        });
-        let mut relay = RelayProcess {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log,
-        };
-        // Disconnected (the relay exited before listening) fails at once instead of waiting.
-        match port_rx.recv_timeout(STARTUP) {
-            Ok(addr) => relay.addr = addr,
-            Err(err) => panic!(
-                "relay did not report `listening on` ({err}); stderr:\n{}",
-                relay.log()
-            ),
-        }
-        relay
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Sends a signal the way an operator would (`kill -TERM pid`).
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} failed: {status}");
-    }
-
-    /// Waits for the process to end; panics with the relay's log if it outlives `within`.
-    async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "relay still running {within:?} after being told to stop; stderr:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// `... INFO idemrelay::app: listening on 127.0.0.1:PORT` → the address.
-fn listening_addr(line: &str) -> Option<SocketAddr> {
-    let rest = &line[line.find("listening on ")? + "listening on ".len()..];
-    rest.split_whitespace().next()?.parse().ok()
+/// Starts the relay on `db` and waits until it reports its port. It blocks, but the async
+/// tests calling it have nothing else running on their runtime meanwhile.
+fn start_relay(db: &Path, extra: &[&str]) -> RelayProcess {
+    RelayProcess::spawn(&serve_args(db, extra)).wait_ready()
 }
 
 /// Polls until a TCP connect to `addr` is refused. An accept racing the shutdown may still
@@ -239,7 +112,7 @@ fn swaks_submits_and_replays() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let relay = RelayProcess::start(&dir.path().join("relay.db"), &[]);
+    let relay = start_relay(&dir.path().join("relay.db"), &[]);
 
     let (status, first) = swaks(relay.addr, "swaks-key-1", None);
     assert!(status.success(), "swaks failed ({status}):\n{first}");
@@ -276,7 +149,7 @@ async fn restart_replays_after(stop: Stop) {
     let db = dir.path().join("relay.db");
     let msg = message(Some("restart-key"), "before restart", "accepted once");
 
-    let mut relay = RelayProcess::start(&db, &[]);
+    let mut relay = start_relay(&db, &[]);
     let mut client = Client::ready(relay.addr).await;
     let first = client
         .submit("sender@example.com", &["rcpt@example.com"], &msg)
@@ -302,7 +175,7 @@ async fn restart_replays_after(stop: Stop) {
         }
     }
 
-    let relay = RelayProcess::start(&db, &[]);
+    let relay = start_relay(&db, &[]);
     let mut client = Client::ready(relay.addr).await;
     let again = client
         .submit("sender@example.com", &["rcpt@example.com"], &msg)
@@ -332,7 +205,7 @@ async fn sigterm_lets_a_message_in_progress_finish() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("relay.db");
     let grace = Duration::from_secs(10);
-    let mut relay = RelayProcess::start(&db, &["--shutdown-grace", "10s"]);
+    let mut relay = start_relay(&db, &["--shutdown-grace", "10s"]);
     let addr = relay.addr;
 
     let mut idle = Client::ready(addr).await;
@@ -387,7 +260,7 @@ async fn sigterm_lets_a_message_in_progress_finish() {
     assert_refuses_connections(addr, Duration::ZERO).await;
 
     // The 250 given during shutdown was a commit like any other.
-    let relay = RelayProcess::start(&db, &[]);
+    let relay = start_relay(&db, &[]);
     let mut client = Client::ready(relay.addr).await;
     let again = client
         .submit("sender@example.com", &["rcpt@example.com"], &msg)
@@ -402,7 +275,7 @@ async fn sigterm_lets_a_message_in_progress_finish() {
 async fn sigterm_right_after_ready_is_graceful() {
     let dir = tempfile::tempdir().unwrap();
     for round in 0..20 {
-        let mut relay = RelayProcess::start(&dir.path().join("relay.db"), &[]);
+        let mut relay = start_relay(&dir.path().join("relay.db"), &[]);
         relay.signal("TERM");
         let status = relay.wait_exit(QUICK_EXIT).await;
         assert!(status.success(), "round {round}: {status}");
@@ -619,7 +492,7 @@ async fn key_derive_matches_what_the_relay_stores() {
     const RCPT_ON_WIRE: &[&str] = &["c@example.com", "b@example.com", "c@example.com"];
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("relay.db");
-    let relay = RelayProcess::start(&db, &[]);
+    let relay = start_relay(&db, &[]);
     let mut client = Client::ready(relay.addr).await;
 
     let messages = keyless_corpus();
@@ -695,7 +568,7 @@ async fn key_derive_matches_what_the_relay_stores() {
 async fn key_derive_reads_a_file_without_final_newline_as_sent() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("relay.db");
-    let relay = RelayProcess::start(&db, &[]);
+    let relay = start_relay(&db, &[]);
     let mut client = Client::ready(relay.addr).await;
     let file = dir.path().join("no-final-newline.eml");
     let msg = b"From: a@example.com\nSubject: no final newline\n\nlast line";

@@ -15,21 +15,14 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::process::{idemrelay, serve_args, RelayProcess};
 use common::{message, Client};
 use idemrelay::sink::{FaultRule, Outcome as SinkOutcome, Phase, Sink, SinkConfig, SinkHandle};
 use sqlx::{Row, SqlitePool};
-
-const BIN: &str = env!("CARGO_BIN_EXE_idemrelay");
-
-/// A debug build on a loaded two-core box may take a while to open the store.
-const STARTUP: Duration = Duration::from_secs(20);
 
 /// Upper bound for any one wait in these tests.
 const LIMIT: Duration = Duration::from_secs(20);
@@ -53,110 +46,21 @@ fn seed() -> u64 {
 
 // --- the relay process -------------------------------------------------------------------
 
-/// A running `idemrelay serve`; SIGKILLed when dropped so a failing test leaves nothing behind.
-struct RelayProcess {
-    child: Child,
-    addr: SocketAddr,
-    log: Arc<Mutex<String>>,
-}
-
-impl RelayProcess {
-    /// Starts the relay and waits (without blocking the runtime) for its `listening on` line.
-    async fn start(db: &Path, config: &Path, upstream: SocketAddr) -> RelayProcess {
-        let mut cmd = Command::new(BIN);
-        // A developer's IDEMRELAY_* exports must not change what is tested.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("IDEMRELAY_") {
-                cmd.env_remove(name);
-            }
-        }
-        let mut child = cmd
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--hostname",
-                "relay.test",
-            ])
-            .arg("--store")
-            .arg(format!("sqlite://{}", db.display()))
-            .arg("--config")
-            .arg(config)
-            .arg("--upstream")
-            .arg(format!("smtp://{upstream}?tls=none"))
-            .args(["--retry-base", "50ms", "--upstream-window", "3h"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn idemrelay");
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (port_tx, port_rx) = mpsc::channel();
-        let sink = log.clone();
-        // Keeps draining after the port line, or a chatty relay would block on a full pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let addr = listening_addr(&line);
-                {
-                    let mut log = sink.lock().unwrap();
-                    log.push_str(&line);
-                    log.push('\n');
-                }
-                if let Some(addr) = addr {
-                    let _ = port_tx.send(addr);
-                }
-            }
-        });
-        let started = Instant::now();
-        let addr = loop {
-            match port_rx.try_recv() {
-                Ok(addr) => break addr,
-                Err(mpsc::TryRecvError::Empty) if started.elapsed() < STARTUP => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                Err(err) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!(
-                        "relay did not report `listening on` ({err:?}); stderr:\n{}",
-                        log.lock().unwrap()
-                    );
-                }
-            }
-        };
-        RelayProcess { child, addr, log }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// SIGKILL: nothing of the relay runs after this returns.
-    fn kill(mut self) -> String {
-        self.child.kill().expect("SIGKILL the relay");
-        let status = self.child.wait().expect("reap the relay");
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(status.signal(), Some(9), "{status}");
-        // The reader thread may still hold the last lines; they are not needed.
-        self.log()
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// `... INFO idemrelay::app: listening on 127.0.0.1:PORT` → the address.
-fn listening_addr(line: &str) -> Option<SocketAddr> {
-    let rest = &line[line.find("listening on ")? + "listening on ".len()..];
-    rest.split_whitespace().next()?.parse().ok()
+/// The relay on `db` with the test's config file, delivering to the sink.
+async fn start_relay(db: &Path, config: &Path, upstream: SocketAddr) -> RelayProcess {
+    let config = config.display().to_string();
+    let upstream = format!("smtp://{upstream}?tls=none");
+    let extra = [
+        "--config",
+        &config,
+        "--upstream",
+        &upstream,
+        "--retry-base",
+        "50ms",
+        "--upstream-window",
+        "3h",
+    ];
+    RelayProcess::spawn(&serve_args(db, &extra)).ready().await
 }
 
 // --- the store, read from outside --------------------------------------------------------
@@ -399,7 +303,7 @@ impl Harness {
         let db = dir.path().join("relay.db");
         let config = dir.path().join("relay.toml");
         write_config(&config, connections, dot);
-        let relay = RelayProcess::start(&db, &config, sink.smtp_addr()).await;
+        let relay = start_relay(&db, &config, sink.smtp_addr()).await;
         Harness {
             _dir: dir,
             db,
@@ -430,7 +334,7 @@ impl Harness {
         between(&self.sink);
         let open_intents = open_intents(&self.db).await;
         let leased = leased_jobs(&self.db).await;
-        self.relay = Some(RelayProcess::start(&self.db, &self.config, self.sink.smtp_addr()).await);
+        self.relay = Some(start_relay(&self.db, &self.config, self.sink.smtp_addr()).await);
         Kill {
             at_sink,
             open_intents,
@@ -961,7 +865,7 @@ fn a_partial_timeouts_table_keeps_the_other_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("relay.toml");
     std::fs::write(&config, "[delivery.timeouts]\ndot = \"800ms\"\n").unwrap();
-    let out = Command::new(BIN)
+    let out = idemrelay()
         .env_remove("IDEMRELAY_CONFIG")
         .arg("check-config")
         .arg("--config")

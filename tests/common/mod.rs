@@ -2,6 +2,8 @@
 //! speaks over a real socket and hands back every reply line.
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
