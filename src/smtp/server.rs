@@ -155,7 +155,24 @@ pub async fn serve(
 async fn refuse(mut stream: TcpStream, reply: Reply) -> std::io::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&reply.to_bytes())).await;
     let _ = stream.shutdown().await;
+    linger(&mut stream).await;
     Ok(())
+}
+
+/// Reads and drops what the client still sends, briefly, after our last reply: closing with
+/// unread input makes the kernel send a reset, and the client may then never see that reply.
+async fn linger<S: AsyncRead + Unpin>(stream: &mut S) {
+    let mut buf = [0u8; 4096];
+    let mut drained = 0usize;
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while drained < 256 * 1024 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    })
+    .await;
 }
 
 async fn connection(
@@ -333,7 +350,7 @@ impl Conversation<'_> {
 
     /// Writes replies, runs intake and credential checks when asked, and repeats until the
     /// session has nothing more to say.
-    async fn drive<S: AsyncWrite + Unpin>(
+    async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         mut outputs: Vec<Output>,
         session: &mut Session,
@@ -358,6 +375,7 @@ impl Conversation<'_> {
             }
             if close {
                 let _ = stream.shutdown().await;
+                linger(stream).await;
                 return Ok(Step::Closed);
             }
             if starttls {
