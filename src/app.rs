@@ -14,7 +14,8 @@ use crate::delivery::upstream::UpstreamTarget;
 use crate::delivery::worker::{self, DeliverySettings};
 use crate::intake::{Intake, IntakeSettings};
 use crate::smtp::server::{
-    serve, ConnectionLimits, ListenerKind, ListenerPolicy, ServerContext, SessionTimeouts,
+    serve, AuthThrottle, ConnectionLimits, ListenerKind, ListenerPolicy, ServerContext,
+    SessionTimeouts,
 };
 use crate::smtp::session::SessionConfig;
 use crate::smtp::tls::TlsCerts;
@@ -77,6 +78,13 @@ impl Relay {
             Some(path) => Some(Arc::new(Users::load(path)?)),
             None => None,
         };
+        // A client gets ten AUTH failures per quarter hour, whatever it reconnects with.
+        let auth_throttle = Arc::new(AuthThrottle::new(
+            (settings.max_auth_failures as u32)
+                .saturating_mul(3)
+                .max(10),
+            Duration::from_secs(15 * 60),
+        ));
         let limits = Arc::new(ConnectionLimits::new(
             settings.max_connections,
             settings.max_connections_per_ip,
@@ -120,6 +128,7 @@ impl Relay {
                 tls: tls.clone(),
                 users: users.clone(),
                 auth_failure_delay: settings.auth_failure_delay,
+                auth_throttle: auth_throttle.clone(),
             })
         };
         let (stop, stop_rx) = watch::channel(false);

@@ -498,6 +498,9 @@ impl Settings {
         if d.retry_cap < d.retry_base {
             bail!("delivery: retry_cap must not be smaller than retry_base");
         }
+        if d.window_margin < d.timeouts.dot {
+            bail!("delivery: window_margin must cover timeouts.dot (a body sent just inside the window must land inside it)");
+        }
         if d.window_margin >= d.upstream_window {
             bail!("delivery: window_margin must be smaller than upstream_window");
         }

@@ -358,3 +358,32 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
         "old certificate still served"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleartext_auth_is_only_for_allow_listed_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[]).unwrap();
+    let mut settings = common::test_settings(dir.path());
+    settings.users_file = Some(users);
+    settings.allow_networks = vec!["10.0.0.0/8".parse().unwrap()];
+    let relay = TestRelay::start_in(dir, settings).await;
+    let mut c = Client::ready(relay.addr).await;
+    let ehlo = c.cmd("EHLO attacker.example").await;
+    assert!(
+        !ehlo.lines.iter().any(|l| l.starts_with("AUTH")),
+        "{ehlo:?}"
+    );
+    assert_eq!(
+        c.cmd("AUTH PLAIN AGFsaWNlAGNvcnJlY3QgaG9yc2U=")
+            .await
+            .line(),
+        "538 5.7.11 Encryption required for requested authentication mechanism"
+    );
+    assert_eq!(
+        c.cmd("MAIL FROM:<a@example.com>").await.line(),
+        "530 5.7.0 Authentication required"
+    );
+    c.quit().await;
+    assert_eq!(relay.count("messages").await, 0);
+}

@@ -257,8 +257,15 @@ impl UpstreamClient {
         })
     }
 
-    /// Sends one message and classifies what happened.
-    pub async fn send(&mut self, envelope: &Envelope<'_>, message: &[u8]) -> Outcome {
+    /// Sends one message and classifies what happened. With `data_by`, the message is not
+    /// sent if DATA would start after that instant (the upstream's idempotency window for an
+    /// earlier UNKNOWN attempt is closing): the attempt ends transient, before the dot.
+    pub async fn send(
+        &mut self,
+        envelope: &Envelope<'_>,
+        message: &[u8],
+        data_by: Option<Instant>,
+    ) -> Outcome {
         let reused = self.take_idle().await;
         let (mut conn, sent) = match reused {
             Some(idle) => (idle.conn, idle.sent),
@@ -267,7 +274,10 @@ impl UpstreamClient {
                 Err(e) => return classify(e.phase, e.failure),
             },
         };
-        match self.transaction(&mut conn, envelope, message).await {
+        match self
+            .transaction(&mut conn, envelope, message, data_by)
+            .await
+        {
             Ok((code, text)) => {
                 let outcome = after_dot(code, &text);
                 if matches!(outcome, Outcome::Accepted { .. }) && sent + 1 < self.max_per_connection
@@ -401,6 +411,7 @@ impl UpstreamClient {
         conn: &mut AsyncSmtpConnection,
         envelope: &Envelope<'_>,
         message: &[u8],
+        data_by: Option<Instant>,
     ) -> Result<(u16, String), PhaseError> {
         let t = &self.timeouts;
         let mut mail = format!("MAIL FROM:<{}>", envelope.mail_from);
@@ -420,6 +431,15 @@ impl UpstreamClient {
             )
             .await?;
             expect(Phase::Rcpt, &r, |c| (200..300).contains(&c))?;
+        }
+        if data_by.is_some_and(|by| Instant::now() >= by) {
+            return Err(PhaseError {
+                phase: Phase::Data,
+                failure: Failure::Other(
+                    "not sent: the upstream idempotency window for an earlier unknown attempt is closing"
+                        .into(),
+                ),
+            });
         }
         let go = phase(Phase::Data, t.data, conn.command(Line("DATA".into()))).await?;
         expect(Phase::Data, &go, |c| c == 354)?;

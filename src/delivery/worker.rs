@@ -253,7 +253,37 @@ impl Worker {
             eight_bit: job.eight_bit,
             smtputf8: job.smtputf8,
         };
-        let outcome = self.client.send(&envelope, &job.content).await;
+        let data_by = unknown_before.then(|| {
+            let left =
+                (policy.window - policy.window_margin).saturating_sub(ledger.since_first_attempt);
+            claimed_at + left
+        });
+        // The lease is renewed while the attempt runs: a slow upstream (a tarpit on every
+        // RCPT) must not let a second worker take the job and send it again meanwhile.
+        let owner = self.owner.clone();
+        let lease = self.shared.lease;
+        let outcome = {
+            let send = self.client.send(&envelope, &job.content, data_by);
+            tokio::pin!(send);
+            let mut renew = tokio::time::interval(lease / 3);
+            renew.tick().await;
+            loop {
+                tokio::select! {
+                    outcome = &mut send => break Some(outcome),
+                    _ = renew.tick() => {
+                        if !store.renew_lease(&job.id, &owner, lease).await.unwrap_or(true) {
+                            break None;
+                        }
+                    }
+                }
+            }
+        };
+        let Some(outcome) = outcome else {
+            // Dropping the send abandons the connection; the new holder has already recorded
+            // this attempt as UNKNOWN.
+            tracing::warn!(target: "idemrelay::attempt", id = %job.id, attempt, "lease lost during the attempt; abandoned");
+            return Ok(());
+        };
         let latency = started.elapsed();
         self.observe(&outcome);
         let ledger = ledger_at(
@@ -291,6 +321,17 @@ impl Worker {
                 dsn: self.dsn_for(&job, &outcome).map(Box::new),
             },
         };
+        // The outcome is known now; losing it to a passing store error would turn it into
+        // UNKNOWN and a resend, so the write is retried while the lease lasts.
+        let settled = settle_with_retry(
+            store.as_ref(),
+            &job.id,
+            &self.owner,
+            Some((attempt, &result)),
+            &settle,
+            claimed_at + self.shared.lease,
+        )
+        .await?;
         if account {
             store.pause(&result.reply, true).await?;
             tracing::error!(
@@ -300,10 +341,7 @@ impl Worker {
                 "ALERT delivery paused: the upstream refused the account; queue kept, probing"
             );
         }
-        if store
-            .settle(&job.id, &self.owner, Some((attempt, &result)), &settle)
-            .await?
-        {
+        if settled {
             tracing::info!(
                 target: "idemrelay::attempt",
                 id = %job.id,
@@ -348,7 +386,9 @@ impl Worker {
             return None;
         }
         let id = new_queue_id();
-        let key = dsn_key(&job.scope, job.key.as_deref().unwrap_or(&job.id));
+        // Per record, not per key: a key reused after retention may fail again and deserves
+        // its own notice.
+        let key = dsn_key(&job.scope, &job.id);
         let now_unix = crate::store::now_ms() / 1000;
         let report = build_dsn(&DsnInput {
             reporting_mta: &self.shared.settings.hostname,
@@ -455,6 +495,28 @@ async fn reclaim_dead_leases(store: Arc<dyn Store>, me: ProcessId) {
         ),
         Err(err) => {
             tracing::warn!(target: "idemrelay::delivery", error = %err, "cannot check for stale leases")
+        }
+    }
+}
+
+async fn settle_with_retry(
+    store: &dyn Store,
+    id: &str,
+    owner: &str,
+    attempt: Option<(u32, &AttemptResult)>,
+    settle: &Settle,
+    until: Instant,
+) -> anyhow::Result<bool> {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match store.settle(id, owner, attempt, settle).await {
+            Ok(held) => return Ok(held),
+            Err(err) if Instant::now() + pause < until => {
+                tracing::warn!(target: "idemrelay::store", error = %err, id, "cannot write the attempt outcome yet; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(err) => return Err(err.into()),
         }
     }
 }

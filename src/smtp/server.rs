@@ -59,6 +59,71 @@ pub struct SessionTimeouts {
     pub data_rate_grace: Duration,
 }
 
+/// The unit a client is counted by: its IPv4 address, or its IPv6 /64 (one host commonly has
+/// a whole /64 to pick addresses from).
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(bits.into())
+        }
+        v4 => v4,
+    }
+}
+
+/// Password checks are argon2 (tens of MB and ~100 ms each): at most a few run at once, and a
+/// client that keeps failing is turned away for a while, across reconnects.
+pub struct AuthThrottle {
+    running: tokio::sync::Semaphore,
+    failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
+    max_failures: u32,
+    window: Duration,
+}
+
+impl AuthThrottle {
+    pub fn new(max_failures: u32, window: Duration) -> Self {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        AuthThrottle {
+            running: tokio::sync::Semaphore::new(cpus),
+            failures: Mutex::new(HashMap::new()),
+            max_failures,
+            window,
+        }
+    }
+
+    pub fn blocked(&self, ip: IpAddr) -> bool {
+        let failures = self.failures.lock().expect("auth failures");
+        failures
+            .get(&client_key(ip))
+            .is_some_and(|(n, since)| *n >= self.max_failures && since.elapsed() < self.window)
+    }
+
+    pub fn record_failure(&self, ip: IpAddr) {
+        let mut failures = self.failures.lock().expect("auth failures");
+        if failures.len() > 100_000 {
+            // Bounded memory: forget expired entries, and everything if that is not enough.
+            failures.retain(|_, (_, since)| since.elapsed() < self.window);
+            if failures.len() > 100_000 {
+                failures.clear();
+            }
+        }
+        let entry = failures
+            .entry(client_key(ip))
+            .or_insert((0, Instant::now()));
+        if entry.1.elapsed() >= self.window {
+            *entry = (0, Instant::now());
+        }
+        entry.0 += 1;
+    }
+
+    pub fn record_success(&self, ip: IpAddr) {
+        self.failures
+            .lock()
+            .expect("auth failures")
+            .remove(&client_key(ip));
+    }
+}
+
 /// Global and per-address connection caps, shared by all listeners.
 pub struct ConnectionLimits {
     max_total: usize,
@@ -81,7 +146,7 @@ impl ConnectionLimits {
     }
 
     pub fn try_acquire(&self, ip: IpAddr) -> Option<ConnectionSlot<'_>> {
-        let ip = ip.to_canonical();
+        let ip = client_key(ip);
         let mut open = self.open.lock().expect("connection counts");
         let per_ip = open.1.get(&ip).copied().unwrap_or(0);
         if open.0 >= self.max_total || per_ip >= self.max_per_ip {
@@ -116,6 +181,7 @@ pub struct ServerContext {
     pub users: Option<Arc<Users>>,
     /// Delay before answering a failed AUTH (slows password guessing).
     pub auth_failure_delay: Duration,
+    pub auth_throttle: Arc<AuthThrottle>,
 }
 
 /// Accepts until `shutdown` flips; each connection holds a clone of `alive` so the owner can
@@ -260,7 +326,9 @@ async fn handshake(
     ctx: &ServerContext,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     let acceptor = ctx.tls.as_ref()?.acceptor();
-    match tokio::time::timeout(ctx.timeouts.read, acceptor.accept(stream)).await {
+    // A client that never sends its ClientHello must not hold a slot for a whole read timeout.
+    let limit = ctx.timeouts.read.min(Duration::from_secs(30));
+    match tokio::time::timeout(limit, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(err)) => {
             tracing::debug!(error = %err, "TLS handshake failed");
@@ -395,15 +463,30 @@ impl Conversation<'_> {
                     session.submission_done(reply)
                 }
                 Some(Output::Authenticate(presented)) => {
+                    let throttle = &self.ctx.auth_throttle;
+                    let peer = self.origin.peer;
+                    if throttle.blocked(peer) {
+                        tracing::warn!(target: "idemrelay::auth", %peer, "too many failed logins from this client; refused");
+                        let out = session.close_now(Reply::too_many_auth_failures());
+                        outputs = out;
+                        continue;
+                    }
                     let user = match self.ctx.users.clone() {
-                        Some(users) => tokio::task::spawn_blocking(move || {
-                            users.verify(&presented.user, &presented.password)
-                        })
-                        .await
-                        .ok()
-                        .flatten(),
+                        Some(users) => {
+                            let _running = throttle.running.acquire().await.ok();
+                            tokio::task::spawn_blocking(move || {
+                                users.verify(&presented.user, &presented.password)
+                            })
+                            .await
+                            .ok()
+                            .flatten()
+                        }
                         None => None,
                     };
+                    match user {
+                        Some(_) => throttle.record_success(peer),
+                        None => throttle.record_failure(peer),
+                    }
                     match &user {
                         Some(user) => {
                             tracing::info!(target: "idemrelay::auth", user = %user.name, peer = %self.origin.peer, "authenticated")

@@ -223,8 +223,10 @@ impl Session {
         self.user.as_ref()
     }
 
+    /// Over TLS; in cleartext only on the plain listener and only to allow-listed clients,
+    /// so a password never crosses an untrusted network unencrypted.
     fn auth_offered(&self) -> bool {
-        self.config.auth && (self.tls || !self.config.require_tls)
+        self.config.auth && (self.tls || (!self.config.require_tls && self.may_submit))
     }
 
     pub fn greeting(&self) -> Reply {

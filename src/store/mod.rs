@@ -238,6 +238,10 @@ pub trait Store: Send + Sync {
         settle: &Settle,
     ) -> Result<bool, StoreError>;
 
+    /// Extends a lease still held by `owner`; false if it was lost.
+    async fn renew_lease(&self, id: &str, owner: &str, lease: Duration)
+        -> Result<bool, StoreError>;
+
     /// Owners of leases that have not expired yet.
     async fn lease_owners(&self) -> Result<Vec<String>, StoreError>;
 

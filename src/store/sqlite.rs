@@ -506,6 +506,27 @@ impl Store for SqliteStore {
         Ok(true)
     }
 
+    async fn renew_lease(
+        &self,
+        id: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = now_ms();
+        Ok(sqlx::query(
+            "UPDATE delivery_jobs SET lease_until = ?
+             WHERE message_id = ? AND lease_owner = ? AND lease_until > ?",
+        )
+        .bind(now.saturating_add(retention_ms(lease)))
+        .bind(id)
+        .bind(owner)
+        .bind(now)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
     async fn lease_owners(&self) -> Result<Vec<String>, StoreError> {
         Ok(sqlx::query_scalar(
             "SELECT DISTINCT lease_owner FROM delivery_jobs
