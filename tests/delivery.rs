@@ -528,3 +528,37 @@ async fn a_plaintext_upstream_without_starttls_is_refused_for_smtp_urls() {
     assert_eq!(attempt.outcome.as_deref(), Some("transient"));
     assert_eq!(sink.transactions().len(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_that_are_still_refused_at_mail_keep_the_queue_paused() {
+    let sink = sink().await;
+    // The first attempt and the next two probes meet the refusal at MAIL.
+    sink.set_faults(vec![FaultRule::reply(
+        SinkPhase::Mail,
+        554,
+        "5.7.1 Sending quota exceeded for this account",
+    )
+    .with_times(3)])
+        .unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.delivery.pause_probe_interval = Duration::from_millis(200);
+    })
+    .await;
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(Some("quota-1"), "s", "b"),
+    )
+    .await;
+    eventually(LIMIT, "the pause", || async {
+        relay.store().paused().await.unwrap().map(|_| ())
+    })
+    .await;
+    wait_state(&relay, &id, State::Delivered).await;
+    // Probes are not attempts: one refused attempt, then the delivery.
+    let ledger = relay.store().attempts(&id).await.unwrap();
+    let outcomes: Vec<_> = ledger.iter().map(|a| a.outcome.clone().unwrap()).collect();
+    assert_eq!(outcomes, vec!["transient", "accepted"], "{ledger:?}");
+    assert_eq!(sink.faults()[0].fired, 3, "the probes met the refusal too");
+}

@@ -297,16 +297,28 @@ impl UpstreamClient {
         }
     }
 
-    /// Connect, greeting/EHLO, STARTTLS, AUTH: a probe of the account uses this alone.
+    /// A probe of the account: connect, greeting/EHLO, STARTTLS, AUTH, then a MAIL FROM:<>
+    /// (quota and suspension refusals often come only there) that is reset, never sent.
     pub async fn probe(&mut self) -> Result<(), Outcome> {
         self.conn = None;
-        match self.open().await {
-            Ok(mut conn) => {
-                let _ = tokio::time::timeout(Duration::from_secs(5), conn.quit()).await;
-                Ok(())
-            }
-            Err(e) => Err(classify(e.phase, e.failure)),
+        let mut conn = self
+            .open()
+            .await
+            .map_err(|e| classify(e.phase, e.failure))?;
+        let mail = phase(
+            Phase::Mail,
+            self.timeouts.mail,
+            conn.command(Line("MAIL FROM:<>".into())),
+        )
+        .await
+        .and_then(|r| expect(Phase::Mail, &r, |c| (200..300).contains(&c)));
+        if let Err(e) = mail {
+            return Err(classify(e.phase, e.failure));
         }
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), conn.command(Line("RSET".into()))).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), conn.quit()).await;
+        Ok(())
     }
 
     /// Closes an idle connection that is too old (call from an idle timer).
