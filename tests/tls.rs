@@ -387,3 +387,35 @@ async fn cleartext_auth_is_only_for_allow_listed_clients() {
     c.quit().await;
     assert_eq!(relay.count("messages").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_are_limited_across_reconnects() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[]).unwrap();
+    let mut settings = common::test_settings(dir.path());
+    settings.users_file = Some(users);
+    settings.auth_failure_delay = std::time::Duration::from_millis(10);
+    // Allow-listed loopback on the plain listener may AUTH in cleartext.
+    let relay = TestRelay::start_in(dir, settings).await;
+    // base64("\0alice\0wrong")
+    let wrong = "AUTH PLAIN AGFsaWNlAHdyb25n";
+    for _ in 0..10 {
+        let mut c = Client::ready(relay.addr).await;
+        assert_eq!(
+            c.cmd(wrong).await.line(),
+            "535 5.7.8 Authentication credentials invalid"
+        );
+        c.quit().await;
+    }
+    // A new connection does not start over: the client is turned away, even with the right
+    // password, until the window passes.
+    let mut c = Client::ready(relay.addr).await;
+    assert_eq!(
+        c.cmd("AUTH PLAIN AGFsaWNlAGNvcnJlY3QgaG9yc2U=")
+            .await
+            .line(),
+        "421 4.7.0 Too many authentication failures; closing connection"
+    );
+    assert!(c.is_closed().await);
+}
