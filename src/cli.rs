@@ -19,8 +19,23 @@ use crate::smtp::session::{BodyType, Envelope};
     about = "SMTP submission relay with exactly-once acceptance"
 )]
 pub struct Cli {
+    /// Log lines for people (`human`) or one JSON object per line (`json`), on stderr.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMRELAY_LOG_FORMAT",
+        value_enum,
+        default_value = "human"
+    )]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Human,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

@@ -585,3 +585,50 @@ async fn key_derive_reads_a_file_without_final_newline_as_sent() {
     assert_eq!(row.idem_key.as_deref(), Some(derived.key.as_str()));
     client.quit().await;
 }
+
+/// `--log-format json`: one JSON object per line, one event per submission with what an
+/// operator needs to answer "was this sent?", and never the body or the addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_have_one_event_per_submission_and_no_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = start_relay(&dir.path().join("relay.db"), &["--log-format", "json"]);
+    let mut client = Client::ready(relay.addr).await;
+    let msg = message(Some("json-log-1"), "subject-not-logged", "body-not-logged");
+    let answer = client
+        .submit(
+            "sender-not-logged@example.com",
+            &["rcpt-not-logged@example.com"],
+            &msg,
+        )
+        .await;
+    let id = answer.queue_id().expect("queued");
+    client.quit().await;
+    let log = common::eventually(Duration::from_secs(10), "the submission event", || {
+        let log = relay.log();
+        async move { log.contains("\"submission\"").then_some(log) }
+    })
+    .await;
+    let events: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let submission = events
+        .iter()
+        .find(|e| e["fields"]["message"] == "submission")
+        .expect("a submission event");
+    let f = &submission["fields"];
+    assert_eq!(f["id"], id.as_str());
+    assert_eq!(f["key"], "json-log-1");
+    assert_eq!(f["key_source"], "header");
+    assert_eq!(f["result"], "accepted");
+    assert_eq!(f["recipients"], 1);
+    assert_eq!(f["size"], msg.len());
+    for secret in [
+        "body-not-logged",
+        "subject-not-logged",
+        "sender-not-logged",
+        "rcpt-not-logged",
+    ] {
+        assert!(!log.contains(secret), "{secret} leaked into the log");
+    }
+}
