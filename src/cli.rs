@@ -1,4 +1,4 @@
-//! Command-line interface: `serve`, `check-config`, `key derive`.
+//! Command-line interface: `serve`, `check-config`, `key derive`, `queue`, ...
 
 use std::path::PathBuf;
 
@@ -11,6 +11,7 @@ use crate::intake::fingerprint::fingerprint;
 use crate::intake::key::{derive_key, read_key_header, KeyHeader};
 use crate::intake::message::scan_headers;
 use crate::smtp::session::{BodyType, Envelope};
+use crate::store::{AttemptRow, MessageSummary, Requeue, State, StoredMessage};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -111,6 +112,51 @@ pub enum QueueCommand {
     },
     /// Show whether delivery is paused, and why.
     Status,
+    /// List records, ordered by id.
+    List {
+        /// Only records in this state (queued, delivered, failed, unresolved, rejected).
+        #[arg(long, value_parser = parse_state)]
+        state: Option<State>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// List records with ids after this one (paging).
+        #[arg(long)]
+        after: Option<String>,
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one record (by id, or by idempotency key) with its replies and every attempt.
+    Show {
+        id_or_key: String,
+        /// Scope of a key (defaults to the configured `scope`).
+        #[arg(long)]
+        scope: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Requeue a `failed` or `unresolved` record for delivery now.
+    Retry {
+        id: String,
+        /// Required for an `unresolved` record: the upstream may already have it, so a retry
+        /// can deliver a second copy.
+        #[arg(long)]
+        confirm_duplicate_risk: bool,
+    },
+    /// Fail a queued record that is not being delivered right now (no DSN is sent).
+    Cancel { id: String },
+    /// Delete records past the configured retention.
+    Purge {
+        /// Delete terminal records older than `retention` (the only purge there is).
+        #[arg(long, required = true)]
+        expired: bool,
+    },
+}
+
+fn parse_state(s: &str) -> Result<State, String> {
+    State::parse(s).ok_or_else(|| {
+        format!("unknown state {s:?} (queued, delivered, failed, unresolved, rejected)")
+    })
 }
 
 #[derive(Debug, Subcommand)]
@@ -215,9 +261,272 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
                 Some(pause) => println!("paused by an operator: {}", pause.reason),
                 None => println!("running"),
             },
+            QueueCommand::List {
+                state,
+                limit,
+                after,
+                json,
+            } => {
+                let rows = store.list(state, limit, after.as_deref()).await?;
+                if json {
+                    let rows: Vec<_> = rows.iter().map(summary_json).collect();
+                    println!("{}", serde_json::to_string_pretty(&rows)?);
+                } else {
+                    print!("{}", list_table(&rows));
+                }
+            }
+            QueueCommand::Show {
+                id_or_key,
+                scope,
+                json,
+            } => {
+                let message = match store.message(&id_or_key).await? {
+                    Some(message) => Some(message),
+                    None => {
+                        let scope = scope.as_deref().unwrap_or(&settings.scope);
+                        match store.lookup(scope, &id_or_key, settings.retention).await? {
+                            Some(found) => store.message(&found.id).await?,
+                            None => None,
+                        }
+                    }
+                };
+                let Some(message) = message else {
+                    anyhow::bail!(
+                        "no record with id {id_or_key:?}, nor a live one with that key in scope {:?}",
+                        scope.as_deref().unwrap_or(&settings.scope)
+                    );
+                };
+                let attempts = store.attempts(&message.id).await?;
+                if json {
+                    let value = show_json(&message, &attempts);
+                    println!("{}", serde_json::to_string_pretty(&value)?);
+                } else {
+                    print!("{}", show_text(&message, &attempts));
+                }
+            }
+            QueueCommand::Retry {
+                id,
+                confirm_duplicate_risk,
+            } => match store.requeue(&id, confirm_duplicate_risk).await? {
+                Requeue::Requeued => println!("requeued {id}"),
+                Requeue::NotFound => anyhow::bail!("no record with id {id:?}"),
+                Requeue::WrongState(state) => anyhow::bail!(
+                    "{id} is {}: only failed or unresolved records can be retried",
+                    state.as_str()
+                ),
+                Requeue::NeedsConfirmation => anyhow::bail!(
+                    "{id} is unresolved: the upstream may already have accepted it (its reply \
+                     after the final dot was lost), so a retry may deliver a second copy; check \
+                     with the upstream first, then rerun with --confirm-duplicate-risk"
+                ),
+                Requeue::ContentGone => {
+                    anyhow::bail!("{id} can not be retried: its content is no longer stored")
+                }
+            },
+            QueueCommand::Cancel { id } => {
+                if store.cancel(&id).await? {
+                    println!("cancelled {id}: failed, no DSN sent");
+                } else {
+                    match store.message(&id).await? {
+                        None => anyhow::bail!("no record with id {id:?}"),
+                        Some(m) if m.state == State::Queued => anyhow::bail!(
+                            "{id} is being delivered right now (leased by a worker); try again \
+                             when the attempt has finished"
+                        ),
+                        Some(m) => anyhow::bail!(
+                            "{id} is {}: only queued records can be cancelled",
+                            m.state.as_str()
+                        ),
+                    }
+                }
+            }
+            QueueCommand::Purge { expired } => {
+                debug_assert!(expired);
+                let n = store.purge_expired(settings.retention).await?;
+                println!(
+                    "purged {n} expired record(s) (retention {})",
+                    humantime::format_duration(settings.retention)
+                );
+            }
         }
         Ok(())
     })
+}
+
+fn time_ms(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+fn summary_json(s: &MessageSummary) -> serde_json::Value {
+    serde_json::json!({
+        "id": s.id,
+        "scope": s.scope,
+        "key": s.key,
+        "state": s.state.as_str(),
+        "accepted_at": time_ms(s.accepted_at_ms),
+        "accepted_at_ms": s.accepted_at_ms,
+        "attempts": s.attempts,
+        "last_outcome": s.last_outcome,
+        "last_phase": s.last_phase,
+        "last_code": s.last_code,
+        "upstream_reply": s.upstream_reply,
+    })
+}
+
+fn attempt_json(a: &AttemptRow) -> serde_json::Value {
+    serde_json::json!({
+        "attempt": a.attempt,
+        "owner": a.owner,
+        "started_at": time_ms(a.started_at_ms),
+        "started_at_ms": a.started_at_ms,
+        "finished_at_ms": a.finished_at_ms,
+        "outcome": a.outcome,
+        "phase": a.phase,
+        "code": a.code,
+        "reply": a.reply,
+    })
+}
+
+fn show_json(m: &StoredMessage, attempts: &[AttemptRow]) -> serde_json::Value {
+    serde_json::json!({
+        "id": m.id,
+        "scope": m.scope,
+        "key": m.key,
+        "key_source": m.key_source,
+        "fingerprint": m.fingerprint.to_hex(),
+        "state": m.state.as_str(),
+        "mail_from": m.mail_from,
+        "rcpt_to": m.rcpt_to,
+        "accepted_at": time_ms(m.accepted_at_ms),
+        "accepted_at_ms": m.accepted_at_ms,
+        "finished_at_ms": m.finished_at_ms,
+        "reply": m.reply,
+        "upstream_reply": m.upstream_reply,
+        "queued_job": m.has_job,
+        "content_stored": m.content.is_some(),
+        "attempts": attempts.iter().map(attempt_json).collect::<Vec<_>>(),
+    })
+}
+
+/// Left-aligned columns separated by two spaces.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+fn or_dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+fn list_table(rows: &[MessageSummary]) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|s| {
+            let last = match &s.last_outcome {
+                Some(outcome) => {
+                    let mut last = outcome.clone();
+                    if let Some(phase) = &s.last_phase {
+                        last.push_str(&format!("@{phase}"));
+                    }
+                    if let Some(code) = s.last_code {
+                        last.push_str(&format!(" {code}"));
+                    }
+                    last
+                }
+                None if s.attempts > 0 => "open".to_string(),
+                None => "-".to_string(),
+            };
+            vec![
+                s.id.clone(),
+                s.state.as_str().to_string(),
+                s.scope.clone(),
+                or_dash(s.key.as_deref()),
+                time_ms(s.accepted_at_ms),
+                s.attempts.to_string(),
+                last,
+                or_dash(s.upstream_reply.as_deref()),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ID", "STATE", "SCOPE", "KEY", "ACCEPTED", "ATTEMPTS", "LAST", "REPLY",
+        ],
+        &cells,
+    )
+}
+
+fn show_text(m: &StoredMessage, attempts: &[AttemptRow]) -> String {
+    let mut out = String::new();
+    let mut field = |name: &str, value: String| out.push_str(&format!("{name:<16}{value}\n"));
+    field("id", m.id.clone());
+    field("state", m.state.as_str().to_string());
+    field("scope", m.scope.clone());
+    field(
+        "key",
+        format!("{} ({})", or_dash(m.key.as_deref()), m.key_source),
+    );
+    field("fingerprint", m.fingerprint.to_hex());
+    field("mail from", format!("<{}>", m.mail_from));
+    field("rcpt to", m.rcpt_to.join(", "));
+    field("accepted at", time_ms(m.accepted_at_ms));
+    field("finished at", or_dash(m.finished_at_ms.map(time_ms)));
+    field("reply", m.reply.clone());
+    field("upstream reply", or_dash(m.upstream_reply.as_deref()));
+    field(
+        "content",
+        if m.content.is_some() {
+            "stored"
+        } else {
+            "not stored"
+        }
+        .to_string(),
+    );
+    out.push_str(&format!("attempts        {}\n", attempts.len()));
+    if !attempts.is_empty() {
+        let rows: Vec<Vec<String>> = attempts
+            .iter()
+            .map(|a| {
+                vec![
+                    a.attempt.to_string(),
+                    time_ms(a.started_at_ms),
+                    or_dash(a.finished_at_ms.map(time_ms)),
+                    a.outcome.clone().unwrap_or_else(|| "open".into()),
+                    or_dash(a.phase.as_deref()),
+                    or_dash(a.code),
+                    or_dash(a.reply.as_deref()),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &[
+                "#", "STARTED", "FINISHED", "OUTCOME", "PHASE", "CODE", "REPLY",
+            ],
+            &rows,
+        ));
+    }
+    out
 }
 
 fn serve(settings: &Settings) -> anyhow::Result<()> {

@@ -104,6 +104,39 @@ pub struct StoredMessage {
     pub reply: String,
     pub accepted_at_ms: i64,
     pub has_job: bool,
+    /// When the record reached its terminal state.
+    pub finished_at_ms: Option<i64>,
+    /// The upstream's reply (or the relay's reason) for a terminal record.
+    pub upstream_reply: Option<String>,
+}
+
+/// One record as listed by `queue list`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageSummary {
+    pub id: String,
+    pub scope: String,
+    pub key: Option<String>,
+    pub state: State,
+    pub accepted_at_ms: i64,
+    /// Rows in the attempt ledger.
+    pub attempts: u32,
+    pub last_outcome: Option<String>,
+    pub last_phase: Option<String>,
+    pub last_code: Option<u16>,
+    pub upstream_reply: Option<String>,
+}
+
+/// What an operator's requeue did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeue {
+    Requeued,
+    NotFound,
+    /// Only `failed` and `unresolved` records can be requeued.
+    WrongState(State),
+    /// The record is `unresolved`: a requeue may send a second copy, so it needs confirming.
+    NeedsConfirmation,
+    /// The record's bytes are no longer stored, so there is nothing to resend.
+    ContentGone,
 }
 
 /// A queued message handed to one worker under a lease, with the facts of its ledger.
@@ -253,6 +286,21 @@ pub trait Store: Send + Sync {
     async fn release(&self, id: &str, owner: &str, after: Duration) -> Result<(), StoreError>;
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError>;
+
+    /// Records ordered by id, optionally in one state, after `after_id` (for paging).
+    async fn list(
+        &self,
+        state: Option<State>,
+        limit: usize,
+        after_id: Option<&str>,
+    ) -> Result<Vec<MessageSummary>, StoreError>;
+
+    /// Puts a `failed` (or, with `allow_unresolved`, an `unresolved`) record back in the queue
+    /// with a job due now; its ledger is kept and later attempts continue its numbering.
+    async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError>;
+
+    /// Fails a queued record whose job is not leased right now (no DSN). False otherwise.
+    async fn cancel(&self, id: &str) -> Result<bool, StoreError>;
 
     /// Relay-wide delivery pause; `None` when running.
     async fn paused(&self) -> Result<Option<Pause>, StoreError>;

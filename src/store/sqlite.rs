@@ -15,8 +15,8 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Row, SqliteConnection};
 
 use super::{
-    now_ms, retention_ms, AttemptResult, AttemptRow, Claimed, Existing, Insert, NewRecord, Pause,
-    Settle, State, Store, StoreError, StoredMessage,
+    now_ms, retention_ms, AttemptResult, AttemptRow, Claimed, Existing, Insert, MessageSummary,
+    NewRecord, Pause, Requeue, Settle, State, Store, StoreError, StoredMessage,
 };
 use crate::intake::fingerprint::Fingerprint;
 
@@ -245,6 +245,8 @@ impl Store for SqliteStore {
             reply: existing.reply,
             accepted_at_ms: row.try_get("accepted_at")?,
             has_job: row.try_get("has_job")?,
+            finished_at_ms: row.try_get("finished_at")?,
+            upstream_reply: row.try_get("upstream_reply")?,
         }))
     }
 
@@ -591,6 +593,142 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    async fn list(
+        &self,
+        state: Option<State>,
+        limit: usize,
+        after_id: Option<&str>,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT m.id, m.scope, m.idem_key, m.state, m.accepted_at, m.upstream_reply,
+                    (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
+                    l.outcome, l.phase, l.code
+             FROM messages m
+             LEFT JOIN attempts l ON l.message_id = m.id
+                AND l.attempt = (SELECT MAX(attempt) FROM attempts x WHERE x.message_id = m.id)
+             WHERE (?1 IS NULL OR m.state = ?1) AND (?2 IS NULL OR m.id > ?2)
+             ORDER BY m.id
+             LIMIT ?3",
+        )
+        .bind(state.map(State::as_str))
+        .bind(after_id)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let id: String = r.try_get("id")?;
+                let state: String = r.try_get("state")?;
+                Ok(MessageSummary {
+                    state: State::parse(&state).ok_or(StoreError::Corrupt {
+                        id: id.clone(),
+                        what: "state",
+                    })?,
+                    scope: r.try_get("scope")?,
+                    key: r.try_get("idem_key")?,
+                    accepted_at_ms: r.try_get("accepted_at")?,
+                    attempts: r.try_get::<i64, _>("attempts")? as u32,
+                    last_outcome: r.try_get("outcome")?,
+                    last_phase: r.try_get("phase")?,
+                    last_code: r.try_get::<Option<i64>, _>("code")?.map(|c| c as u16),
+                    upstream_reply: r.try_get("upstream_reply")?,
+                    id,
+                })
+            })
+            .collect()
+    }
+
+    async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let row = sqlx::query(
+            "SELECT state, content IS NOT NULL AS has_content FROM messages WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return Ok(Requeue::NotFound);
+        };
+        let state: String = row.try_get("state")?;
+        let state = State::parse(&state).ok_or(StoreError::Corrupt {
+            id: id.to_string(),
+            what: "state",
+        })?;
+        let refusal = match state {
+            State::Failed => None,
+            State::Unresolved if allow_unresolved => None,
+            State::Unresolved => Some(Requeue::NeedsConfirmation),
+            other => Some(Requeue::WrongState(other)),
+        };
+        let refusal =
+            refusal.or((!row.try_get::<bool, _>("has_content")?).then_some(Requeue::ContentGone));
+        if let Some(refusal) = refusal {
+            tx.rollback().await?;
+            return Ok(refusal);
+        }
+        sqlx::query(
+            "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL
+             WHERE id = ?",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        // A terminal record has no job; a stray one would make the insert fail.
+        sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        insert_job(&mut tx, id, now_ms()).await?;
+        tx.commit().await?;
+        Ok(Requeue::Requeued)
+    }
+
+    async fn cancel(&self, id: &str) -> Result<bool, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_ms();
+        let free: Option<i64> = sqlx::query_scalar(
+            "SELECT 1 FROM messages m JOIN delivery_jobs j ON j.message_id = m.id
+             WHERE m.id = ?1 AND m.state = 'queued'
+               AND (j.lease_until IS NULL OR j.lease_until <= ?2)",
+        )
+        .bind(id)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if free.is_none() {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        // An intent left open by a dead worker stays on record as unknown, as a claim would.
+        sqlx::query(
+            "UPDATE attempts SET outcome = 'unknown', finished_at = ?,
+                reply = 'worker stopped with this attempt open; outcome unknown'
+             WHERE message_id = ? AND outcome IS NULL",
+        )
+        .bind(now)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE messages SET state = 'failed', finished_at = ?,
+                upstream_reply = 'cancelled by an operator'
+             WHERE id = ?",
+        )
+        .bind(now)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
     async fn paused(&self) -> Result<Option<Pause>, StoreError> {
         let row = sqlx::query("SELECT paused_at, reason, probe FROM delivery_control WHERE id = 1")
             .fetch_one(&self.pool)
@@ -631,5 +769,151 @@ impl Store for SqliteStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::smtp::session::{BodyType, Envelope};
+
+    const LEASE: Duration = Duration::from_secs(60);
+
+    async fn store(dir: &tempfile::TempDir) -> SqliteStore {
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        SqliteStore::open(&url, Duration::from_secs(5))
+            .await
+            .unwrap()
+    }
+
+    fn record(id: &str, key: &str) -> NewRecord {
+        NewRecord {
+            id: id.into(),
+            scope: "s".into(),
+            key: Some(key.into()),
+            key_source: "header",
+            fingerprint: Fingerprint::from_bytes([7; 32]),
+            envelope: Envelope {
+                mail_from: "a@example.com".into(),
+                rcpt_to: vec!["b@example.com".into()],
+                body: BodyType::SevenBit,
+                smtputf8: false,
+            },
+            content: Some(b"Subject: x\r\n\r\nbody\r\n".to_vec()),
+            size: 20,
+            state: State::Queued,
+            reply: "250 ok".into(),
+            dsn_of: None,
+        }
+    }
+
+    /// Claims `id` and settles one attempt with `outcome` into `settle`.
+    async fn attempt(store: &SqliteStore, id: &str, outcome: &'static str, settle: Settle) {
+        let job = store.claim("w", LEASE).await.unwrap().unwrap();
+        assert_eq!(job.id, id);
+        let n = job.attempts + 1;
+        assert!(store.begin_attempt(id, "w", n).await.unwrap());
+        let result = AttemptResult {
+            outcome,
+            phase: Some("rcpt"),
+            code: Some(550),
+            reply: "550 no".into(),
+        };
+        assert!(store
+            .settle(id, "w", Some((n, &result)), &settle)
+            .await
+            .unwrap());
+    }
+
+    #[tokio::test]
+    async fn store_requeue_of_failed_keeps_the_ledger_and_continues_numbering() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        let retention = Duration::from_secs(3600);
+        store.insert(&record("m1", "k1"), retention).await.unwrap();
+        let failed = Settle::Failed {
+            upstream_reply: "550 no".into(),
+            dsn: None,
+        };
+        attempt(&store, "m1", "permanent", failed).await;
+        let listed = store.list(Some(State::Failed), 10, None).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].attempts, 1);
+        assert_eq!(listed[0].last_code, Some(550));
+        assert_eq!(listed[0].upstream_reply.as_deref(), Some("550 no"));
+
+        assert_eq!(
+            store.requeue("nope", false).await.unwrap(),
+            Requeue::NotFound
+        );
+        assert_eq!(store.requeue("m1", false).await.unwrap(), Requeue::Requeued);
+        let m = store.message("m1").await.unwrap().unwrap();
+        assert_eq!(m.state, State::Queued);
+        assert!(m.has_job);
+        assert_eq!(m.upstream_reply, None);
+        assert_eq!(m.finished_at_ms, None);
+        assert_eq!(
+            store.requeue("m1", true).await.unwrap(),
+            Requeue::WrongState(State::Queued)
+        );
+        let job = store.claim("w2", LEASE).await.unwrap().unwrap();
+        assert_eq!(job.attempts, 1, "the next attempt is number 2");
+    }
+
+    #[tokio::test]
+    async fn store_requeue_of_unresolved_needs_confirmation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        store
+            .insert(&record("m1", "k1"), Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let unresolved = Settle::Unresolved {
+            upstream_reply: "unknown".into(),
+        };
+        attempt(&store, "m1", "unknown", unresolved).await;
+        assert_eq!(
+            store.requeue("m1", false).await.unwrap(),
+            Requeue::NeedsConfirmation
+        );
+        assert_eq!(
+            store.message("m1").await.unwrap().unwrap().state,
+            State::Unresolved
+        );
+        assert_eq!(store.requeue("m1", true).await.unwrap(), Requeue::Requeued);
+        assert_eq!(
+            store.message("m1").await.unwrap().unwrap().state,
+            State::Queued
+        );
+    }
+
+    #[tokio::test]
+    async fn store_cancel_fails_an_unleased_queued_record_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        let retention = Duration::from_secs(3600);
+        store.insert(&record("m1", "k1"), retention).await.unwrap();
+        store.insert(&record("m2", "k2"), retention).await.unwrap();
+        let leased = store.claim("w", LEASE).await.unwrap().unwrap();
+        assert!(!store.cancel(&leased.id).await.unwrap(), "leased right now");
+        let other = if leased.id == "m1" { "m2" } else { "m1" };
+        assert!(store.cancel(other).await.unwrap());
+        let m = store.message(other).await.unwrap().unwrap();
+        assert_eq!(m.state, State::Failed);
+        assert!(!m.has_job);
+        assert_eq!(
+            m.upstream_reply.as_deref(),
+            Some("cancelled by an operator")
+        );
+        assert!(!store.cancel(other).await.unwrap(), "already terminal");
+        assert!(!store.cancel("nope").await.unwrap());
+        // Paging by id.
+        let page = store.list(None, 1, None).await.unwrap();
+        assert_eq!(page[0].id, "m1");
+        let next = store.list(None, 10, Some("m1")).await.unwrap();
+        assert_eq!(
+            next.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["m2"]
+        );
     }
 }

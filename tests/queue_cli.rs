@@ -1,0 +1,328 @@
+//! `idemrelay queue list|show|retry|cancel|purge` run as an operator would: the built binary
+//! against the store of a running in-process relay, with `idemrelay sink` as the upstream.
+
+mod common;
+
+use std::process::Output;
+use std::time::Duration;
+
+use common::process::{idemrelay, store_url};
+use common::{eventually, fast_delivery, message, Client, TestRelay};
+use idemrelay::sink::{FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandle};
+use idemrelay::store::State;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+async fn sink() -> SinkHandle {
+    Sink::start(SinkConfig::default()).await.expect("sink")
+}
+
+async fn relay_for(
+    sink: &SinkHandle,
+    tune: impl FnOnce(&mut idemrelay::config::Settings),
+) -> TestRelay {
+    let addr = sink.smtp_addr();
+    TestRelay::start_with(|s| {
+        fast_delivery(s, addr);
+        tune(s);
+    })
+    .await
+}
+
+async fn submit(relay: &TestRelay, to: &str, msg: &[u8]) -> String {
+    let mut c = Client::ready(relay.addr).await;
+    let answer = c.submit("sender@example.com", &[to], msg).await;
+    c.quit().await;
+    answer
+        .queue_id()
+        .unwrap_or_else(|| panic!("not accepted: {answer:?}"))
+}
+
+async fn wait_state(relay: &TestRelay, id: &str, state: State) {
+    eventually(LIMIT, &format!("{id} to become {state:?}"), || async {
+        (relay.stored(id).await.state == state).then_some(())
+    })
+    .await;
+}
+
+/// The result of one `idemrelay queue --store URL ARGS...` run.
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", self.stdout))
+    }
+}
+
+/// Runs the binary off the runtime's threads (the relay shares them).
+async fn queue(relay: &TestRelay, args: &[&str]) -> Run {
+    let mut cmd = idemrelay();
+    cmd.arg("queue")
+        .arg("--store")
+        .arg(store_url(&relay.db_path()))
+        .args(args);
+    let out: Output = tokio::task::spawn_blocking(move || cmd.output().expect("run idemrelay"))
+        .await
+        .unwrap();
+    Run {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn ok(relay: &TestRelay, args: &[&str]) -> Run {
+    let run = queue(relay, args).await;
+    assert!(
+        run.ok,
+        "queue {args:?} failed:\n{}\n{}",
+        run.stdout, run.stderr
+    );
+    run
+}
+
+async fn refused(relay: &TestRelay, args: &[&str]) -> Run {
+    let run = queue(relay, args).await;
+    assert!(!run.ok, "queue {args:?} succeeded:\n{}", run.stdout);
+    run
+}
+
+/// The table row that starts with `id`.
+fn row<'a>(table: &'a str, id: &str) -> &'a str {
+    table
+        .lines()
+        .find(|l| l.starts_with(id))
+        .unwrap_or_else(|| panic!("no row for {id}:\n{table}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_message_is_listed_shown_and_delivered_after_retry() {
+    let sink = sink().await;
+    sink.set_faults(vec![FaultRule::reply(
+        SinkPhase::Rcpt,
+        550,
+        "5.1.1 no such user",
+    )
+    .with_rcpt("nobody@")
+    .with_times(1)])
+        .unwrap();
+    let relay = relay_for(&sink, |_| {}).await;
+    let id = submit(
+        &relay,
+        "nobody@example.com",
+        &message(Some("retry-1"), "s", "b"),
+    )
+    .await;
+    wait_state(&relay, &id, State::Failed).await;
+    // The DSN to the sender.
+    sink.wait_for_messages(1, LIMIT).await.unwrap();
+
+    let list = ok(&relay, &["list"]).await.stdout;
+    assert!(list.starts_with("ID "), "{list}");
+    let line = row(&list, &id);
+    for part in [
+        "failed",
+        "default",
+        "retry-1",
+        "permanent@rcpt 550",
+        "5.1.1",
+    ] {
+        assert!(line.contains(part), "{part:?} missing from {line:?}");
+    }
+
+    let failed = ok(&relay, &["list", "--state", "failed", "--json"])
+        .await
+        .json();
+    let failed = failed.as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["id"], id.as_str());
+    assert_eq!(failed[0]["state"], "failed");
+    assert_eq!(failed[0]["key"], "retry-1");
+    assert_eq!(failed[0]["attempts"], 1);
+    assert_eq!(failed[0]["last_code"], 550);
+    let delivered = ok(&relay, &["list", "--state", "delivered", "--json"])
+        .await
+        .json();
+    assert!(delivered
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["id"] != id.as_str()));
+
+    // By id and by key (in the configured scope).
+    for what in [id.as_str(), "retry-1"] {
+        let show = ok(&relay, &["show", what]).await.stdout;
+        assert!(show.contains(&format!("id              {id}")), "{show}");
+        assert!(show.contains("state           failed"), "{show}");
+        assert!(show.contains("attempts        1"), "{show}");
+        let attempt = show
+            .lines()
+            .find(|l| l.starts_with("1 "))
+            .unwrap_or_else(|| panic!("no attempt row:\n{show}"));
+        assert!(attempt.contains("permanent"), "{attempt}");
+        assert!(attempt.contains("rcpt"), "{attempt}");
+        assert!(attempt.contains("550"), "{attempt}");
+    }
+    let missing = refused(&relay, &["show", "retry-1", "--scope", "elsewhere"]).await;
+    assert!(missing.stderr.contains("no record"), "{}", missing.stderr);
+
+    let retry = ok(&relay, &["retry", &id]).await;
+    assert!(
+        retry.stdout.contains(&format!("requeued {id}")),
+        "{}",
+        retry.stdout
+    );
+    wait_state(&relay, &id, State::Delivered).await;
+    let messages = sink.wait_for_messages(2, LIMIT).await.unwrap();
+    assert_eq!(
+        messages
+            .iter()
+            .filter(|m| m.key.as_deref() == Some("retry-1"))
+            .count(),
+        1
+    );
+    let show = ok(&relay, &["show", &id, "--json"]).await.json();
+    assert_eq!(show["state"], "delivered");
+    let attempts = show["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{show}");
+    assert_eq!(attempts[0]["attempt"], 1);
+    assert_eq!(attempts[0]["outcome"], "permanent");
+    assert_eq!(attempts[1]["attempt"], 2);
+    assert_eq!(attempts[1]["outcome"], "accepted");
+    assert!(show["upstream_reply"].as_str().unwrap().starts_with("250"));
+
+    let again = refused(&relay, &["retry", &id]).await;
+    assert!(
+        again.stderr.contains("is delivered") && again.stderr.contains("only failed"),
+        "{}",
+        again.stderr
+    );
+    let none = refused(&relay, &["retry", "no-such-id"]).await;
+    assert!(none.stderr.contains("no record"), "{}", none.stderr);
+    let bad = refused(&relay, &["list", "--state", "lost"]).await;
+    assert!(bad.stderr.contains("unknown state"), "{}", bad.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_message_is_retried_only_with_confirmation() {
+    let sink = sink().await;
+    // Every final reply comes later than the relay waits: each attempt ends UNKNOWN.
+    sink.set_faults(vec![FaultRule::delay(
+        SinkPhase::Dot,
+        Duration::from_secs(3),
+    )])
+    .unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.delivery.timeouts.dot = Duration::from_millis(300);
+        s.delivery.upstream_window = Duration::from_secs(2);
+        s.delivery.window_margin = Duration::from_millis(500);
+    })
+    .await;
+    let id = submit(
+        &relay,
+        "rcpt@example.com",
+        &message(Some("unres-1"), "s", "b"),
+    )
+    .await;
+    wait_state(&relay, &id, State::Unresolved).await;
+    sink.set_faults(vec![]).unwrap();
+    let before = relay.store().attempts(&id).await.unwrap().len();
+
+    let list = ok(&relay, &["list", "--state", "unresolved"]).await.stdout;
+    assert!(row(&list, &id).contains("unresolved"), "{list}");
+
+    let refusal = refused(&relay, &["retry", &id]).await;
+    assert!(
+        refusal.stderr.contains("unresolved")
+            && refusal.stderr.contains("second copy")
+            && refusal.stderr.contains("--confirm-duplicate-risk"),
+        "{}",
+        refusal.stderr
+    );
+    assert_eq!(refusal.stdout, "");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(relay.stored(&id).await.state, State::Unresolved);
+    assert_eq!(relay.store().attempts(&id).await.unwrap().len(), before);
+
+    let retry = ok(&relay, &["retry", &id, "--confirm-duplicate-risk"]).await;
+    assert!(
+        retry.stdout.contains(&format!("requeued {id}")),
+        "{}",
+        retry.stdout
+    );
+    wait_state(&relay, &id, State::Delivered).await;
+    let show = ok(&relay, &["show", &id, "--json"]).await.json();
+    // The old ledger stays; new attempts continue its numbering (the upstream may answer
+    // "still in progress" for the earlier transactions first) and the last one is accepted.
+    let attempts = show["attempts"].as_array().unwrap();
+    assert!(attempts.len() > before, "{show}");
+    for (i, a) in attempts.iter().enumerate() {
+        assert_eq!(a["attempt"], i + 1, "{show}");
+    }
+    assert!(attempts[..before].iter().all(|a| a["outcome"] == "unknown"));
+    assert_eq!(attempts.last().unwrap()["outcome"], "accepted", "{show}");
+    // The same key and bytes: the upstream holds one copy.
+    let copies = sink
+        .messages()
+        .iter()
+        .filter(|m| m.key.as_deref() == Some("unres-1"))
+        .count();
+    assert_eq!(copies, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_message_is_failed_and_never_delivered() {
+    let sink = sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    relay.store().pause("hold", false).await.unwrap();
+    let id = submit(
+        &relay,
+        "rcpt@example.com",
+        &message(Some("cancel-1"), "s", "b"),
+    )
+    .await;
+    let queued = ok(&relay, &["list", "--state", "queued", "--json"])
+        .await
+        .json();
+    assert_eq!(queued[0]["id"], id.as_str());
+    assert_eq!(queued[0]["state"], "queued");
+    assert_eq!(queued[0]["attempts"], 0);
+
+    let cancel = ok(&relay, &["cancel", &id]).await;
+    assert!(
+        cancel.stdout.contains(&format!("cancelled {id}")),
+        "{}",
+        cancel.stdout
+    );
+    let show = ok(&relay, &["show", &id]).await.stdout;
+    assert!(show.contains("state           failed"), "{show}");
+    assert!(show.contains("cancelled by an operator"), "{show}");
+    assert!(show.contains("attempts        0"), "{show}");
+
+    relay.store().resume().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(sink.transactions(), vec![]);
+    assert_eq!(relay.stored(&id).await.state, State::Failed);
+    assert_eq!(relay.count("delivery_jobs").await, 0, "no DSN, no job");
+
+    let again = refused(&relay, &["cancel", &id]).await;
+    assert!(again.stderr.contains("only queued"), "{}", again.stderr);
+
+    // Within the retention nothing goes; with a tiny one the cancelled record does.
+    let purge = ok(&relay, &["purge", "--expired"]).await;
+    assert!(purge.stdout.contains("purged 0 "), "{}", purge.stdout);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let purge = ok(&relay, &["--retention", "1ms", "purge", "--expired"]).await;
+    assert!(purge.stdout.contains("purged 1 "), "{}", purge.stdout);
+    let gone = refused(&relay, &["show", &id]).await;
+    assert!(gone.stderr.contains("no record"), "{}", gone.stderr);
+    assert!(refused(&relay, &["purge"])
+        .await
+        .stderr
+        .contains("--expired"));
+}
