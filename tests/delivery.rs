@@ -5,47 +5,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, fast_delivery, message, Client, TestRelay};
+use common::{eventually, message, relay_for, start_sink, submit, wait_state, Client};
 use idemrelay::sink::{Down, FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandle};
 use idemrelay::store::State;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
-async fn sink() -> SinkHandle {
-    Sink::start(SinkConfig::default()).await.expect("sink")
-}
-
-async fn relay_for(
-    sink: &SinkHandle,
-    tune: impl FnOnce(&mut idemrelay::config::Settings),
-) -> TestRelay {
-    let addr = sink.smtp_addr();
-    TestRelay::start_with(|s| {
-        fast_delivery(s, addr);
-        tune(s);
-    })
-    .await
-}
-
-async fn submit(relay: &TestRelay, from: &str, to: &[&str], msg: &[u8]) -> String {
-    let mut c = Client::ready(relay.addr).await;
-    let answer = c.submit(from, to, msg).await;
-    c.quit().await;
-    answer
-        .queue_id()
-        .unwrap_or_else(|| panic!("not accepted: {answer:?}"))
-}
-
-async fn wait_state(relay: &TestRelay, id: &str, state: State) {
-    eventually(LIMIT, &format!("{id} to become {state:?}"), || async {
-        (relay.stored(id).await.state == state).then_some(())
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepted_upstream_is_delivered_with_identical_bytes() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     let relay = relay_for(&sink, |_| {}).await;
     let msg = message(Some("deliver-1"), "hello", "body\r\n.leading dot\r\n..two");
     let id = submit(&relay, "sender@example.com", &["rcpt@example.com"], &msg).await;
@@ -66,7 +34,7 @@ async fn accepted_upstream_is_delivered_with_identical_bytes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reply_lost_after_the_dot_is_retried_with_the_same_key_and_bytes() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::drop_after_dot().with_times(1)])
         .unwrap();
     let relay = relay_for(&sink, |_| {}).await;
@@ -94,7 +62,7 @@ async fn reply_lost_after_the_dot_is_retried_with_the_same_key_and_bytes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_4xx_then_success_is_delivered() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
         SinkPhase::Rcpt,
         451,
@@ -121,7 +89,7 @@ async fn a_4xx_then_success_is_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_5xx_at_rcpt_fails_the_message_and_sends_one_dsn() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
         SinkPhase::Rcpt,
         550,
@@ -163,7 +131,7 @@ async fn a_5xx_at_rcpt_fails_the_message_and_sends_one_dsn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_down_for_a_while_is_delivered_after_it_returns() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     // Greet421 keeps the port: a refused port could be handed to another test's sink.
     sink.pause(Down::Greet421).await.unwrap();
     let relay = relay_for(&sink, |_| {}).await;
@@ -189,7 +157,7 @@ async fn upstream_down_for_a_while_is_delivered_after_it_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_past_the_window_is_unresolved_and_not_resent() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     // Every final reply comes later than the relay waits: each attempt ends UNKNOWN.
     sink.set_faults(vec![FaultRule::delay(
         SinkPhase::Dot,
@@ -236,7 +204,7 @@ async fn unknown_past_the_window_is_unresolved_and_not_resent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_without_a_key_is_not_retried_after_unknown() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::drop_after_dot().with_times(1)])
         .unwrap();
     let relay = relay_for(&sink, |s| {
@@ -257,7 +225,7 @@ async fn a_message_without_a_key_is_not_retried_after_unknown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_are_identical_for_dots_8bit_and_a_missing_final_crlf() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     let relay = relay_for(&sink, |_| {}).await;
     let mut c = Client::ready(relay.addr).await;
     // Dot-stuffed lines.
@@ -313,7 +281,7 @@ async fn bytes_are_identical_for_dots_8bit_and_a_missing_final_crlf() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corpus_messages_arrive_byte_for_byte() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     let relay = relay_for(&sink, |s| s.delivery.connections = 1).await;
     let mut ids = Vec::new();
     let mut c = Client::ready(relay.addr).await;
@@ -350,7 +318,7 @@ async fn corpus_messages_arrive_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_account_failure_pauses_the_queue_instead_of_failing_messages() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
         SinkPhase::Mail,
         554,
@@ -384,7 +352,7 @@ async fn an_account_failure_pauses_the_queue_instead_of_failing_messages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_pause_holds_delivery_until_resumed() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     // The probe interval is short: an operator's pause must still wait for the operator.
     let relay = relay_for(&sink, |_| {}).await;
     relay.store().pause("maintenance", false).await.unwrap();
@@ -499,7 +467,7 @@ async fn an_untrusted_certificate_is_not_delivered_to() {
 async fn a_plaintext_upstream_without_starttls_is_refused_for_smtp_urls() {
     // `smtp://` without `?tls=none` requires STARTTLS: a sink that does not offer it is not
     // given the message (nor the password) in the clear.
-    let sink = sink().await;
+    let sink = start_sink().await;
     let port = sink.smtp_addr().port();
     let relay = relay_for(&sink, |s| {
         s.upstream = Some(idemrelay::config::UpstreamUrl(format!(
@@ -531,7 +499,7 @@ async fn a_plaintext_upstream_without_starttls_is_refused_for_smtp_urls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_that_are_still_refused_at_mail_keep_the_queue_paused() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     // The first attempt and the next two probes meet the refusal at MAIL.
     sink.set_faults(vec![FaultRule::reply(
         SinkPhase::Mail,

@@ -8,25 +8,11 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::{eventually, fast_delivery, message, Client, TestRelay};
-use idemrelay::config::Settings;
-use idemrelay::sink::{Down, FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandle};
+use common::{eventually, message, relay_for, start_sink, Client, TestRelay};
+use idemrelay::sink::{Down, FaultRule, Phase as SinkPhase, SinkHandle};
 use idemrelay::store::{AttemptRow, State};
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-async fn sink() -> SinkHandle {
-    Sink::start(SinkConfig::default()).await.expect("sink")
-}
-
-async fn relay_for(sink: &SinkHandle, tune: impl FnOnce(&mut Settings)) -> TestRelay {
-    let addr = sink.smtp_addr();
-    TestRelay::start_with(|s| {
-        fast_delivery(s, addr);
-        tune(s);
-    })
-    .await
-}
 
 /// Submits one message per key on one session; returns the queue ids in order.
 async fn submit_keys(relay: &TestRelay, rcpt: &str, keys: &[String]) -> Vec<String> {
@@ -117,7 +103,7 @@ fn log_lines(logs: &Arc<Mutex<Vec<u8>>>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_in_one_scope_does_not_hold_back_another_scope() {
     const BACKLOG: usize = 40;
-    let sink = sink().await;
+    let sink = start_sink().await;
     // Each delivery takes a while, so the backlog lasts a few seconds.
     sink.set_faults(vec![FaultRule::delay(
         SinkPhase::Dot,
@@ -218,7 +204,7 @@ async fn the_breaker_stops_attempts_for_the_cooldown_then_probes() {
     // millisecond rounding.
     const SLACK_MS: i64 = 100;
     const CONNECTIONS: usize = 2;
-    let sink = sink().await;
+    let sink = start_sink().await;
     // Greet421 keeps the port: a refused port could be handed to another test's sink.
     sink.pause(Down::Greet421).await.unwrap();
     let relay = relay_for(&sink, |s| {
@@ -319,7 +305,7 @@ async fn the_breaker_stops_attempts_for_the_cooldown_then_probes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_down_reply_is_retried_and_the_queue_still_drains() {
     let logs = captured_logs();
-    let sink = sink().await;
+    let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
         SinkPhase::Mail,
         421,
@@ -389,7 +375,7 @@ async fn a_slow_down_reply_is_retried_and_the_queue_still_drains() {
 /// Messages share a connection up to `max_messages_per_connection`, then a new one is opened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_carries_at_most_the_configured_number_of_messages() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     let relay = relay_for(&sink, |s| {
         s.delivery.connections = 1;
         s.delivery.max_messages_per_connection = 3;
@@ -417,7 +403,7 @@ async fn a_connection_carries_at_most_the_configured_number_of_messages() {
 /// would make it 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_is_not_reused_after_a_failed_transaction() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
         SinkPhase::Rcpt,
         451,
@@ -476,7 +462,7 @@ async fn the_rate_limit_holds_across_connections() {
     const RATE: f64 = 4.0;
     const BURST: f64 = 1.0;
     const N: usize = 12;
-    let sink = sink().await;
+    let sink = start_sink().await;
     let relay = relay_for(&sink, |s| {
         s.delivery.connections = 4;
         s.delivery.rate = RATE;
@@ -510,7 +496,7 @@ async fn the_rate_limit_holds_across_connections() {
 /// failure for it. lettre's own pool checks with NOOP before reuse for this reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_closed_by_the_upstream_while_idle_costs_no_attempt() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     let relay = relay_for(&sink, |s| s.delivery.connections = 1).await;
     let first = submit_keys(&relay, "rcpt@example.com", &keys("idle-a", 1)).await;
     wait_delivered(&relay, &first).await;

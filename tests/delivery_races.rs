@@ -5,17 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, fast_delivery, message, Client, TestRelay};
+use common::{eventually, fast_delivery, message, submit, TestRelay};
 use idemrelay::sink::{FaultRule, Phase as SinkPhase, Sink, SinkConfig};
 use idemrelay::store::State;
-
-async fn submit(relay: &TestRelay, from: &str, to: &[&str], msg: &[u8]) -> String {
-    let mut c = Client::ready(relay.addr).await;
-    let a = c.submit(from, to, msg).await;
-    c.quit().await;
-    a.queue_id()
-        .unwrap_or_else(|| panic!("not accepted: {a:?}"))
-}
 
 async fn wait_terminal(relay: &TestRelay, id: &str, limit: Duration) -> State {
     eventually(limit, "a terminal state", || async {

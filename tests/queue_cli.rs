@@ -7,42 +7,14 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::process::{idemrelay, store_url};
-use common::{eventually, fast_delivery, message, Client, TestRelay};
-use idemrelay::sink::{FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandle};
+use common::{message, relay_for, start_sink, wait_state, TestRelay};
+use idemrelay::sink::{FaultRule, Phase as SinkPhase};
 use idemrelay::store::State;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
-async fn sink() -> SinkHandle {
-    Sink::start(SinkConfig::default()).await.expect("sink")
-}
-
-async fn relay_for(
-    sink: &SinkHandle,
-    tune: impl FnOnce(&mut idemrelay::config::Settings),
-) -> TestRelay {
-    let addr = sink.smtp_addr();
-    TestRelay::start_with(|s| {
-        fast_delivery(s, addr);
-        tune(s);
-    })
-    .await
-}
-
 async fn submit(relay: &TestRelay, to: &str, msg: &[u8]) -> String {
-    let mut c = Client::ready(relay.addr).await;
-    let answer = c.submit("sender@example.com", &[to], msg).await;
-    c.quit().await;
-    answer
-        .queue_id()
-        .unwrap_or_else(|| panic!("not accepted: {answer:?}"))
-}
-
-async fn wait_state(relay: &TestRelay, id: &str, state: State) {
-    eventually(LIMIT, &format!("{id} to become {state:?}"), || async {
-        (relay.stored(id).await.state == state).then_some(())
-    })
-    .await;
+    common::submit(relay, "sender@example.com", &[to], msg).await
 }
 
 /// The result of one `idemrelay queue --store URL ARGS...` run.
@@ -102,7 +74,7 @@ fn row<'a>(table: &'a str, id: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_message_is_listed_shown_and_delivered_after_retry() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
         SinkPhase::Rcpt,
         550,
@@ -210,7 +182,7 @@ async fn a_failed_message_is_listed_shown_and_delivered_after_retry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unresolved_message_is_retried_only_with_confirmation() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     // Every final reply comes later than the relay waits: each attempt ends UNKNOWN.
     sink.set_faults(vec![FaultRule::delay(
         SinkPhase::Dot,
@@ -277,7 +249,7 @@ async fn an_unresolved_message_is_retried_only_with_confirmation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_message_is_failed_and_never_delivered() {
-    let sink = sink().await;
+    let sink = start_sink().await;
     let relay = relay_for(&sink, |_| {}).await;
     relay.store().pause("hold", false).await.unwrap();
     let id = submit(

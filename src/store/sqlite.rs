@@ -133,6 +133,25 @@ async fn insert_message(
     .rows_affected())
 }
 
+/// An intent left open by a worker that lost its lease: whether the upstream got the message
+/// cannot be known, so it is recorded as UNKNOWN (DESIGN §2), never as not sent.
+async fn close_open_intents(
+    conn: &mut SqliteConnection,
+    id: &str,
+    now: i64,
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE attempts SET outcome = 'unknown', finished_at = ?,
+            reply = 'worker stopped with this attempt open; outcome unknown'
+         WHERE message_id = ? AND outcome IS NULL",
+    )
+    .bind(now)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected())
+}
+
 async fn insert_job(conn: &mut SqliteConnection, id: &str, now: i64) -> Result<(), StoreError> {
     sqlx::query("INSERT INTO delivery_jobs (message_id, due_at) VALUES (?, ?)")
         .bind(id)
@@ -337,17 +356,7 @@ impl Store for SqliteStore {
         .bind(&id)
         .execute(&mut *tx)
         .await?;
-        let recovered = sqlx::query(
-            "UPDATE attempts SET outcome = 'unknown', finished_at = ?,
-                reply = 'worker stopped with this attempt open; outcome unknown'
-             WHERE message_id = ? AND outcome IS NULL",
-        )
-        .bind(now)
-        .bind(&id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            > 0;
+        let recovered = close_open_intents(&mut tx, &id, now).await? > 0;
         let m = sqlx::query(
             "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
                     m.accepted_at, j.first_attempt_at,
@@ -703,15 +712,7 @@ impl Store for SqliteStore {
             return Ok(false);
         }
         // An intent left open by a dead worker stays on record as unknown, as a claim would.
-        sqlx::query(
-            "UPDATE attempts SET outcome = 'unknown', finished_at = ?,
-                reply = 'worker stopped with this attempt open; outcome unknown'
-             WHERE message_id = ? AND outcome IS NULL",
-        )
-        .bind(now)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
+        close_open_intents(&mut tx, id, now).await?;
         sqlx::query(
             "UPDATE messages SET state = 'failed', finished_at = ?,
                 upstream_reply = 'cancelled by an operator'

@@ -306,3 +306,43 @@ pub fn fast_delivery(settings: &mut Settings, upstream: SocketAddr) {
     t.data = Duration::from_secs(2);
     t.dot = Duration::from_millis(800);
 }
+
+/// An in-process `idemrelay sink` on 127.0.0.1:0.
+pub async fn start_sink() -> idemrelay::sink::SinkHandle {
+    idemrelay::sink::Sink::start(idemrelay::sink::SinkConfig::default())
+        .await
+        .expect("sink")
+}
+
+/// A relay delivering to `sink` with `fast_delivery` settings, then `tune`.
+pub async fn relay_for(
+    sink: &idemrelay::sink::SinkHandle,
+    tune: impl FnOnce(&mut Settings),
+) -> TestRelay {
+    let addr = sink.smtp_addr();
+    TestRelay::start_with(|s| {
+        fast_delivery(s, addr);
+        tune(s);
+    })
+    .await
+}
+
+/// One submission on a fresh connection; panics unless it is queued, returns the queue id.
+pub async fn submit(relay: &TestRelay, from: &str, to: &[&str], msg: &[u8]) -> String {
+    let mut c = Client::ready(relay.addr).await;
+    let answer = c.submit(from, to, msg).await;
+    c.quit().await;
+    answer
+        .queue_id()
+        .unwrap_or_else(|| panic!("not accepted: {answer:?}"))
+}
+
+/// Waits (up to 20 s) for a record to reach `state`.
+pub async fn wait_state(relay: &TestRelay, id: &str, state: idemrelay::store::State) {
+    eventually(
+        Duration::from_secs(20),
+        &format!("{id} to become {state:?}"),
+        || async { (relay.stored(id).await.state == state).then_some(()) },
+    )
+    .await;
+}
