@@ -49,7 +49,7 @@ impl Relay {
                 listeners.push((kind, listener));
             }
         }
-        let store = store::open(&settings.store, settings.store_busy_timeout).await?;
+        let store = store::open(settings.store.expose(), settings.store_busy_timeout).await?;
         Relay::with_parts(settings, store, listeners)
     }
 

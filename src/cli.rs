@@ -241,7 +241,7 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let store = crate::store::open(&settings.store, settings.store_busy_timeout).await?;
+        let store = crate::store::open(settings.store.expose(), settings.store_busy_timeout).await?;
         match command {
             QueueCommand::Resume => {
                 store.resume().await?;

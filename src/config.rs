@@ -32,12 +32,13 @@ pub(crate) mod human_duration {
     }
 }
 
-/// The upstream URL; its password never reaches logs, Debug output or `check-config`.
+/// A URL that may carry a password (upstream, Postgres store): the password never reaches
+/// logs, Debug output or `check-config`.
 #[derive(Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
-pub struct UpstreamUrl(pub String);
+pub struct SecretUrl(pub String);
 
-impl UpstreamUrl {
+impl SecretUrl {
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -65,13 +66,13 @@ impl UpstreamUrl {
     }
 }
 
-impl fmt::Debug for UpstreamUrl {
+impl fmt::Debug for SecretUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}", self.redacted())
     }
 }
 
-impl Serialize for UpstreamUrl {
+impl Serialize for SecretUrl {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.redacted())
     }
@@ -98,11 +99,12 @@ pub struct Settings {
     pub users_file: Option<PathBuf>,
     /// Networks allowed to submit without AUTH on the TLS listeners (default: none).
     pub submission_allow_networks: Vec<IpNet>,
-    /// `sqlite://PATH` (created if missing).
-    pub store: String,
+    /// `sqlite://PATH` (created if missing) or `postgres://USER[:PASSWORD]@HOST/DB` (shared by
+    /// several relay instances).
+    pub store: SecretUrl,
     /// Where accepted mail goes (delivery is a separate component).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<UpstreamUrl>,
+    pub upstream: Option<SecretUrl>,
     /// Name in the greeting and in the Received line.
     pub hostname: String,
     /// Idempotency scope of unauthenticated (allow-listed) clients.
@@ -257,7 +259,7 @@ impl Default for Settings {
             tls_reload_interval: Duration::from_secs(30),
             users_file: None,
             submission_allow_networks: Vec::new(),
-            store: "sqlite://idemrelay.db".into(),
+            store: SecretUrl("sqlite://idemrelay.db".into()),
             upstream: None,
             hostname: system_hostname(),
             scope: "default".into(),
@@ -308,8 +310,8 @@ pub struct ConfigArgs {
     pub tls_key: Option<PathBuf>,
     #[arg(long, env = "IDEMRELAY_USERS_FILE")]
     pub users_file: Option<PathBuf>,
-    /// Store URL, e.g. sqlite://idemrelay.db.
-    #[arg(long, env = "IDEMRELAY_STORE")]
+    /// Store URL, e.g. sqlite://idemrelay.db or postgres://relay@db.internal/idemrelay.
+    #[arg(long, env = "IDEMRELAY_STORE", hide_env_values = true)]
     pub store: Option<String>,
     /// Upstream SMTP URL, e.g. smtp://user:pass@host:587.
     #[arg(long, env = "IDEMRELAY_UPSTREAM", hide_env_values = true)]
@@ -418,7 +420,6 @@ impl Settings {
             ($($field:ident),*) => { $( if let Some(v) = &args.$field { s.$field = v.clone(); } )* };
         }
         overlay!(
-            store,
             hostname,
             scope,
             missing_key,
@@ -432,8 +433,11 @@ impl Settings {
             store_probe_interval,
             shutdown_grace
         );
+        if let Some(url) = &args.store {
+            s.store = SecretUrl(url.clone());
+        }
         if let Some(url) = &args.upstream {
-            s.upstream = Some(UpstreamUrl(url.clone()));
+            s.upstream = Some(SecretUrl(url.clone()));
         }
         if let Some(path) = &args.upstream_ca_file {
             s.delivery.ca_file = Some(path.clone());
@@ -469,10 +473,14 @@ impl Settings {
         {
             bail!("max_connections, max_connections_per_ip and max_auth_failures must be positive");
         }
-        if !self.store.starts_with("sqlite:") {
+        let store = self.store.expose();
+        if !["sqlite:", "postgres:", "postgresql:"]
+            .iter()
+            .any(|scheme| store.starts_with(scheme))
+        {
             bail!(
-                "store: {:?} is not a supported URL (sqlite://PATH)",
-                self.store
+                "store: {:?} is not a supported URL (sqlite://PATH or postgres://…)",
+                self.store.redacted()
             );
         }
         if let Some(url) = &self.upstream {
@@ -576,7 +584,7 @@ mod tests {
 
     #[test]
     fn upstream_password_is_redacted_everywhere() {
-        let url = UpstreamUrl("smtp://user:s3cret@smtp.example:587?tls=required".into());
+        let url = SecretUrl("smtp://user:s3cret@smtp.example:587?tls=required".into());
         assert_eq!(
             url.redacted(),
             "smtp://user:********@smtp.example:587?tls=required"
@@ -590,7 +598,7 @@ mod tests {
         assert!(!shown.contains("s3cret") && shown.contains("********"));
         assert!(!format!("{s:?}").contains("s3cret"));
         assert_eq!(
-            UpstreamUrl("smtp://host:2525?tls=none".into()).redacted(),
+            SecretUrl("smtp://host:2525?tls=none".into()).redacted(),
             "smtp://host:2525?tls=none"
         );
     }

@@ -391,7 +391,7 @@ async fn tls_sink(implicit: bool) -> (SinkHandle, tempfile::TempDir) {
 
 async fn deliver_over_tls(url: String, sink: &SinkHandle, ca: std::path::PathBuf) {
     let relay = relay_for(sink, |s| {
-        s.upstream = Some(idemrelay::config::UpstreamUrl(url));
+        s.upstream = Some(idemrelay::config::SecretUrl(url));
         s.delivery.ca_file = Some(ca);
     })
     .await;
@@ -432,7 +432,7 @@ async fn an_untrusted_certificate_is_not_delivered_to() {
     let (sink, _dir) = tls_sink(false).await;
     let port = sink.smtp_addr().port();
     let relay = relay_for(&sink, |s| {
-        s.upstream = Some(idemrelay::config::UpstreamUrl(format!(
+        s.upstream = Some(idemrelay::config::SecretUrl(format!(
             "smtp://relay-user:s3cret%20pass@localhost:{port}"
         )));
     })
@@ -470,7 +470,7 @@ async fn a_plaintext_upstream_without_starttls_is_refused_for_smtp_urls() {
     let sink = start_sink().await;
     let port = sink.smtp_addr().port();
     let relay = relay_for(&sink, |s| {
-        s.upstream = Some(idemrelay::config::UpstreamUrl(format!(
+        s.upstream = Some(idemrelay::config::SecretUrl(format!(
             "smtp://user:pw@127.0.0.1:{port}"
         )));
     })

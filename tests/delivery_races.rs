@@ -202,18 +202,10 @@ async fn a_store_hiccup_at_settle_time_does_not_resend() {
             .map(|_| ())
     })
     .await;
-    // Hold SQLite's write lock across the moment the outcome is written.
-    let mut lock = sqlx::ConnectOptions::connect(
-        &sqlx::sqlite::SqliteConnectOptions::new().filename(relay.db_path()),
-    )
-    .await
-    .unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut lock)
-        .await
-        .unwrap();
+    // Hold the store's write lock across the moment the outcome is written.
+    let lock = common::backend::WriteLock::hold(relay.settings.store.expose()).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
+    lock.release().await;
     assert_eq!(
         wait_terminal(&relay, &id, Duration::from_secs(30)).await,
         State::Delivered

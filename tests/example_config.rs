@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use idemrelay::config::{Settings, UpstreamUrl};
+use idemrelay::config::{SecretUrl, Settings};
 
 const EXAMPLE: &str = include_str!("../idemrelay.example.toml");
 
@@ -85,7 +85,7 @@ fn example_documents_every_setting() {
         tls_cert: Some(PathBuf::from("cert.pem")),
         tls_key: Some(PathBuf::from("key.pem")),
         users_file: Some(PathBuf::from("users.toml")),
-        upstream: Some(UpstreamUrl("smtp://smtp.example.com:587".into())),
+        upstream: Some(SecretUrl("smtp://smtp.example.com:587".into())),
         ..Settings::default()
     };
     all.delivery.ca_file = Some(PathBuf::from("ca.pem"));

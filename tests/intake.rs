@@ -5,11 +5,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::backend::WriteLock;
 use common::{message, Client, TestRelay};
 use idemrelay::intake::key::MissingKey;
 use idemrelay::store::State;
-use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection};
 
 const E01005: &str = "554 5.6.0 X-Bird-Idempotency-Key already used for a different message (E01005 IdempotencyKeyReuse); use a new key";
 const E01004: &str = "451 4.3.0 a message with this X-Bird-Idempotency-Key is still being processed (E01004 RequestInProgress); retry later";
@@ -23,23 +22,13 @@ async fn submit_once(relay: &TestRelay, to: &[&str], msg: &[u8]) -> common::Answ
     answer
 }
 
-/// Holds SQLite's write lock from outside the relay, as a stuck writer would.
-async fn hold_write_lock(relay: &TestRelay) -> sqlx::SqliteConnection {
-    let mut conn = SqliteConnectOptions::new()
-        .filename(relay.db_path())
-        .connect()
-        .await
-        .unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    conn
+/// Holds the store's write lock from outside the relay, as a stuck writer would.
+async fn hold_write_lock(relay: &TestRelay) -> WriteLock {
+    WriteLock::hold(relay.settings.store.expose()).await
 }
 
-async fn release_write_lock(mut conn: sqlx::SqliteConnection) {
-    sqlx::query("ROLLBACK").execute(&mut conn).await.unwrap();
-    conn.close().await.unwrap();
+async fn release_write_lock(lock: WriteLock) {
+    lock.release().await;
 }
 
 #[tokio::test]

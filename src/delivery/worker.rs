@@ -159,7 +159,7 @@ impl Worker {
             .allow(Instant::now());
         if !allowed {
             store
-                .release(&job.id, &self.owner, self.shared.settings.breaker_cooldown)
+                .release(&job.id, job.token, self.shared.settings.breaker_cooldown)
                 .await?;
             return Ok(false);
         }
@@ -232,7 +232,7 @@ impl Worker {
                 upstream_reply: "earlier attempt outcome unknown; upstream idempotency window over"
                     .into(),
             };
-            store.settle(&job.id, &self.owner, None, &settle).await?;
+            store.settle(&job.id, job.token, None, &settle).await?;
             tracing::warn!(
                 target: "idemrelay::attempt",
                 id = %job.id,
@@ -243,7 +243,7 @@ impl Worker {
             return Ok(());
         }
         let attempt = job.attempts + 1;
-        if !store.begin_attempt(&job.id, &self.owner, attempt).await? {
+        if !store.begin_attempt(&job.id, job.token, attempt).await? {
             return Ok(());
         }
         let started = Instant::now();
@@ -260,7 +260,6 @@ impl Worker {
         });
         // The lease is renewed while the attempt runs: a slow upstream (a tarpit on every
         // RCPT) must not let a second worker take the job and send it again meanwhile.
-        let owner = self.owner.clone();
         let lease = self.shared.lease;
         let outcome = {
             let send = self.client.send(&envelope, &job.content, data_by);
@@ -271,7 +270,7 @@ impl Worker {
                 tokio::select! {
                     outcome = &mut send => break Some(outcome),
                     _ = renew.tick() => {
-                        if !store.renew_lease(&job.id, &owner, lease).await.unwrap_or(true) {
+                        if !store.renew_lease(&job.id, job.token, lease).await.unwrap_or(true) {
                             break None;
                         }
                     }
@@ -326,7 +325,7 @@ impl Worker {
         let settled = settle_with_retry(
             store.as_ref(),
             &job.id,
-            &self.owner,
+            job.token,
             Some((attempt, &result)),
             &settle,
             claimed_at + self.shared.lease,
@@ -502,14 +501,14 @@ async fn reclaim_dead_leases(store: Arc<dyn Store>, me: ProcessId) {
 async fn settle_with_retry(
     store: &dyn Store,
     id: &str,
-    owner: &str,
+    token: i64,
     attempt: Option<(u32, &AttemptResult)>,
     settle: &Settle,
     until: Instant,
 ) -> anyhow::Result<bool> {
     let mut pause = Duration::from_millis(100);
     loop {
-        match store.settle(id, owner, attempt, settle).await {
+        match store.settle(id, token, attempt, settle).await {
             Ok(held) => return Ok(held),
             Err(err) if Instant::now() + pause < until => {
                 tracing::warn!(target: "idemrelay::store", error = %err, id, "cannot write the attempt outcome yet; retrying");

@@ -1,5 +1,8 @@
 //! Durable records: one storage trait, backends chosen by URL scheme.
 
+mod migrate;
+pub mod postgres;
+mod rows;
 pub mod sqlite;
 
 use std::sync::Arc;
@@ -159,6 +162,9 @@ pub struct Claimed {
     pub recovered: bool,
     /// The store's clock at the claim.
     pub now_ms: i64,
+    /// Fencing token of this lease: every later write of the holder presents it, and a claim
+    /// by anyone else changes it.
+    pub token: i64,
 }
 
 /// The outcome of one attempt, as written to the ledger.
@@ -259,21 +265,20 @@ pub trait Store: Send + Sync {
     async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError>;
 
     /// Writes the intent row before the upstream is contacted. False if the lease was lost.
-    async fn begin_attempt(&self, id: &str, owner: &str, attempt: u32) -> Result<bool, StoreError>;
+    async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError>;
 
     /// Writes the attempt's outcome (if an attempt was made) and what follows, in one
-    /// commit, fenced by the lease. False if the lease was lost.
+    /// commit, fenced by the lease token. False if the lease was lost.
     async fn settle(
         &self,
         id: &str,
-        owner: &str,
+        token: i64,
         attempt: Option<(u32, &AttemptResult)>,
         settle: &Settle,
     ) -> Result<bool, StoreError>;
 
-    /// Extends a lease still held by `owner`; false if it was lost.
-    async fn renew_lease(&self, id: &str, owner: &str, lease: Duration)
-        -> Result<bool, StoreError>;
+    /// Extends a lease still held under `token`; false if it was lost.
+    async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError>;
 
     /// Owners of leases that have not expired yet.
     async fn lease_owners(&self) -> Result<Vec<String>, StoreError>;
@@ -283,7 +288,7 @@ pub trait Store: Send + Sync {
     async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError>;
 
     /// Gives a lease back without an attempt (queue paused, breaker open, rate limit).
-    async fn release(&self, id: &str, owner: &str, after: Duration) -> Result<(), StoreError>;
+    async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError>;
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError>;
 
@@ -315,9 +320,14 @@ pub async fn open(url: &str, busy_timeout: Duration) -> Result<Arc<dyn Store>, S
         Ok(Arc::new(
             sqlite::SqliteStore::open(url, busy_timeout).await?,
         ))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(Arc::new(
+            postgres::PostgresStore::open(url, busy_timeout).await?,
+        ))
     } else {
         Err(StoreError::Config(format!(
-            "unsupported store URL scheme in {url:?} (supported: sqlite://)"
+            "unsupported store URL scheme in {} (supported: sqlite://, postgres://)",
+            crate::config::SecretUrl(url.to_string()).redacted()
         )))
     }
 }

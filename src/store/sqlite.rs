@@ -1,30 +1,23 @@
 //! The embedded SQLite backend: WAL, `synchronous=FULL`, every write under `BEGIN IMMEDIATE`.
 
-use std::borrow::Cow;
-use std::future::Future;
-use std::pin::Pin;
 use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
+use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{Connection, Row, SqliteConnection};
 
+use super::migrate::{Embedded, Steps};
+use super::rows;
 use super::{
     now_ms, retention_ms, AttemptResult, AttemptRow, Claimed, Existing, Insert, MessageSummary,
     NewRecord, Pause, Requeue, Settle, State, Store, StoreError, StoredMessage,
 };
-use crate::intake::fingerprint::Fingerprint;
 
-/// Migrations compiled into the binary, applied with sqlx's migrator at start.
-#[derive(Debug)]
-struct Embedded;
-
-const MIGRATIONS: &[(i64, &str, &str)] = &[
+const MIGRATIONS: Steps = &[
     (
         1,
         "messages",
@@ -35,35 +28,12 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "delivery",
         include_str!("../../migrations/sqlite/0002_delivery.sql"),
     ),
+    (
+        3,
+        "fencing",
+        include_str!("../../migrations/sqlite/0003_fencing.sql"),
+    ),
 ];
-
-impl<'s> MigrationSource<'s> for Embedded {
-    #[allow(clippy::type_complexity)]
-    fn resolve(
-        self,
-    ) -> Pin<
-        Box<
-            dyn Future<Output = Result<Vec<Migration>, Box<dyn std::error::Error + Send + Sync>>>
-                + Send
-                + 's,
-        >,
-    > {
-        Box::pin(async {
-            Ok(MIGRATIONS
-                .iter()
-                .map(|(version, name, sql)| {
-                    Migration::new(
-                        *version,
-                        Cow::Borrowed(*name),
-                        MigrationType::Simple,
-                        Cow::Borrowed(*sql),
-                        false,
-                    )
-                })
-                .collect())
-        })
-    }
-}
 
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -96,7 +66,10 @@ impl SqliteStore {
                 "SQLite must run journal_mode=WAL with synchronous=FULL, found {journal} / {synchronous}"
             )));
         }
-        Migrator::new(Embedded).await?.run(&pool).await?;
+        Migrator::new(Embedded(MIGRATIONS))
+            .await?
+            .run(&pool)
+            .await?;
         Ok(SqliteStore { pool })
     }
 }
@@ -161,24 +134,6 @@ async fn insert_job(conn: &mut SqliteConnection, id: &str, now: i64) -> Result<(
     Ok(())
 }
 
-fn existing_from_row(row: &SqliteRow) -> Result<Existing, StoreError> {
-    let id: String = row.try_get("id")?;
-    let fp: Vec<u8> = row.try_get("fingerprint")?;
-    let state: String = row.try_get("state")?;
-    Ok(Existing {
-        fingerprint: Fingerprint::from_slice(&fp).ok_or(StoreError::Corrupt {
-            id: id.clone(),
-            what: "fingerprint",
-        })?,
-        state: State::parse(&state).ok_or(StoreError::Corrupt {
-            id: id.clone(),
-            what: "state",
-        })?,
-        reply: row.try_get("reply")?,
-        id,
-    })
-}
-
 #[async_trait]
 impl Store for SqliteStore {
     async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError> {
@@ -196,7 +151,7 @@ impl Store for SqliteStore {
             .bind(key)
             .fetch_one(&mut *tx)
             .await?;
-            let existing = existing_from_row(&row)?;
+            let existing = rows::existing(&row)?;
             let accepted_at: i64 = row.try_get("accepted_at")?;
             let expired = existing.state.is_terminal()
                 && accepted_at.saturating_add(retention_ms(retention)) <= now;
@@ -235,7 +190,7 @@ impl Store for SqliteStore {
         .bind(now_ms())
         .fetch_optional(&self.pool)
         .await?;
-        row.as_ref().map(existing_from_row).transpose()
+        row.as_ref().map(rows::existing).transpose()
     }
 
     async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
@@ -249,24 +204,7 @@ impl Store for SqliteStore {
         let Some(row) = row else {
             return Ok(None);
         };
-        let existing = existing_from_row(&row)?;
-        let rcpts: String = row.try_get("rcpt_to")?;
-        Ok(Some(StoredMessage {
-            id: existing.id,
-            scope: row.try_get("scope")?,
-            key: row.try_get("idem_key")?,
-            key_source: row.try_get("key_source")?,
-            fingerprint: existing.fingerprint,
-            mail_from: row.try_get("mail_from")?,
-            rcpt_to: rcpts.split('\n').map(str::to_string).collect(),
-            content: row.try_get("content")?,
-            state: existing.state,
-            reply: existing.reply,
-            accepted_at_ms: row.try_get("accepted_at")?,
-            has_job: row.try_get("has_job")?,
-            finished_at_ms: row.try_get("finished_at")?,
-            upstream_reply: row.try_get("upstream_reply")?,
-        }))
+        Ok(Some(rows::stored_message(&row)?))
     }
 
     async fn finish(
@@ -349,7 +287,8 @@ impl Store for SqliteStore {
         .execute(&mut *tx)
         .await?;
         sqlx::query(
-            "UPDATE delivery_jobs SET lease_owner = ?, lease_until = ? WHERE message_id = ?",
+            "UPDATE delivery_jobs SET lease_owner = ?, lease_until = ?, lease_token = lease_token + 1
+             WHERE message_id = ?",
         )
         .bind(owner)
         .bind(now.saturating_add(retention_ms(lease)))
@@ -359,7 +298,7 @@ impl Store for SqliteStore {
         let recovered = close_open_intents(&mut tx, &id, now).await? > 0;
         let m = sqlx::query(
             "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
-                    m.accepted_at, j.first_attempt_at,
+                    m.accepted_at, j.first_attempt_at, j.lease_token,
                     (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
                     EXISTS (SELECT 1 FROM attempts a
                             WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
@@ -369,41 +308,20 @@ impl Store for SqliteStore {
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
-        let rcpts: String = m.try_get("rcpt_to")?;
-        let body_type: String = m.try_get("body_type")?;
-        let content: Option<Vec<u8>> = m.try_get("content")?;
-        Ok(Some(Claimed {
-            content: content.ok_or(StoreError::Corrupt {
-                id: id.clone(),
-                what: "queued message without content",
-            })?,
-            key: m.try_get("idem_key")?,
-            mail_from: m.try_get("mail_from")?,
-            rcpt_to: rcpts.split('\n').map(str::to_string).collect(),
-            eight_bit: body_type == "8BITMIME",
-            smtputf8: m.try_get("smtputf8")?,
-            accepted_at_ms: m.try_get("accepted_at")?,
-            attempts: m.try_get::<i64, _>("attempts")? as u32,
-            first_attempt_at_ms: m.try_get("first_attempt_at")?,
-            any_unknown: m.try_get("any_unknown")?,
-            recovered,
-            now_ms: now,
-            id,
-            scope,
-        }))
+        Ok(Some(rows::claimed(&m, id, scope, recovered, now)?))
     }
 
-    async fn begin_attempt(&self, id: &str, owner: &str, attempt: u32) -> Result<bool, StoreError> {
+    async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError> {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let now = now_ms();
         let held = sqlx::query(
             "UPDATE delivery_jobs SET first_attempt_at = COALESCE(first_attempt_at, ?)
-             WHERE message_id = ? AND lease_owner = ?",
+             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
         )
         .bind(now)
         .bind(id)
-        .bind(owner)
+        .bind(token)
         .execute(&mut *tx)
         .await?
         .rows_affected()
@@ -413,12 +331,12 @@ impl Store for SqliteStore {
             return Ok(false);
         }
         sqlx::query(
-            "INSERT INTO attempts (message_id, attempt, owner, started_at) VALUES (?, ?, ?, ?)",
+            "INSERT INTO attempts (message_id, attempt, owner, started_at)
+             SELECT message_id, ?, lease_owner, ? FROM delivery_jobs WHERE message_id = ?",
         )
-        .bind(id)
         .bind(attempt as i64)
-        .bind(owner)
         .bind(now)
+        .bind(id)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -428,7 +346,7 @@ impl Store for SqliteStore {
     async fn settle(
         &self,
         id: &str,
-        owner: &str,
+        token: i64,
         attempt: Option<(u32, &AttemptResult)>,
         settle: &Settle,
     ) -> Result<bool, StoreError> {
@@ -436,10 +354,11 @@ impl Store for SqliteStore {
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let now = now_ms();
         let held: Option<i64> = sqlx::query_scalar(
-            "SELECT 1 FROM delivery_jobs WHERE message_id = ? AND lease_owner = ?",
+            "SELECT 1 FROM delivery_jobs
+             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
         )
         .bind(id)
-        .bind(owner)
+        .bind(token)
         .fetch_optional(&mut *tx)
         .await?;
         if held.is_none() {
@@ -517,20 +436,16 @@ impl Store for SqliteStore {
         Ok(true)
     }
 
-    async fn renew_lease(
-        &self,
-        id: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
+    async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
         let now = now_ms();
         Ok(sqlx::query(
             "UPDATE delivery_jobs SET lease_until = ?
-             WHERE message_id = ? AND lease_owner = ? AND lease_until > ?",
+             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL
+               AND lease_until > ?",
         )
         .bind(now.saturating_add(retention_ms(lease)))
         .bind(id)
-        .bind(owner)
+        .bind(token)
         .bind(now)
         .execute(&self.pool)
         .await?
@@ -564,42 +479,29 @@ impl Store for SqliteStore {
         Ok(reclaimed)
     }
 
-    async fn release(&self, id: &str, owner: &str, after: Duration) -> Result<(), StoreError> {
+    async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE delivery_jobs SET lease_owner = NULL, lease_until = NULL,
                 due_at = MAX(due_at, ?)
-             WHERE message_id = ? AND lease_owner = ?",
+             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
         )
         .bind(now_ms().saturating_add(retention_ms(after)))
         .bind(id)
-        .bind(owner)
+        .bind(token)
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
-        let rows = sqlx::query(
+        let found = sqlx::query(
             "SELECT attempt, owner, started_at, finished_at, outcome, phase, code, reply
              FROM attempts WHERE message_id = ? ORDER BY attempt",
         )
         .bind(id)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(AttemptRow {
-                    attempt: r.try_get::<i64, _>("attempt")? as u32,
-                    owner: r.try_get("owner")?,
-                    started_at_ms: r.try_get("started_at")?,
-                    finished_at_ms: r.try_get("finished_at")?,
-                    outcome: r.try_get("outcome")?,
-                    phase: r.try_get("phase")?,
-                    code: r.try_get::<Option<i64>, _>("code")?.map(|c| c as u16),
-                    reply: r.try_get("reply")?,
-                })
-            })
-            .collect()
+        found.iter().map(rows::attempt).collect()
     }
 
     async fn list(
@@ -608,7 +510,7 @@ impl Store for SqliteStore {
         limit: usize,
         after_id: Option<&str>,
     ) -> Result<Vec<MessageSummary>, StoreError> {
-        let rows = sqlx::query(
+        let found = sqlx::query(
             "SELECT m.id, m.scope, m.idem_key, m.state, m.accepted_at, m.upstream_reply,
                     (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
                     l.outcome, l.phase, l.code
@@ -624,27 +526,7 @@ impl Store for SqliteStore {
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| {
-                let id: String = r.try_get("id")?;
-                let state: String = r.try_get("state")?;
-                Ok(MessageSummary {
-                    state: State::parse(&state).ok_or(StoreError::Corrupt {
-                        id: id.clone(),
-                        what: "state",
-                    })?,
-                    scope: r.try_get("scope")?,
-                    key: r.try_get("idem_key")?,
-                    accepted_at_ms: r.try_get("accepted_at")?,
-                    attempts: r.try_get::<i64, _>("attempts")? as u32,
-                    last_outcome: r.try_get("outcome")?,
-                    last_phase: r.try_get("phase")?,
-                    last_code: r.try_get::<Option<i64>, _>("code")?.map(|c| c as u16),
-                    upstream_reply: r.try_get("upstream_reply")?,
-                    id,
-                })
-            })
-            .collect()
+        found.iter().map(rows::summary).collect()
     }
 
     async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
@@ -776,6 +658,7 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::intake::fingerprint::Fingerprint;
     use crate::smtp::session::{BodyType, Envelope};
 
     const LEASE: Duration = Duration::from_secs(60);
@@ -813,7 +696,7 @@ mod tests {
         let job = store.claim("w", LEASE).await.unwrap().unwrap();
         assert_eq!(job.id, id);
         let n = job.attempts + 1;
-        assert!(store.begin_attempt(id, "w", n).await.unwrap());
+        assert!(store.begin_attempt(id, job.token, n).await.unwrap());
         let result = AttemptResult {
             outcome,
             phase: Some("rcpt"),
@@ -821,7 +704,7 @@ mod tests {
             reply: "550 no".into(),
         };
         assert!(store
-            .settle(id, "w", Some((n, &result)), &settle)
+            .settle(id, job.token, Some((n, &result)), &settle)
             .await
             .unwrap());
     }

@@ -1,7 +1,12 @@
-//! Test harness: a relay on port 0 with a temporary SQLite store, and a small SMTP client that
-//! speaks over a real socket and hands back every reply line.
+//! Test harness: a relay on port 0 with a fresh store, and a small SMTP client that speaks over
+//! a real socket and hands back every reply line.
+//!
+//! The store is a temporary SQLite file, or, with `IDEMRELAY_TEST_BACKEND=postgres`, a fresh
+//! schema in the Postgres database named by `IDEMRELAY_TEST_POSTGRES`: the shared suites
+//! (intake, delivery, hostile input) run unchanged on either backend.
 #![allow(dead_code)]
 
+pub mod backend;
 pub mod process;
 
 use std::net::SocketAddr;
@@ -206,7 +211,7 @@ pub struct TestRelay {
 pub fn test_settings(dir: &std::path::Path) -> Settings {
     Settings {
         listen: vec!["127.0.0.1:0".parse().unwrap()],
-        store: format!("sqlite://{}", dir.join("relay.db").display()),
+        store: idemrelay::config::SecretUrl(format!("sqlite://{}", dir.join("relay.db").display())),
         hostname: "relay.test".into(),
         ..Settings::default()
     }
@@ -220,6 +225,7 @@ impl TestRelay {
     pub async fn start_with(tune: impl FnOnce(&mut Settings)) -> TestRelay {
         let dir = tempfile::tempdir().unwrap();
         let mut settings = test_settings(dir.path());
+        settings.store = backend::store_url(dir.path()).await;
         tune(&mut settings);
         TestRelay::start_in(dir, settings).await
     }
@@ -253,15 +259,7 @@ impl TestRelay {
 
     /// Number of rows in a table, read through a separate connection.
     pub async fn count(&self, table: &str) -> i64 {
-        let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", self.db_path().display()))
-            .await
-            .unwrap();
-        let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
-        n
+        backend::count(self.settings.store.expose(), table).await
     }
 }
 
@@ -287,7 +285,7 @@ where
 /// Delivery settings that make a test run in seconds: short backoff, quick scans, tight
 /// upstream deadlines.
 pub fn fast_delivery(settings: &mut Settings, upstream: SocketAddr) {
-    settings.upstream = Some(idemrelay::config::UpstreamUrl(format!(
+    settings.upstream = Some(idemrelay::config::SecretUrl(format!(
         "smtp://{upstream}?tls=none"
     )));
     let d = &mut settings.delivery;

@@ -1,0 +1,646 @@
+//! The shared Postgres backend: several relay instances, one database. Every time that decides
+//! retention, windows and leases comes from the database's clock (`idemrelay_now_ms()`), so
+//! instances with skewed clocks still agree. Claims use `FOR UPDATE SKIP LOCKED`; every write
+//! of a lease holder is fenced by the lease token.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Executor, Row};
+
+use super::migrate::{Embedded, Steps};
+use super::{
+    retention_ms, rows, AttemptResult, AttemptRow, Claimed, Insert, MessageSummary, NewRecord,
+    Pause, Requeue, Settle, State, Store, StoreError, StoredMessage,
+};
+
+const MIGRATIONS: Steps = &[(
+    1,
+    "schema",
+    include_str!("../../migrations/postgres/0001_schema.sql"),
+)];
+
+const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
+
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// `busy_timeout` bounds each statement and each wait for a pooled connection, so an
+    /// unreachable or wedged database turns into a prompt E01033 rather than a hung client.
+    pub async fn open(url: &str, busy_timeout: Duration) -> Result<Self, StoreError> {
+        let timeout_ms = retention_ms(busy_timeout).max(1);
+        let options = PgConnectOptions::from_str(url)?
+            .application_name("idemrelay")
+            .options([
+                ("statement_timeout", timeout_ms),
+                ("lock_timeout", timeout_ms),
+            ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(busy_timeout + Duration::from_secs(1))
+            .after_connect(|conn, _| Box::pin(async move { durable_commits(conn).await }))
+            .connect_with(options)
+            .await?;
+        Migrator::new(Embedded(MIGRATIONS))
+            .await?
+            .run(&pool)
+            .await?;
+        Ok(PostgresStore { pool })
+    }
+}
+
+/// A commit must be on disk before its 250: `synchronous_commit=off` would acknowledge
+/// commits a crash can still lose. Stronger settings (remote_write, remote_apply, which
+/// wait for synchronous replicas) are kept as the operator set them.
+async fn durable_commits(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let mode: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&mut *conn)
+        .await?;
+    if mode == "off" {
+        conn.execute("SET synchronous_commit = on").await?;
+    }
+    Ok(())
+}
+
+async fn db_now(conn: &mut PgConnection) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar("SELECT idemrelay_now_ms()")
+        .fetch_one(&mut *conn)
+        .await?)
+}
+
+/// Inserts a message row unless its (scope, key) is taken; returns the rows inserted.
+async fn insert_message(
+    conn: &mut PgConnection,
+    record: &NewRecord,
+    now: i64,
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
+            rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+         ON CONFLICT (scope, idem_key) DO NOTHING",
+    )
+    .bind(&record.id)
+    .bind(&record.scope)
+    .bind(&record.key)
+    .bind(record.key_source)
+    .bind(&record.fingerprint.as_bytes()[..])
+    .bind(&record.envelope.mail_from)
+    .bind(record.envelope.rcpt_to.join("\n"))
+    .bind(record.envelope.body.as_str())
+    .bind(record.envelope.smtputf8)
+    .bind(i64::try_from(record.size).unwrap_or(i64::MAX))
+    .bind(record.content.as_deref())
+    .bind(record.state.as_str())
+    .bind(&record.reply)
+    .bind(now)
+    .bind(&record.dsn_of)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected())
+}
+
+/// An intent left open by a worker that lost its lease: whether the upstream got the message
+/// cannot be known, so it is recorded as UNKNOWN (DESIGN §2), never as not sent.
+async fn close_open_intents(
+    conn: &mut PgConnection,
+    id: &str,
+    now: i64,
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE attempts SET outcome = 'unknown', finished_at = $1,
+            reply = 'worker stopped with this attempt open; outcome unknown'
+         WHERE message_id = $2 AND outcome IS NULL",
+    )
+    .bind(now)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected())
+}
+
+async fn insert_job(conn: &mut PgConnection, id: &str, now: i64) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO delivery_jobs (message_id, due_at) VALUES ($1, $2)")
+        .bind(id)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+async fn delete_job(conn: &mut PgConnection, id: &str) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM delivery_jobs WHERE message_id = $1")
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = db_now(&mut tx).await?;
+        // A concurrent insert of the same key (on any instance) makes ours wait for its
+        // commit and then do nothing; the loop covers two inserts both replacing the same
+        // expired record, where the slower one finds the faster one's row.
+        loop {
+            if insert_message(&mut tx, record, now).await? == 1 {
+                break;
+            }
+            let row = sqlx::query(&format!(
+                "SELECT id, fingerprint, reply, state,
+                        (state IN {TERMINAL_STATES} AND accepted_at + $3 <= $4) AS expired
+                 FROM messages WHERE scope = $1 AND idem_key = $2"
+            ))
+            .bind(&record.scope)
+            .bind(record.key.as_deref().unwrap_or_default())
+            .bind(retention_ms(retention))
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+            // Gone between our insert and this read: the holder rolled back or was purged.
+            let Some(row) = row else { continue };
+            let existing = rows::existing(&row)?;
+            if !row.try_get::<bool, _>("expired")? {
+                tx.rollback().await?;
+                return Ok(Insert::Existing(existing));
+            }
+            sqlx::query("DELETE FROM messages WHERE id = $1")
+                .bind(&existing.id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if record.state == State::Queued {
+            insert_job(&mut tx, &record.id, now).await?;
+        }
+        tx.commit().await?;
+        Ok(Insert::Inserted)
+    }
+
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        retention: Duration,
+    ) -> Result<Option<super::Existing>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT id, fingerprint, reply, state FROM messages
+             WHERE scope = $1 AND idem_key = $2
+               AND NOT (state IN {TERMINAL_STATES} AND accepted_at + $3 <= idemrelay_now_ms())"
+        ))
+        .bind(scope)
+        .bind(key)
+        .bind(retention_ms(retention))
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(rows::existing).transpose()
+    }
+
+    async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
+        let row = sqlx::query(
+            "SELECT m.*, EXISTS (SELECT 1 FROM delivery_jobs j WHERE j.message_id = m.id) AS has_job
+             FROM messages m WHERE m.id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(rows::stored_message).transpose()
+    }
+
+    async fn finish(
+        &self,
+        id: &str,
+        state: State,
+        upstream_reply: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let updated = sqlx::query(
+            "UPDATE messages SET state = $1, upstream_reply = $2, finished_at = idemrelay_now_ms()
+             WHERE id = $3 AND state = 'queued'",
+        )
+        .bind(state.as_str())
+        .bind(upstream_reply)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        delete_job(&mut tx, id).await?;
+        tx.commit().await?;
+        Ok(updated == 1)
+    }
+
+    /// Takes, and gives back, the lock an insert needs: this fails on a read-only standby
+    /// (as after a failover to a replica that was not promoted), without the privilege to
+    /// write records, and, after `lock_timeout`, while another session blocks writers.
+    async fn probe(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        tx.execute("LOCK TABLE messages IN ROW EXCLUSIVE MODE")
+            .await?;
+        tx.rollback().await?;
+        Ok(())
+    }
+
+    async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError> {
+        Ok(sqlx::query(&format!(
+            "DELETE FROM messages
+             WHERE state IN {TERMINAL_STATES} AND accepted_at + $1 <= idemrelay_now_ms()"
+        ))
+        .bind(retention_ms(retention))
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
+
+    async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = db_now(&mut tx).await?;
+        // SKIP LOCKED: instances claiming at the same moment take different jobs instead of
+        // queueing behind one another's row locks.
+        let row = sqlx::query(
+            "SELECT j.message_id, m.scope FROM delivery_jobs j
+             JOIN messages m ON m.id = j.message_id
+             LEFT JOIN scope_turns t ON t.scope = m.scope
+             WHERE j.due_at <= $1 AND (j.lease_until IS NULL OR j.lease_until <= $1)
+               AND NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL)
+             ORDER BY COALESCE(t.turn, 0), j.due_at, j.message_id
+             LIMIT 1
+             FOR UPDATE OF j SKIP LOCKED",
+        )
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let id: String = row.try_get("message_id")?;
+        let scope: String = row.try_get("scope")?;
+        sqlx::query(
+            "INSERT INTO scope_turns (scope, turn) VALUES ($1, nextval('scope_turn_seq'))
+             ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
+        )
+        .bind(&scope)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE delivery_jobs
+             SET lease_owner = $1, lease_until = $2, lease_token = lease_token + 1
+             WHERE message_id = $3",
+        )
+        .bind(owner)
+        .bind(now.saturating_add(retention_ms(lease)))
+        .bind(&id)
+        .execute(&mut *tx)
+        .await?;
+        let recovered = close_open_intents(&mut tx, &id, now).await? > 0;
+        let m = sqlx::query(
+            "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
+                    m.accepted_at, j.first_attempt_at, j.lease_token,
+                    (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
+                    EXISTS (SELECT 1 FROM attempts a
+                            WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
+             FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = $1",
+        )
+        .bind(&id)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(rows::claimed(&m, id, scope, recovered, now)?))
+    }
+
+    async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = db_now(&mut tx).await?;
+        let held = sqlx::query(
+            "UPDATE delivery_jobs SET first_attempt_at = COALESCE(first_attempt_at, $1)
+             WHERE message_id = $2 AND lease_token = $3 AND lease_owner IS NOT NULL",
+        )
+        .bind(now)
+        .bind(id)
+        .bind(token)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !held {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO attempts (message_id, attempt, owner, started_at)
+             SELECT message_id, $1, lease_owner, $2 FROM delivery_jobs WHERE message_id = $3",
+        )
+        .bind(i64::from(attempt))
+        .bind(now)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn settle(
+        &self,
+        id: &str,
+        token: i64,
+        attempt: Option<(u32, &AttemptResult)>,
+        settle: &Settle,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = db_now(&mut tx).await?;
+        // The row lock holds off a concurrent claim until this commit: the token checked
+        // here stays the token until the outcome is written.
+        let held: Option<i64> = sqlx::query_scalar(
+            "SELECT 1::BIGINT FROM delivery_jobs
+             WHERE message_id = $1 AND lease_token = $2 AND lease_owner IS NOT NULL
+             FOR UPDATE",
+        )
+        .bind(id)
+        .bind(token)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if held.is_none() {
+            // Our lease was taken over; the new holder owns the record now.
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        if let Some((attempt, result)) = attempt {
+            sqlx::query(
+                "UPDATE attempts SET finished_at = $1, outcome = $2, phase = $3, code = $4,
+                    reply = $5
+                 WHERE message_id = $6 AND attempt = $7",
+            )
+            .bind(now)
+            .bind(result.outcome)
+            .bind(result.phase)
+            .bind(result.code.map(i64::from))
+            .bind(&result.reply)
+            .bind(id)
+            .bind(i64::from(attempt))
+            .execute(&mut *tx)
+            .await?;
+        }
+        let finish = |state: State, reply: &str| {
+            sqlx::query(
+                "UPDATE messages SET state = $1, upstream_reply = $2, finished_at = $3
+                 WHERE id = $4",
+            )
+            .bind(state.as_str())
+            .bind(reply.to_string())
+            .bind(now)
+            .bind(id.to_string())
+        };
+        match settle {
+            Settle::Retry { after } => {
+                sqlx::query(
+                    "UPDATE delivery_jobs SET due_at = $1, attempts = attempts + 1,
+                        lease_owner = NULL, lease_until = NULL
+                     WHERE message_id = $2",
+                )
+                .bind(now.saturating_add(retention_ms(*after)))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Settle::Delivered { upstream_reply } => {
+                finish(State::Delivered, upstream_reply)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Settle::Unresolved { upstream_reply } => {
+                finish(State::Unresolved, upstream_reply)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Settle::Failed {
+                upstream_reply,
+                dsn,
+            } => {
+                finish(State::Failed, upstream_reply)
+                    .execute(&mut *tx)
+                    .await?;
+                if let Some(dsn) = dsn {
+                    if insert_message(&mut tx, dsn, now).await? == 1 {
+                        insert_job(&mut tx, &dsn.id, now).await?;
+                    }
+                }
+            }
+        }
+        if !matches!(settle, Settle::Retry { .. }) {
+            delete_job(&mut tx, id).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE delivery_jobs SET lease_until = idemrelay_now_ms() + $1
+             WHERE message_id = $2 AND lease_token = $3 AND lease_owner IS NOT NULL
+               AND lease_until > idemrelay_now_ms()",
+        )
+        .bind(retention_ms(lease))
+        .bind(id)
+        .bind(token)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
+    async fn lease_owners(&self) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT lease_owner FROM delivery_jobs
+             WHERE lease_owner IS NOT NULL AND lease_until > idemrelay_now_ms()",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE delivery_jobs SET lease_until = idemrelay_now_ms()
+             WHERE lease_owner = ANY($1) AND lease_until > idemrelay_now_ms()",
+        )
+        .bind(owners)
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
+
+    async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE delivery_jobs SET lease_owner = NULL, lease_until = NULL,
+                due_at = GREATEST(due_at, idemrelay_now_ms() + $1)
+             WHERE message_id = $2 AND lease_token = $3 AND lease_owner IS NOT NULL",
+        )
+        .bind(retention_ms(after))
+        .bind(id)
+        .bind(token)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
+        let found = sqlx::query(
+            "SELECT attempt, owner, started_at, finished_at, outcome, phase, code, reply
+             FROM attempts WHERE message_id = $1 ORDER BY attempt",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        found.iter().map(rows::attempt).collect()
+    }
+
+    async fn list(
+        &self,
+        state: Option<State>,
+        limit: usize,
+        after_id: Option<&str>,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let found = sqlx::query(
+            "SELECT m.id, m.scope, m.idem_key, m.state, m.accepted_at, m.upstream_reply,
+                    (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
+                    l.outcome, l.phase, l.code
+             FROM messages m
+             LEFT JOIN attempts l ON l.message_id = m.id
+                AND l.attempt = (SELECT MAX(attempt) FROM attempts x WHERE x.message_id = m.id)
+             WHERE ($1::TEXT IS NULL OR m.state = $1) AND ($2::TEXT IS NULL OR m.id > $2)
+             ORDER BY m.id
+             LIMIT $3",
+        )
+        .bind(state.map(State::as_str))
+        .bind(after_id)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        found.iter().map(rows::summary).collect()
+    }
+
+    async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT state, content IS NOT NULL AS has_content FROM messages
+             WHERE id = $1 FOR UPDATE",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return Ok(Requeue::NotFound);
+        };
+        let state: String = row.try_get("state")?;
+        let state = State::parse(&state).ok_or(StoreError::Corrupt {
+            id: id.to_string(),
+            what: "state",
+        })?;
+        let refusal = match state {
+            State::Failed => None,
+            State::Unresolved if allow_unresolved => None,
+            State::Unresolved => Some(Requeue::NeedsConfirmation),
+            other => Some(Requeue::WrongState(other)),
+        };
+        let refusal =
+            refusal.or((!row.try_get::<bool, _>("has_content")?).then_some(Requeue::ContentGone));
+        if let Some(refusal) = refusal {
+            tx.rollback().await?;
+            return Ok(refusal);
+        }
+        sqlx::query(
+            "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL
+             WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        // A terminal record has no job; a stray one would make the insert fail.
+        delete_job(&mut tx, id).await?;
+        let now = db_now(&mut tx).await?;
+        insert_job(&mut tx, id, now).await?;
+        tx.commit().await?;
+        Ok(Requeue::Requeued)
+    }
+
+    async fn cancel(&self, id: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = db_now(&mut tx).await?;
+        // A job locked right now (being claimed or settled) counts as leased.
+        let free: Option<i64> = sqlx::query_scalar(
+            "SELECT 1::BIGINT FROM delivery_jobs j JOIN messages m ON m.id = j.message_id
+             WHERE m.id = $1 AND m.state = 'queued'
+               AND (j.lease_until IS NULL OR j.lease_until <= $2)
+             FOR UPDATE OF j SKIP LOCKED",
+        )
+        .bind(id)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if free.is_none() {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        // An intent left open by a dead worker stays on record as unknown, as a claim would.
+        close_open_intents(&mut tx, id, now).await?;
+        sqlx::query(
+            "UPDATE messages SET state = 'failed', finished_at = $1,
+                upstream_reply = 'cancelled by an operator'
+             WHERE id = $2",
+        )
+        .bind(now)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        delete_job(&mut tx, id).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn paused(&self) -> Result<Option<Pause>, StoreError> {
+        let row = sqlx::query("SELECT paused_at, reason, probe FROM delivery_control WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        let Some(since_ms) = row.try_get::<Option<i64>, _>("paused_at")? else {
+            return Ok(None);
+        };
+        Ok(Some(Pause {
+            reason: row
+                .try_get::<Option<String>, _>("reason")?
+                .unwrap_or_default(),
+            since_ms,
+            probe: row.try_get("probe")?,
+        }))
+    }
+
+    async fn pause(&self, reason: &str, probe: bool) -> Result<(), StoreError> {
+        // An operator's pause is never downgraded to one a probe may lift.
+        sqlx::query(
+            "UPDATE delivery_control SET reason = $1,
+                probe = CASE WHEN paused_at IS NULL THEN $2 ELSE probe AND $2 END,
+                paused_at = COALESCE(paused_at, idemrelay_now_ms())
+             WHERE id = 1",
+        )
+        .bind(reason)
+        .bind(probe)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn resume(&self) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE delivery_control SET paused_at = NULL, reason = NULL, probe = false
+             WHERE id = 1",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! Decoding of stored rows into the trait's types, shared by both backends so that the two
+//! cannot drift apart. Each backend only says how to read one column.
+
+use sqlx::postgres::PgRow;
+use sqlx::sqlite::SqliteRow;
+use sqlx::Row;
+
+use super::{AttemptRow, Claimed, Existing, MessageSummary, State, StoreError, StoredMessage};
+use crate::intake::fingerprint::Fingerprint;
+
+/// Column access by name with the types the schema uses in both dialects (integers are
+/// 64-bit everywhere; flags are booleans).
+pub(crate) trait Columns {
+    fn text(&self, col: &str) -> Result<String, sqlx::Error>;
+    fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error>;
+    fn int(&self, col: &str) -> Result<i64, sqlx::Error>;
+    fn opt_int(&self, col: &str) -> Result<Option<i64>, sqlx::Error>;
+    fn flag(&self, col: &str) -> Result<bool, sqlx::Error>;
+    fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error>;
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error>;
+}
+
+macro_rules! columns_for {
+    ($row:ty) => {
+        impl Columns for $row {
+            fn text(&self, col: &str) -> Result<String, sqlx::Error> {
+                self.try_get(col)
+            }
+            fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error> {
+                self.try_get(col)
+            }
+            fn int(&self, col: &str) -> Result<i64, sqlx::Error> {
+                self.try_get(col)
+            }
+            fn opt_int(&self, col: &str) -> Result<Option<i64>, sqlx::Error> {
+                self.try_get(col)
+            }
+            fn flag(&self, col: &str) -> Result<bool, sqlx::Error> {
+                self.try_get(col)
+            }
+            fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error> {
+                self.try_get(col)
+            }
+            fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
+                self.try_get(col)
+            }
+        }
+    };
+}
+
+columns_for!(SqliteRow);
+columns_for!(PgRow);
+
+fn state(row: &impl Columns, id: &str) -> Result<State, StoreError> {
+    State::parse(&row.text("state")?).ok_or(StoreError::Corrupt {
+        id: id.to_string(),
+        what: "state",
+    })
+}
+
+fn recipients(row: &impl Columns) -> Result<Vec<String>, StoreError> {
+    Ok(row
+        .text("rcpt_to")?
+        .split('\n')
+        .map(str::to_string)
+        .collect())
+}
+
+fn code(row: &impl Columns) -> Result<Option<u16>, StoreError> {
+    Ok(row.opt_int("code")?.and_then(|c| u16::try_from(c).ok()))
+}
+
+/// Columns: id, fingerprint, reply, state.
+pub(crate) fn existing(row: &impl Columns) -> Result<Existing, StoreError> {
+    let id = row.text("id")?;
+    Ok(Existing {
+        fingerprint: Fingerprint::from_slice(&row.bytes("fingerprint")?).ok_or(
+            StoreError::Corrupt {
+                id: id.clone(),
+                what: "fingerprint",
+            },
+        )?,
+        state: state(row, &id)?,
+        reply: row.text("reply")?,
+        id,
+    })
+}
+
+/// Columns: every column of `messages`, plus has_job.
+pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreError> {
+    let existing = existing(row)?;
+    Ok(StoredMessage {
+        id: existing.id,
+        scope: row.text("scope")?,
+        key: row.opt_text("idem_key")?,
+        key_source: row.text("key_source")?,
+        fingerprint: existing.fingerprint,
+        mail_from: row.text("mail_from")?,
+        rcpt_to: recipients(row)?,
+        content: row.opt_bytes("content")?,
+        state: existing.state,
+        reply: existing.reply,
+        accepted_at_ms: row.int("accepted_at")?,
+        has_job: row.flag("has_job")?,
+        finished_at_ms: row.opt_int("finished_at")?,
+        upstream_reply: row.opt_text("upstream_reply")?,
+    })
+}
+
+/// Columns: idem_key, mail_from, rcpt_to, body_type, smtputf8, content, accepted_at,
+/// first_attempt_at, lease_token, attempts, any_unknown.
+pub(crate) fn claimed(
+    row: &impl Columns,
+    id: String,
+    scope: String,
+    recovered: bool,
+    now_ms: i64,
+) -> Result<Claimed, StoreError> {
+    Ok(Claimed {
+        content: row.opt_bytes("content")?.ok_or(StoreError::Corrupt {
+            id: id.clone(),
+            what: "queued message without content",
+        })?,
+        key: row.opt_text("idem_key")?,
+        mail_from: row.text("mail_from")?,
+        rcpt_to: recipients(row)?,
+        eight_bit: row.text("body_type")? == "8BITMIME",
+        smtputf8: row.flag("smtputf8")?,
+        accepted_at_ms: row.int("accepted_at")?,
+        attempts: u32::try_from(row.int("attempts")?).unwrap_or(u32::MAX),
+        first_attempt_at_ms: row.opt_int("first_attempt_at")?,
+        any_unknown: row.flag("any_unknown")?,
+        recovered,
+        now_ms,
+        token: row.int("lease_token")?,
+        id,
+        scope,
+    })
+}
+
+/// Columns: attempt, owner, started_at, finished_at, outcome, phase, code, reply.
+pub(crate) fn attempt(row: &impl Columns) -> Result<AttemptRow, StoreError> {
+    Ok(AttemptRow {
+        attempt: u32::try_from(row.int("attempt")?).unwrap_or(u32::MAX),
+        owner: row.text("owner")?,
+        started_at_ms: row.int("started_at")?,
+        finished_at_ms: row.opt_int("finished_at")?,
+        outcome: row.opt_text("outcome")?,
+        phase: row.opt_text("phase")?,
+        code: code(row)?,
+        reply: row.opt_text("reply")?,
+    })
+}
+
+/// Columns: id, scope, idem_key, state, accepted_at, upstream_reply, attempts, and the last
+/// attempt's outcome, phase, code.
+pub(crate) fn summary(row: &impl Columns) -> Result<MessageSummary, StoreError> {
+    let id = row.text("id")?;
+    Ok(MessageSummary {
+        state: state(row, &id)?,
+        scope: row.text("scope")?,
+        key: row.opt_text("idem_key")?,
+        accepted_at_ms: row.int("accepted_at")?,
+        attempts: u32::try_from(row.int("attempts")?).unwrap_or(u32::MAX),
+        last_outcome: row.opt_text("outcome")?,
+        last_phase: row.opt_text("phase")?,
+        last_code: code(row)?,
+        upstream_reply: row.opt_text("upstream_reply")?,
+        id,
+    })
+}
