@@ -1,0 +1,245 @@
+//! The storage contract both backends must keep, driven through the `Store` trait with two
+//! independent handles on one database, as two relay instances would hold. Runs on SQLite
+//! always and on Postgres when `IDEMRELAY_TEST_POSTGRES` names a database.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::backend;
+use idemrelay::intake::fingerprint::Fingerprint;
+use idemrelay::smtp::session::{BodyType, Envelope};
+use idemrelay::store::{self, AttemptResult, Insert, NewRecord, Settle, State, Store};
+
+const RETENTION: Duration = Duration::from_secs(3600);
+const LONG_LEASE: Duration = Duration::from_secs(600);
+
+fn record(id: &str, key: &str, fp: u8) -> NewRecord {
+    NewRecord {
+        id: id.into(),
+        scope: "s".into(),
+        key: Some(key.into()),
+        key_source: "header",
+        fingerprint: Fingerprint::from_bytes([fp; 32]),
+        envelope: Envelope {
+            mail_from: "a@example.com".into(),
+            rcpt_to: vec!["b@example.com".into()],
+            body: BodyType::SevenBit,
+            smtputf8: false,
+        },
+        content: Some(b"Subject: x\r\n\r\nbody\r\n".to_vec()),
+        size: 20,
+        state: State::Queued,
+        reply: format!("250 2.0.0 OK queued as {id}"),
+        dsn_of: None,
+    }
+}
+
+/// Two handles on one fresh store: (name, first, second).
+async fn instances(dir: &tempfile::TempDir) -> Vec<(&'static str, Arc<dyn Store>, Arc<dyn Store>)> {
+    let timeout = Duration::from_secs(5);
+    let mut out = Vec::new();
+    let sqlite = format!("sqlite://{}", dir.path().join("s.db").display());
+    out.push((
+        "sqlite",
+        store::open(&sqlite, timeout).await.unwrap(),
+        store::open(&sqlite, timeout).await.unwrap(),
+    ));
+    if let Some(base) = backend::postgres_or_skip("store_contract (postgres half)") {
+        let url = backend::fresh_schema(&base).await;
+        out.push((
+            "postgres",
+            store::open(&url, timeout).await.unwrap(),
+            store::open(&url, timeout).await.unwrap(),
+        ));
+    }
+    out
+}
+
+fn accepted() -> AttemptResult {
+    AttemptResult {
+        outcome: "accepted",
+        phase: Some("dot"),
+        code: Some(250),
+        reply: "250 ok".into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_inserts_of_one_key_on_two_instances_make_one_record() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b) in instances(&dir).await {
+        let mut tasks = Vec::new();
+        for k in 0..40 {
+            for (side, store) in [("a", a.clone()), ("b", b.clone())] {
+                tasks.push(tokio::spawn(async move {
+                    let rec = record(&format!("{side}{k}"), &format!("key-{k}"), 1);
+                    (k, store.insert(&rec, RETENTION).await.unwrap())
+                }));
+            }
+        }
+        let mut winners = vec![Vec::new(); 40];
+        let mut losers = vec![Vec::new(); 40];
+        for t in tasks {
+            let (k, result) = t.await.unwrap();
+            match result {
+                Insert::Inserted => winners[k].push(()),
+                Insert::Existing(e) => losers[k].push(e.id),
+            }
+        }
+        for k in 0..40 {
+            assert_eq!(
+                winners[k].len(),
+                1,
+                "{name}: key-{k} inserted {} times",
+                winners[k].len()
+            );
+            assert_eq!(losers[k].len(), 1, "{name}: key-{k}");
+            let kept = a
+                .lookup("s", &format!("key-{k}"), RETENTION)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                losers[k][0], kept.id,
+                "{name}: the loser sees the winner's record"
+            );
+        }
+        assert_eq!(a.list(None, 1000, None).await.unwrap().len(), 40, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_on_two_instances_take_each_job_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b) in instances(&dir).await {
+        for n in 0..60 {
+            a.insert(&record(&format!("m{n:02}"), &format!("k{n}"), 1), RETENTION)
+                .await
+                .unwrap();
+        }
+        let mut tasks = Vec::new();
+        for w in 0..6 {
+            let store = if w % 2 == 0 { a.clone() } else { b.clone() };
+            tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                while let Some(job) = store.claim(&format!("w{w}"), LONG_LEASE).await.unwrap() {
+                    got.push(job.id);
+                }
+                got
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        let distinct: HashSet<_> = all.iter().cloned().collect();
+        assert_eq!(all.len(), 60, "{name}: every job claimed exactly once");
+        assert_eq!(distinct.len(), 60, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_holder_whose_lease_was_taken_over_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b) in instances(&dir).await {
+        a.insert(&record("m1", "k1", 1), RETENTION).await.unwrap();
+        let short = Duration::from_millis(300);
+        let old = a.claim("old", short).await.unwrap().expect("claimed");
+        assert!(a.begin_attempt("m1", old.token, 1).await.unwrap(), "{name}");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Expired: another instance takes the job over, and the open intent becomes unknown.
+        let new = b
+            .claim("new", LONG_LEASE)
+            .await
+            .unwrap()
+            .expect("taken over");
+        assert_ne!(new.token, old.token, "{name}: a claim changes the token");
+        assert!(new.recovered && new.attempts == 1, "{name}: {new:?}");
+
+        // Every write the old holder might still attempt is refused.
+        assert!(
+            !a.renew_lease("m1", old.token, LONG_LEASE).await.unwrap(),
+            "{name}"
+        );
+        assert!(
+            !a.begin_attempt("m1", old.token, 2).await.unwrap(),
+            "{name}"
+        );
+        let delivered = Settle::Delivered {
+            upstream_reply: "250 stale".into(),
+        };
+        assert!(
+            !a.settle("m1", old.token, Some((1, &accepted())), &delivered)
+                .await
+                .unwrap(),
+            "{name}: a stale outcome must not overwrite the ledger"
+        );
+        a.release("m1", old.token, Duration::ZERO).await.unwrap();
+        let ledger = a.attempts("m1").await.unwrap();
+        assert_eq!(ledger.len(), 1, "{name}");
+        assert_eq!(ledger[0].outcome.as_deref(), Some("unknown"), "{name}");
+        assert_eq!(a.message("m1").await.unwrap().unwrap().state, State::Queued);
+        assert!(
+            b.claim("other", LONG_LEASE).await.unwrap().is_none(),
+            "{name}: the stale release did not free the new holder's lease"
+        );
+
+        // The new holder's writes go through.
+        assert!(
+            b.renew_lease("m1", new.token, LONG_LEASE).await.unwrap(),
+            "{name}"
+        );
+        assert!(b.begin_attempt("m1", new.token, 2).await.unwrap(), "{name}");
+        let fresh = Settle::Delivered {
+            upstream_reply: "250 fresh".into(),
+        };
+        assert!(b
+            .settle("m1", new.token, Some((2, &accepted())), &fresh)
+            .await
+            .unwrap());
+        let m = a.message("m1").await.unwrap().unwrap();
+        assert_eq!(m.state, State::Delivered, "{name}");
+        assert_eq!(m.upstream_reply.as_deref(), Some("250 fresh"), "{name}");
+        let owners: Vec<_> = a
+            .attempts("m1")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.owner)
+            .collect();
+        assert_eq!(owners, ["old", "new"], "{name}");
+    }
+}
+
+#[tokio::test]
+async fn an_expired_terminal_record_is_replaced_and_a_live_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b) in instances(&dir).await {
+        let mut rejected = record("r1", "k", 1);
+        rejected.state = State::Rejected;
+        rejected.content = None;
+        assert_eq!(
+            a.insert(&rejected, RETENTION).await.unwrap(),
+            Insert::Inserted
+        );
+        match b.insert(&record("r2", "k", 2), RETENTION).await.unwrap() {
+            Insert::Existing(e) => assert_eq!(e.id, "r1", "{name}"),
+            other => panic!("{name}: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let short = Duration::from_millis(10);
+        assert!(b.lookup("s", "k", short).await.unwrap().is_none(), "{name}");
+        assert_eq!(
+            b.insert(&record("r3", "k", 3), short).await.unwrap(),
+            Insert::Inserted
+        );
+        assert!(a.message("r1").await.unwrap().is_none(), "{name}");
+        assert_eq!(
+            a.lookup("s", "k", RETENTION).await.unwrap().unwrap().id,
+            "r3"
+        );
+    }
+}
