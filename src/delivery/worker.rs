@@ -75,9 +75,10 @@ pub fn start(
         settings,
     });
     let process = ProcessId::current();
-    let mut tasks = vec![tokio::spawn(reclaim_dead_leases(
+    let mut tasks = vec![tokio::spawn(watch_for_dead_lease_owners(
         shared.store.clone(),
         process.clone(),
+        stop.clone(),
     ))];
     for n in 0..shared.settings.workers.max(1) {
         let mut client = UpstreamClient::new(
@@ -474,7 +475,28 @@ fn host_name() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
-async fn reclaim_dead_leases(store: Arc<dyn Store>, me: ProcessId) {
+/// Not only at start: instances sharing one database on one host take over a sibling that
+/// died within seconds, instead of leaving its messages until their leases run out.
+const DEAD_OWNER_CHECK: Duration = Duration::from_secs(2);
+
+async fn watch_for_dead_lease_owners(
+    store: Arc<dyn Store>,
+    me: ProcessId,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        reclaim_dead_leases(store.as_ref(), &me).await;
+        tokio::select! {
+            _ = tokio::time::sleep(DEAD_OWNER_CHECK) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+    }
+}
+
+async fn reclaim_dead_leases(store: &dyn Store, me: &ProcessId) {
     let result = async {
         let dead: Vec<String> = store
             .lease_owners()

@@ -139,6 +139,46 @@ impl Client {
     pub async fn quit(mut self) {
         let _ = self.cmd("QUIT").await;
     }
+
+    /// One whole submission on a new connection, as a client that copes with a relay going
+    /// away: `None` when the connection failed or closed before the reply to the final dot,
+    /// otherwise the first reply that was not positive, or the reply to the dot.
+    pub async fn try_submit(
+        addr: SocketAddr,
+        from: &str,
+        to: &[&str],
+        message: &[u8],
+    ) -> Option<Answer> {
+        let stream = TcpStream::connect(addr).await.ok()?;
+        let mut c = Client {
+            stream,
+            buf: Vec::new(),
+        };
+        let greeting = c.read_answer().await?;
+        if greeting.code != 220 {
+            return Some(greeting);
+        }
+        let mut steps = vec![
+            "EHLO client.test".to_string(),
+            format!("MAIL FROM:<{from}>"),
+        ];
+        steps.extend(to.iter().map(|r| format!("RCPT TO:<{r}>")));
+        steps.push("DATA".into());
+        for step in steps {
+            c.stream
+                .write_all(format!("{step}\r\n").as_bytes())
+                .await
+                .ok()?;
+            let answer = c.read_answer().await?;
+            if answer.code >= 400 {
+                return Some(answer);
+            }
+        }
+        c.stream.write_all(&dot_stuff(message)).await.ok()?;
+        let answer = c.read_answer().await?;
+        let _ = c.stream.write_all(b"QUIT\r\n").await;
+        Some(answer)
+    }
 }
 
 /// Dot-stuffs a CRLF message and appends the terminator (adding a final CRLF if missing).
