@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::{Executor, Row};
+use sqlx::{Connection, Executor, Row};
 
 use super::migrate::{Embedded, Steps};
 use super::{
@@ -33,22 +33,24 @@ impl PostgresStore {
     /// `busy_timeout` bounds each statement and each wait for a pooled connection, so an
     /// unreachable or wedged database turns into a prompt E01033 rather than a hung client.
     pub async fn open(url: &str, busy_timeout: Duration) -> Result<Self, StoreError> {
+        let options = PgConnectOptions::from_str(url)?.application_name("idemrelay");
+        // Migrations run on a connection of their own, without the statement timeout: a
+        // future migration of a big table may rightly take longer than a store write.
+        let mut migrating = PgConnection::connect_with(&options).await?;
+        Migrator::new(Embedded(MIGRATIONS))
+            .await?
+            .run(&mut migrating)
+            .await?;
+        migrating.close().await?;
         let timeout_ms = retention_ms(busy_timeout).max(1);
-        let options = PgConnectOptions::from_str(url)?
-            .application_name("idemrelay")
-            .options([
-                ("statement_timeout", timeout_ms),
-                ("lock_timeout", timeout_ms),
-            ]);
         let pool = PgPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(busy_timeout + Duration::from_secs(1))
             .after_connect(|conn, _| Box::pin(async move { durable_commits(conn).await }))
-            .connect_with(options)
-            .await?;
-        Migrator::new(Embedded(MIGRATIONS))
-            .await?
-            .run(&pool)
+            .connect_with(options.options([
+                ("statement_timeout", timeout_ms),
+                ("lock_timeout", timeout_ms),
+            ]))
             .await?;
         Ok(PostgresStore { pool })
     }
