@@ -1,0 +1,460 @@
+//! Load benchmark: an SMTP load generator against the relay and, in the same run, against a
+//! plain SMTP sink (`idemrelay sink`, in memory, no fsync) as the ceiling.
+//!
+//! `cargo bench --bench relay_load` (add `-- --quick` for a short run). Both servers run as
+//! release-built child processes; the generator runs on one thread of this process. The relay
+//! uses SQLite with `synchronous=FULL` in `target/bench-tmp` (a real disk, never tmpfs, so that
+//! every commit is an fsync). It prints, per scenario, accepted messages/s and the latency from
+//! the final dot to the 250 (p50/p99), the relay/sink ratio against the targets of issue 7,
+//! and the relay's peak RSS.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+const BIN: &str = env!("CARGO_BIN_EXE_idemrelay");
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sessions {
+    /// A new connection (greeting, EHLO, QUIT) per message.
+    NewPerMessage,
+    /// C long sessions, each sending its share of the messages.
+    Reused,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Load {
+    messages: usize,
+    concurrency: usize,
+    size: usize,
+    sessions: Sessions,
+}
+
+#[derive(Debug)]
+struct Measured {
+    per_second: f64,
+    p50: Duration,
+    p99: Duration,
+    elapsed: Duration,
+}
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+}
+
+/// A child server, killed when dropped.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+}
+
+async fn wait_for_greeting(addr: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(stream) = TcpStream::connect(addr).await {
+            let mut lines = BufReader::new(stream);
+            let mut greeting = String::new();
+            if lines.read_line(&mut greeting).await.is_ok() && greeting.starts_with("220") {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("no greeting from {addr}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn start_sink(api: SocketAddr) -> anyhow::Result<Server> {
+    let addr = free_port();
+    let child = Command::new(BIN)
+        .args(["sink", "--listen", &addr.to_string(), "--api", &api.to_string()])
+        .env("IDEMRELAY_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("spawn idemrelay sink")?;
+    let server = Server { child, addr };
+    wait_for_greeting(addr).await?;
+    Ok(server)
+}
+
+/// The relay as an operator would run it: default settings (info logs included, written to a
+/// file), a fresh SQLite store, optionally forwarding to `upstream`.
+async fn start_relay(dir: &Path, upstream: Option<SocketAddr>) -> anyhow::Result<Server> {
+    let addr = free_port();
+    let db = dir.join(format!("relay-{}.db", addr.port()));
+    let log = std::fs::File::create(dir.join(format!("relay-{}.log", addr.port())))?;
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--listen", &addr.to_string(), "--hostname", "bench.test"])
+        .args(["--store", &format!("sqlite://{}", db.display())]);
+    if let Some(up) = upstream {
+        cmd.args(["--upstream", &format!("smtp://{up}?tls=none")]);
+    }
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("spawn idemrelay serve")?;
+    let server = Server { child, addr };
+    wait_for_greeting(addr).await?;
+    Ok(server)
+}
+
+fn message(run: &str, n: usize, size: usize) -> Vec<u8> {
+    let mut m = format!(
+        "From: Bench <bench@example.com>\r\nTo: rcpt@example.com\r\n\
+         X-Bird-Idempotency-Key: {run}-{n}\r\nSubject: bench {n}\r\n\r\n"
+    )
+    .into_bytes();
+    let line = b"The quick brown fox jumps over the lazy dog, again and again and again.\r\n";
+    while m.len() + line.len() <= size {
+        m.extend_from_slice(line);
+    }
+    while m.len() + 2 < size {
+        m.push(b'x');
+    }
+    m.extend_from_slice(b"\r\n");
+    m
+}
+
+struct Conn {
+    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+    line: String,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> anyhow::Result<Conn> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (r, w) = stream.into_split();
+        let mut c = Conn {
+            reader: BufReader::new(r),
+            writer: w,
+            line: String::new(),
+        };
+        c.expect(220).await?;
+        c.writer.write_all(b"EHLO load.test\r\n").await?;
+        c.expect(250).await?;
+        Ok(c)
+    }
+
+    /// Reads a whole (multi-line) reply and checks its code.
+    async fn expect(&mut self, code: u16) -> anyhow::Result<()> {
+        loop {
+            self.line.clear();
+            if self.reader.read_line(&mut self.line).await? == 0 {
+                bail!("connection closed");
+            }
+            if self.line.as_bytes().get(3) != Some(&b'-') {
+                break;
+            }
+        }
+        if !self.line.starts_with(&code.to_string()) {
+            bail!("expected {code}, got {:?}", self.line.trim_end());
+        }
+        Ok(())
+    }
+
+    /// One transaction; returns the time from the final dot to its 250.
+    async fn send(&mut self, body: &[u8]) -> anyhow::Result<Duration> {
+        self.writer
+            .write_all(b"MAIL FROM:<bench@example.com>\r\n")
+            .await?;
+        self.expect(250).await?;
+        self.writer.write_all(b"RCPT TO:<rcpt@example.com>\r\n").await?;
+        self.expect(250).await?;
+        self.writer.write_all(b"DATA\r\n").await?;
+        self.expect(354).await?;
+        self.writer.write_all(body).await?;
+        let dot = Instant::now();
+        self.writer.write_all(b".\r\n").await?;
+        self.expect(250).await?;
+        Ok(dot.elapsed())
+    }
+
+    async fn quit(mut self) -> anyhow::Result<()> {
+        self.writer.write_all(b"QUIT\r\n").await?;
+        let _ = self.reader.read_to_end(&mut Vec::new()).await;
+        Ok(())
+    }
+}
+
+/// Runs `load` against `addr`; every message must get a 250.
+async fn run(addr: SocketAddr, load: Load, run_id: &str) -> anyhow::Result<Measured> {
+    // Messages are built before the clock starts; none of them is stuffed (no line starts
+    // with a dot), so the bytes are sent as they are.
+    let bodies: Vec<Vec<u8>> = (0..load.messages)
+        .map(|n| message(run_id, n, load.size))
+        .collect();
+    let bodies = std::sync::Arc::new(bodies);
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..load.concurrency {
+        let (bodies, next) = (bodies.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut conn: Option<Conn> = None;
+            loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n >= bodies.len() {
+                    break;
+                }
+                let mut c = match conn.take() {
+                    Some(c) => c,
+                    None => Conn::open(addr).await?,
+                };
+                latencies.push(c.send(&bodies[n]).await?);
+                match load.sessions {
+                    Sessions::Reused => conn = Some(c),
+                    Sessions::NewPerMessage => c.quit().await?,
+                }
+            }
+            if let Some(c) = conn {
+                c.quit().await?;
+            }
+            anyhow::Ok(latencies)
+        }));
+    }
+    let mut latencies = Vec::with_capacity(load.messages);
+    for t in tasks {
+        latencies.extend(t.await??);
+    }
+    let elapsed = started.elapsed();
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+    Ok(Measured {
+        per_second: load.messages as f64 / elapsed.as_secs_f64(),
+        p50: pct(0.50),
+        p99: pct(0.99),
+        elapsed,
+    })
+}
+
+async fn sink_messages(api: SocketAddr) -> anyhow::Result<usize> {
+    let mut stream = TcpStream::connect(api).await?;
+    stream
+        .write_all(b"GET /stats HTTP/1.0\r\nHost: sink\r\n\r\n")
+        .await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("HTTP response without a body")?;
+    let stats: serde_json::Value = serde_json::from_slice(&response[split + 4..])?;
+    stats["messages"]
+        .as_u64()
+        .map(|n| n as usize)
+        .context("stats without messages")
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+struct Report {
+    failures: Vec<String>,
+}
+
+impl Report {
+    fn ratio(&mut self, what: &str, relay: f64, sink: f64, target: f64, higher_is_better: bool) {
+        let ratio = relay / sink;
+        let ok = if higher_is_better {
+            ratio >= target
+        } else {
+            ratio <= target
+        };
+        let sign = if higher_is_better { ">=" } else { "<=" };
+        println!(
+            "  => {what}: relay/sink = {ratio:.2} (target {sign} {target:.2}) {}",
+            if ok { "PASS" } else { "MISS" }
+        );
+        if !ok {
+            self.failures.push(format!("{what}: {ratio:.2}"));
+        }
+    }
+}
+
+fn line(name: &str, m: &Measured) {
+    println!(
+        "  {name:<5} {:>8.0} msg/s   p50 {:>9}   p99 {:>9}   ({:.2} s)",
+        m.per_second,
+        ms(m.p50),
+        ms(m.p99),
+        m.elapsed.as_secs_f64()
+    );
+}
+
+async fn compare(
+    title: &str,
+    sink: SocketAddr,
+    dir: &Path,
+    load: Load,
+    tag: &str,
+) -> anyhow::Result<(Measured, Measured, Option<u64>)> {
+    println!(
+        "{title}: {} messages of {} B, C={}, {:?}",
+        load.messages, load.size, load.concurrency, load.sessions
+    );
+    let at_sink = run(sink, load, &format!("{tag}-sink")).await?;
+    line("sink", &at_sink);
+    let relay = start_relay(dir, None).await?;
+    let at_relay = run(relay.addr, load, &format!("{tag}-relay")).await?;
+    line("relay", &at_relay);
+    let rss = relay.peak_rss_kib();
+    if let Some(kib) = rss {
+        println!("  relay peak RSS {:.1} MB", kib as f64 / 1024.0);
+    }
+    Ok((at_sink, at_relay, rss))
+}
+
+fn bench_dir() -> anyhow::Result<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-tmp");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+async fn bench(quick: bool) -> anyhow::Result<Vec<String>> {
+    let scale = |n: usize| if quick { n / 4 } else { n };
+    let dir = bench_dir()?;
+    let api = free_port();
+    let sink = start_sink(api).await?;
+    let mut report = Report {
+        failures: Vec::new(),
+    };
+    // Warm-up: connections, page cache, the binary.
+    let warm = Load {
+        messages: 200,
+        concurrency: 10,
+        size: 1024,
+        sessions: Sessions::NewPerMessage,
+    };
+    run(sink.addr, warm, "warm").await?;
+
+    let c50 = Load {
+        messages: scale(4000),
+        concurrency: 50,
+        size: 1024,
+        sessions: Sessions::NewPerMessage,
+    };
+    let (s, r, rss) = compare("1 KB, C=50", sink.addr, &dir, c50, "c50").await?;
+    report.ratio("1 KB C=50 throughput", r.per_second, s.per_second, 0.50, true);
+    let sink_c50 = s.per_second;
+    match rss {
+        Some(kib) if kib <= 64 * 1024 => println!("  => relay peak RSS <= 64 MB PASS"),
+        Some(kib) => {
+            println!("  => relay peak RSS <= 64 MB MISS");
+            report.failures.push(format!("RSS {kib} KiB"));
+        }
+        None => println!("  => relay peak RSS not readable"),
+    }
+
+    let reused = Load {
+        sessions: Sessions::Reused,
+        ..c50
+    };
+    let (s, r, _) = compare("1 KB, C=50", sink.addr, &dir, reused, "reuse").await?;
+    println!(
+        "  => reused sessions (no target): relay/sink = {:.2}",
+        r.per_second / s.per_second
+    );
+
+    let c1 = Load {
+        messages: scale(1000),
+        concurrency: 1,
+        ..c50
+    };
+    let (s, r, _) = compare("1 KB, C=1", sink.addr, &dir, c1, "c1").await?;
+    report.ratio(
+        "1 KB C=1 latency p50",
+        r.p50.as_secs_f64(),
+        s.p50.as_secs_f64(),
+        1.6,
+        false,
+    );
+
+    let big = Load {
+        messages: scale(1000),
+        size: 100 * 1024,
+        ..c50
+    };
+    let (s, r, _) = compare("100 KB, C=50", sink.addr, &dir, big, "big").await?;
+    report.ratio("100 KB C=50 throughput", r.per_second, s.per_second, 0.60, true);
+
+    // End to end: submitted to the relay, delivered to the sink; the clock stops when the
+    // sink holds all of them.
+    println!(
+        "end to end: {} messages of 1024 B, C=50, new connection per message, relay -> sink",
+        c50.messages
+    );
+    let relay = start_relay(&dir, Some(sink.addr)).await?;
+    let before = sink_messages(api).await?;
+    let started = Instant::now();
+    let submitted = run(relay.addr, c50, "e2e").await?;
+    line("relay", &submitted);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while sink_messages(api).await? < before + c50.messages {
+        if Instant::now() > deadline {
+            bail!("end to end: not all delivered");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let e2e = started.elapsed();
+    let e2e_rate = c50.messages as f64 / e2e.as_secs_f64();
+    println!(
+        "  all {} at the sink after {:.2} s: {e2e_rate:.0} msg/s end to end",
+        c50.messages,
+        e2e.as_secs_f64()
+    );
+    report.ratio("end to end C=50", e2e_rate, sink_c50, 0.30, true);
+    if let Some(kib) = relay.peak_rss_kib() {
+        println!("  relay peak RSS {:.1} MB", kib as f64 / 1024.0);
+    }
+    Ok(report.failures)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // One thread: the generator must not take both cores from the servers it measures.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let failures = rt.block_on(bench(quick))?;
+    if failures.is_empty() {
+        println!("all targets met");
+    } else {
+        println!("targets missed: {}", failures.join("; "));
+    }
+    Ok(())
+}
