@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod delivery;
 pub mod intake;
+pub mod metrics;
 pub mod sink;
 pub mod smtp;
 pub mod store;
