@@ -2,6 +2,7 @@
 //!
 //! Bytes flow socket → `smtp::server` → `smtp::session` (pure) → `intake` → `store`.
 
+pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod cli;

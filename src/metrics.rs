@@ -300,7 +300,12 @@ mod tests {
         m.submission(SubmissionOutcome::Accepted);
         m.submission(SubmissionOutcome::Accepted);
         m.submission(SubmissionOutcome::InProgress);
-        m.attempt("permanent", Some("rcpt"), "failed", Duration::from_millis(30));
+        m.attempt(
+            "permanent",
+            Some("rcpt"),
+            "failed",
+            Duration::from_millis(30),
+        );
         m.intake_commit(Duration::from_millis(2));
         m.breaker_state(BreakerState::Open);
         let stats = QueueStats {
@@ -310,14 +315,23 @@ mod tests {
         let text = m.render(&stats, 12_500, 7, true);
         let v = |series: &str| sample(&text, series).unwrap_or_else(|| panic!("{series}\n{text}"));
         assert_eq!(v("idemrelay_submissions_total{result=\"accepted\"}"), 2.0);
-        assert_eq!(v("idemrelay_submissions_total{result=\"in_progress\"}"), 1.0);
+        assert_eq!(
+            v("idemrelay_submissions_total{result=\"in_progress\"}"),
+            1.0
+        );
         assert_eq!(v("idemrelay_submissions_total{result=\"conflict\"}"), 0.0);
         assert_eq!(
             v("idemrelay_delivery_attempts_total{outcome=\"permanent\",phase=\"rcpt\"}"),
             1.0
         );
-        assert_eq!(v("idemrelay_delivery_decisions_total{decision=\"failed\"}"), 1.0);
-        assert_eq!(v("idemrelay_delivery_decisions_total{decision=\"delivered\"}"), 0.0);
+        assert_eq!(
+            v("idemrelay_delivery_decisions_total{decision=\"failed\"}"),
+            1.0
+        );
+        assert_eq!(
+            v("idemrelay_delivery_decisions_total{decision=\"delivered\"}"),
+            0.0
+        );
         assert_eq!(
             v("idemrelay_upstream_attempt_duration_seconds_bucket{le=\"0.05\",outcome=\"permanent\"}"),
             1.0

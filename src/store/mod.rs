@@ -411,7 +411,14 @@ mod tests {
     #[test]
     fn days_are_checked() {
         assert_eq!(parse_day("2026-11-29").as_deref(), Some("2026-11-29"));
-        for bad in ["2026-13-01", "2026-1-01", "26-11-29", "2026-11-29T", "yyyy-mm-dd", ""] {
+        for bad in [
+            "2026-13-01",
+            "2026-1-01",
+            "26-11-29",
+            "2026-11-29T",
+            "yyyy-mm-dd",
+            "",
+        ] {
             assert_eq!(parse_day(bad), None, "{bad}");
         }
     }

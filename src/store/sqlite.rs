@@ -842,9 +842,8 @@ impl Store for SqliteStore {
 }
 
 fn daily_counts_from_row(row: &SqliteRow) -> Result<DailyCounts, StoreError> {
-    let count = |name: &str| -> Result<u64, StoreError> {
-        Ok(row.try_get::<i64, _>(name)?.max(0) as u64)
-    };
+    let count =
+        |name: &str| -> Result<u64, StoreError> { Ok(row.try_get::<i64, _>(name)?.max(0) as u64) };
     Ok(DailyCounts {
         scope: row.try_get("scope")?,
         day: row.try_get("day")?,

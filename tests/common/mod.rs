@@ -2,6 +2,7 @@
 //! speaks over a real socket and hands back every reply line.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod process;
 
 use std::net::SocketAddr;
@@ -208,6 +209,7 @@ pub fn test_settings(dir: &std::path::Path) -> Settings {
         listen: vec!["127.0.0.1:0".parse().unwrap()],
         store: format!("sqlite://{}", dir.join("relay.db").display()),
         hostname: "relay.test".into(),
+        admin: idemrelay::config::AdminListen(Some("127.0.0.1:0".parse().unwrap())),
         ..Settings::default()
     }
 }
@@ -237,6 +239,11 @@ impl TestRelay {
 
     pub fn store(&self) -> &std::sync::Arc<dyn Store> {
         self.relay.intake().store()
+    }
+
+    /// The admin API's address (test settings run it on port 0).
+    pub fn admin(&self) -> SocketAddr {
+        self.relay.admin_addr().expect("admin API runs")
     }
 
     pub fn db_path(&self) -> PathBuf {
