@@ -65,7 +65,12 @@ pub fn admin_addr(log: &str) -> Option<SocketAddr> {
 impl RelayProcess {
     /// Starts the process; `wait_ready` or `ready` waits for its port.
     pub fn spawn(args: &[String]) -> RelayProcess {
-        let mut child = idemrelay()
+        RelayProcess::spawn_command(idemrelay(), args)
+    }
+
+    /// `spawn` with a command prepared by the caller (extra environment variables).
+    pub fn spawn_command(mut cmd: Command, args: &[String]) -> RelayProcess {
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
