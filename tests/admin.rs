@@ -535,3 +535,80 @@ async fn metrics_count_a_scripted_run_exactly() {
         "{day:?}"
     );
 }
+
+async fn raw_connection(relay: &TestRelay) -> sqlx::SqliteConnection {
+    use sqlx::ConnectOptions;
+    sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(relay.db_path())
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_store() {
+    let relay = TestRelay::start_with(|s| s.store_busy_timeout = Duration::from_millis(200)).await;
+    let admin = relay.admin();
+    assert_eq!(get(admin, "/readyz", None).await.status, 200);
+    // Another writer holds SQLite's lock, as a stuck process would.
+    let mut lock = raw_connection(&relay).await;
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    let ready = get(admin, "/readyz", None).await;
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert_eq!(ready.json()["store"], "not writable");
+    assert_eq!(ready.json()["ready"], false);
+    // Alive all the same: a restart would not help.
+    assert_eq!(get(admin, "/healthz", None).await.status, 200);
+    sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
+    let ready = get(admin, "/readyz", None).await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(ready.json()["store"], "writable");
+}
+
+/// The replay count is bookkeeping: when it cannot be written the replay is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_answered_when_its_count_cannot_be_written() {
+    let relay = TestRelay::start().await;
+    // A daily_counts table that refuses any replay count (the accepted count still works).
+    let mut conn = raw_connection(&relay).await;
+    sqlx::query("DROP TABLE daily_counts")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE daily_counts (scope TEXT NOT NULL, day TEXT NOT NULL,
+            accepted INTEGER NOT NULL DEFAULT 0,
+            replayed INTEGER NOT NULL DEFAULT 0 CHECK (replayed = 0),
+            delivered INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
+            unresolved INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (scope, day)) STRICT",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let msg = message(Some("count-fails"), "s", "b");
+    let id = submit(&relay, "rcpt@example.com", &msg).await;
+    let mut c = Client::ready(relay.addr).await;
+    let replay = c
+        .submit("sender@example.com", &["rcpt@example.com"], &msg)
+        .await;
+    c.quit().await;
+    assert_eq!(
+        replay.line(),
+        format!("250 2.0.0 OK queued as {id} (idempotent replay)")
+    );
+    let page = get(relay.admin(), "/metrics", None).await.body;
+    assert_eq!(
+        sample(&page, "idemrelay_submissions_total{result=\"replayed\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&page, "idemrelay_replay_count_failures_total"),
+        Some(1.0),
+        "{page}"
+    );
+    let report = relay.store().report(None).await.unwrap();
+    assert_eq!((report[0].accepted, report[0].replayed), (1, 0));
+}
