@@ -156,10 +156,13 @@ impl Worker {
             return Ok(false);
         };
         let allowed = {
+            let now = Instant::now();
             let mut breaker = self.shared.breaker.lock().expect("breaker lock");
-            let allowed = breaker.allow(Instant::now());
-            let metrics = &self.shared.settings.metrics;
-            metrics.breaker_state(breaker.state(Instant::now()));
+            let allowed = breaker.allow(now);
+            self.shared
+                .settings
+                .metrics
+                .breaker_state(breaker.state(now));
             allowed
         };
         if !allowed {
