@@ -14,10 +14,18 @@ USER idemrelay
 WORKDIR /var/lib/idemrelay
 # Containers see clients from the bridge network, not loopback: set IDEMRELAY_ALLOW_NETWORKS
 # to the networks that may submit without authentication.
+# The admin API listens on all interfaces so the port can be published or scraped; it can
+# requeue and cancel mail, so set IDEMRELAY_ADMIN_TOKEN (health checks need no token), or
+# IDEMRELAY_ADMIN=127.0.0.1:8025 to keep it inside the container.
 ENV IDEMRELAY_LISTEN=0.0.0.0:2525 \
+    IDEMRELAY_ADMIN=0.0.0.0:8025 \
     IDEMRELAY_STORE=sqlite:///var/lib/idemrelay/idemrelay.db
 VOLUME ["/var/lib/idemrelay"]
-EXPOSE 2525 587 465
+EXPOSE 2525 587 465 8025
+# No curl in this image: the binary probes its own /healthz (it reads IDEMRELAY_ADMIN and
+# reaches a wildcard address over loopback).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["idemrelay", "healthcheck", "--timeout", "3s"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["idemrelay"]
 CMD ["serve"]

@@ -90,7 +90,13 @@ async fn wait_for_greeting(addr: SocketAddr) -> anyhow::Result<()> {
 async fn start_sink(api: SocketAddr) -> anyhow::Result<Server> {
     let addr = free_port();
     let child = Command::new(BIN)
-        .args(["sink", "--listen", &addr.to_string(), "--api", &api.to_string()])
+        .args([
+            "sink",
+            "--listen",
+            &addr.to_string(),
+            "--api",
+            &api.to_string(),
+        ])
         .env("IDEMRELAY_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -109,8 +115,15 @@ async fn start_relay(dir: &Path, upstream: Option<SocketAddr>) -> anyhow::Result
     let db = dir.join(format!("relay-{}.db", addr.port()));
     let log = std::fs::File::create(dir.join(format!("relay-{}.log", addr.port())))?;
     let mut cmd = Command::new(BIN);
-    cmd.args(["serve", "--listen", &addr.to_string(), "--hostname", "bench.test"])
-        .args(["--store", &format!("sqlite://{}", db.display())]);
+    cmd.args([
+        "serve",
+        "--listen",
+        &addr.to_string(),
+        "--hostname",
+        "bench.test",
+    ])
+    .args(["--admin", "127.0.0.1:0"])
+    .args(["--store", &format!("sqlite://{}", db.display())]);
     if let Some(up) = upstream {
         cmd.args(["--upstream", &format!("smtp://{up}?tls=none")]);
     }
@@ -187,7 +200,9 @@ impl Conn {
             .write_all(b"MAIL FROM:<bench@example.com>\r\n")
             .await?;
         self.expect(250).await?;
-        self.writer.write_all(b"RCPT TO:<rcpt@example.com>\r\n").await?;
+        self.writer
+            .write_all(b"RCPT TO:<rcpt@example.com>\r\n")
+            .await?;
         self.expect(250).await?;
         self.writer.write_all(b"DATA\r\n").await?;
         self.expect(354).await?;
@@ -368,7 +383,13 @@ async fn bench(quick: bool) -> anyhow::Result<Vec<String>> {
         sessions: Sessions::NewPerMessage,
     };
     let (s, r, rss) = compare("1 KB, C=50", sink.addr, &dir, c50, "c50").await?;
-    report.ratio("1 KB C=50 throughput", r.per_second, s.per_second, 0.50, true);
+    report.ratio(
+        "1 KB C=50 throughput",
+        r.per_second,
+        s.per_second,
+        0.50,
+        true,
+    );
     let sink_c50 = s.per_second;
     match rss {
         Some(kib) if kib <= 64 * 1024 => println!("  => relay peak RSS <= 64 MB PASS"),
@@ -409,7 +430,13 @@ async fn bench(quick: bool) -> anyhow::Result<Vec<String>> {
         ..c50
     };
     let (s, r, _) = compare("100 KB, C=50", sink.addr, &dir, big, "big").await?;
-    report.ratio("100 KB C=50 throughput", r.per_second, s.per_second, 0.60, true);
+    report.ratio(
+        "100 KB C=50 throughput",
+        r.per_second,
+        s.per_second,
+        0.60,
+        true,
+    );
 
     // End to end: submitted to the relay, delivered to the sink; the clock stops when the
     // sink holds all of them.

@@ -2,17 +2,19 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
+use crate::admin::{self, AdminState};
 use crate::auth::Users;
 use crate::config::Settings;
 use crate::delivery::upstream::UpstreamTarget;
 use crate::delivery::worker::{self, DeliverySettings};
 use crate::intake::{Intake, IntakeSettings};
+use crate::metrics::Metrics;
 use crate::smtp::server::{
     serve, AuthThrottle, ConnectionLimits, ListenerKind, ListenerPolicy, ServerContext,
     SessionTimeouts,
@@ -30,6 +32,10 @@ pub struct Relay {
     tasks: Vec<JoinHandle<()>>,
     workers: Vec<JoinHandle<()>>,
     grace: Duration,
+    admin_addr: Option<SocketAddr>,
+    /// Stops the admin listener, which outlives the drain so health checks see it.
+    admin_stop: watch::Sender<bool>,
+    admin_task: Option<JoinHandle<()>>,
 }
 
 impl Relay {
@@ -49,27 +55,59 @@ impl Relay {
                 listeners.push((kind, listener));
             }
         }
+        let admin = match settings.admin.0 {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?,
+            ),
+            None => None,
+        };
         let store = store::open(settings.store.expose(), settings.store_busy_timeout).await?;
-        Relay::with_parts(settings, store, listeners)
+        Relay::with_admin_parts(settings, store, listeners, admin)
     }
 
-    /// Starts on listeners and a store the caller made (tests bind port 0).
+    /// Starts on listeners and a store the caller made (tests bind port 0), without the
+    /// admin listener.
     pub fn with_parts(
         settings: &Settings,
         store: Arc<dyn Store>,
         listeners: Vec<(ListenerKind, TcpListener)>,
     ) -> anyhow::Result<Relay> {
+        Relay::with_admin_parts(settings, store, listeners, None)
+    }
+
+    /// `with_parts` plus the admin HTTP listener, if one is given.
+    pub fn with_admin_parts(
+        settings: &Settings,
+        store: Arc<dyn Store>,
+        listeners: Vec<(ListenerKind, TcpListener)>,
+        admin: Option<TcpListener>,
+    ) -> anyhow::Result<Relay> {
+        let started = Instant::now();
+        if let Some(addr) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
+            if !addr.ip().is_loopback() && settings.admin_token.is_none() {
+                tracing::warn!(%addr, "the admin API is reachable beyond loopback without admin_token: anyone who can connect may requeue or cancel mail");
+            }
+            // Logged before the SMTP "listening on" lines, which tell a supervisor (and the
+            // tests) that the relay is up; "listening on" itself is kept for SMTP.
+            tracing::info!("admin API at http://{addr}/");
+        }
+        let metrics = Arc::new(Metrics::new());
         let hint = Arc::new(Notify::new());
-        let intake = Arc::new(Intake::new(
-            store.clone(),
-            IntakeSettings {
-                hostname: settings.hostname.clone(),
-                missing_key: settings.missing_key,
-                retention: settings.retention,
-                in_progress_wait: settings.in_progress_wait,
-            },
-            hint.clone(),
-        ));
+        let intake = Arc::new(
+            Intake::new(
+                store.clone(),
+                IntakeSettings {
+                    hostname: settings.hostname.clone(),
+                    missing_key: settings.missing_key,
+                    retention: settings.retention,
+                    in_progress_wait: settings.in_progress_wait,
+                },
+                hint.clone(),
+            )
+            .with_metrics(metrics.clone()),
+        );
         let tls = match (&settings.tls_cert, &settings.tls_key) {
             (Some(cert), Some(key)) => Some(Arc::new(TlsCerts::load(cert, key)?)),
             _ => None,
@@ -179,18 +217,41 @@ impl Relay {
                     pause_probe_interval: d.pause_probe_interval,
                     max_per_connection: d.max_messages_per_connection,
                     idle_close: d.idle_close,
+                    metrics: metrics.clone(),
                 };
                 tracing::info!(upstream = %url.redacted(), "delivering upstream");
-                workers = worker::start(store.clone(), delivery, hint, stop_rx.clone())?;
+                workers = worker::start(store.clone(), delivery, hint.clone(), stop_rx.clone())?;
             }
             None => tracing::warn!("no upstream configured: accepted messages stay queued"),
         }
         tasks.push(tokio::spawn(purge_loop(
-            store,
+            store.clone(),
             settings.retention,
             settings.purge_interval,
-            stop_rx,
+            stop_rx.clone(),
         )));
+        let (admin_stop, admin_stop_rx) = watch::channel(false);
+        let mut admin_addr = None;
+        let mut admin_task = None;
+        if let Some(listener) = admin {
+            let addr = listener.local_addr()?;
+            let state = Arc::new(AdminState {
+                store,
+                intake: intake.clone(),
+                metrics,
+                limits: limits.clone(),
+                stopping: stop_rx,
+                token: settings
+                    .admin_token
+                    .as_ref()
+                    .map(|t| t.expose().to_string()),
+                wedged_after: settings.upstream.as_ref().map(|_| wedge_limit(settings)),
+                started,
+                delivery_hint: hint,
+            });
+            admin_addr = Some(addr);
+            admin_task = Some(tokio::spawn(admin::serve(listener, state, admin_stop_rx)));
+        }
         Ok(Relay {
             addrs,
             intake,
@@ -199,11 +260,19 @@ impl Relay {
             tasks,
             workers,
             grace: settings.shutdown_grace,
+            admin_addr,
+            admin_stop,
+            admin_task,
         })
     }
 
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.addrs
+    }
+
+    /// Where the admin API listens, if it runs.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     pub fn intake(&self) -> &Arc<Intake> {
@@ -236,7 +305,20 @@ impl Relay {
                 abort.abort();
             }
         }
+        let _ = self.admin_stop.send(true);
+        if let Some(task) = self.admin_task.take() {
+            let _ = task.await;
+        }
     }
+}
+
+/// How long delivery may make no progress before `/readyz` calls it wedged. A worker reports
+/// after every queue look (at least every `scan_interval`) and every lease renewal during an
+/// attempt (a third of the lease), so only a stuck worker stays silent longer than this.
+fn wedge_limit(settings: &Settings) -> Duration {
+    let d = &settings.delivery;
+    let lease = d.timeouts.worst_case() + Duration::from_secs(10);
+    lease / 3 + d.scan_interval * 3 + Duration::from_secs(30)
 }
 
 /// Swaps in renewed certificates: on SIGHUP at once, otherwise when the files change.

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use crate::admin::view::{show_json, summary_json, time_ms};
 use crate::app::{termination_signal, Relay};
-use crate::config::{ConfigArgs, Settings};
+use crate::config::{AdminListen, ConfigArgs, Settings};
 use crate::intake::fingerprint::fingerprint;
 use crate::intake::key::{derive_key, read_key_header, KeyHeader};
 use crate::intake::message::scan_headers;
@@ -70,6 +71,34 @@ pub enum Command {
         #[command(subcommand)]
         command: QueueCommand,
     },
+    /// Per scope and UTC day: accepted, replayed, delivered, failed and unresolved counts,
+    /// for reconciliation with the upstream's usage figures.
+    Report {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// First day to include (YYYY-MM-DD, UTC); default: every day on record.
+        #[arg(long, value_parser = parse_since)]
+        since: Option<String>,
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Exit 0 if the relay's admin API answers GET /healthz with 200, else 1 (for container
+    /// health checks; the image has no curl).
+    Healthcheck {
+        /// The relay's admin address (a wildcard address is probed over loopback).
+        #[arg(long, env = "IDEMRELAY_ADMIN", default_value = "127.0.0.1:8025")]
+        admin: AdminListen,
+        /// Probe /readyz instead: the store is writable and delivery is not wedged.
+        #[arg(long)]
+        ready: bool,
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
+}
+
+fn parse_since(s: &str) -> Result<String, String> {
+    crate::store::parse_day(s).ok_or_else(|| format!("{s:?} is not a day like 2026-11-29"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -201,6 +230,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Queue { config, command } => queue(&Settings::load(&config)?, command),
+        Command::Report {
+            config,
+            since,
+            json,
+        } => report(&Settings::load(&config)?, since.as_deref(), json),
+        Command::Healthcheck {
+            admin,
+            ready,
+            timeout,
+        } => {
+            let Some(addr) = admin.0 else {
+                anyhow::bail!("the admin API is off; nothing to check");
+            };
+            let path = if ready { "/readyz" } else { "/healthz" };
+            let status = crate::admin::healthcheck::get_status(addr, path, timeout)
+                .with_context(|| format!("GET http://{addr}{path}"))?;
+            anyhow::ensure!(status == 200, "GET http://{addr}{path}: {status}");
+            println!("ok: GET http://{addr}{path} answered {status}");
+            Ok(())
+        }
         Command::Certs {
             command: CertsCommand::Generate { out, names },
         } => {
@@ -353,60 +402,51 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
     })
 }
 
-fn time_ms(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    humantime::format_rfc3339_millis(t).to_string()
+fn report(settings: &Settings, since: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let rows = runtime.block_on(async {
+        let store =
+            crate::store::open(settings.store.expose(), settings.store_busy_timeout).await?;
+        anyhow::Ok(store.report(since).await?)
+    })?;
+    if json {
+        let rows: Vec<_> = rows.iter().map(crate::admin::view::daily_json).collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", report_table(&rows));
+    }
+    Ok(())
 }
 
-fn summary_json(s: &MessageSummary) -> serde_json::Value {
-    serde_json::json!({
-        "id": s.id,
-        "scope": s.scope,
-        "key": s.key,
-        "state": s.state.as_str(),
-        "accepted_at": time_ms(s.accepted_at_ms),
-        "accepted_at_ms": s.accepted_at_ms,
-        "attempts": s.attempts,
-        "last_outcome": s.last_outcome,
-        "last_phase": s.last_phase,
-        "last_code": s.last_code,
-        "upstream_reply": s.upstream_reply,
-    })
-}
-
-fn attempt_json(a: &AttemptRow) -> serde_json::Value {
-    serde_json::json!({
-        "attempt": a.attempt,
-        "owner": a.owner,
-        "started_at": time_ms(a.started_at_ms),
-        "started_at_ms": a.started_at_ms,
-        "finished_at_ms": a.finished_at_ms,
-        "outcome": a.outcome,
-        "phase": a.phase,
-        "code": a.code,
-        "reply": a.reply,
-    })
-}
-
-fn show_json(m: &StoredMessage, attempts: &[AttemptRow]) -> serde_json::Value {
-    serde_json::json!({
-        "id": m.id,
-        "scope": m.scope,
-        "key": m.key,
-        "key_source": m.key_source,
-        "fingerprint": m.fingerprint.to_hex(),
-        "state": m.state.as_str(),
-        "mail_from": m.mail_from,
-        "rcpt_to": m.rcpt_to,
-        "accepted_at": time_ms(m.accepted_at_ms),
-        "accepted_at_ms": m.accepted_at_ms,
-        "finished_at_ms": m.finished_at_ms,
-        "reply": m.reply,
-        "upstream_reply": m.upstream_reply,
-        "queued_job": m.has_job,
-        "content_stored": m.content.is_some(),
-        "attempts": attempts.iter().map(attempt_json).collect::<Vec<_>>(),
-    })
+fn report_table(rows: &[crate::store::DailyCounts]) -> String {
+    let mut cells: Vec<Vec<String>> = Vec::new();
+    let mut total = [0u64; 5];
+    for r in rows {
+        let counts = [r.accepted, r.replayed, r.delivered, r.failed, r.unresolved];
+        for (t, n) in total.iter_mut().zip(counts) {
+            *t += n;
+        }
+        let mut row = vec![r.day.clone(), r.scope.clone()];
+        row.extend(counts.iter().map(u64::to_string));
+        cells.push(row);
+    }
+    let mut row = vec!["total".to_string(), "-".to_string()];
+    row.extend(total.iter().map(u64::to_string));
+    cells.push(row);
+    table(
+        &[
+            "DAY",
+            "SCOPE",
+            "ACCEPTED",
+            "REPLAYED",
+            "DELIVERED",
+            "FAILED",
+            "UNRESOLVED",
+        ],
+        &cells,
+    )
 }
 
 /// Left-aligned columns separated by two spaces.

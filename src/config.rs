@@ -78,6 +78,68 @@ impl Serialize for SecretUrl {
     }
 }
 
+/// Where the admin HTTP API listens; `off` runs the relay without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminListen(pub Option<SocketAddr>);
+
+impl std::str::FromStr for AdminListen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("off") {
+            return Ok(AdminListen(None));
+        }
+        s.parse().map(|addr| AdminListen(Some(addr))).map_err(|e| {
+            format!("{s:?} is neither an address like 127.0.0.1:8025 nor \"off\" ({e})")
+        })
+    }
+}
+
+impl fmt::Display for AdminListen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(addr) => write!(f, "{addr}"),
+            None => f.write_str("off"),
+        }
+    }
+}
+
+impl Serialize for AdminListen {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for AdminListen {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A secret setting (the admin bearer token): never shown by Debug, logs or `check-config`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"********\"")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("********")
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -156,6 +218,11 @@ pub struct Settings {
     pub max_auth_failures: usize,
     #[serde(with = "human_duration")]
     pub auth_failure_delay: Duration,
+    /// Admin HTTP API (health, metrics, the ledger); `off` disables it.
+    pub admin: AdminListen,
+    /// Bearer token required by `/metrics` and `/api/` when set (health checks stay open).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token: Option<Secret>,
     /// Delivery upstream (used only when `upstream` is set).
     pub delivery: DeliveryConfig,
 }
@@ -284,6 +351,8 @@ impl Default for Settings {
             data_rate_grace: Duration::from_secs(30),
             max_auth_failures: 3,
             auth_failure_delay: Duration::from_secs(1),
+            admin: AdminListen(Some(SocketAddr::from(([127, 0, 0, 1], 8025)))),
+            admin_token: None,
             delivery: DeliveryConfig::default(),
         }
     }
@@ -359,6 +428,13 @@ pub struct ConfigArgs {
     /// Concurrent upstream connections.
     #[arg(long, env = "IDEMRELAY_UPSTREAM_CONNECTIONS")]
     pub upstream_connections: Option<usize>,
+    /// Admin HTTP API address (health, metrics, ledger), or `off`.
+    #[arg(long, env = "IDEMRELAY_ADMIN")]
+    pub admin: Option<AdminListen>,
+    /// Bearer token for the admin API's /metrics and /api/ (prefer the variable: flags show
+    /// in the process list).
+    #[arg(long, env = "IDEMRELAY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
 }
 
 impl Settings {
@@ -451,6 +527,12 @@ impl Settings {
         if let Some(n) = args.upstream_connections {
             s.delivery.connections = n;
         }
+        if let Some(admin) = args.admin {
+            s.admin = admin;
+        }
+        if let Some(token) = &args.admin_token {
+            s.admin_token = Some(Secret(token.clone()));
+        }
         s.validate()?;
         Ok(s)
     }
@@ -512,6 +594,12 @@ impl Settings {
         if d.window_margin >= d.upstream_window {
             bail!("delivery: window_margin must be smaller than upstream_window");
         }
+        if let Some(token) = &self.admin_token {
+            let t = token.expose();
+            if t.len() < 16 || t.bytes().any(|b| !b.is_ascii_graphic()) {
+                bail!("admin_token: must be at least 16 printable characters without spaces");
+            }
+        }
         if !is_valid_key(&self.scope) {
             bail!("scope: must be 1-255 printable characters");
         }
@@ -572,6 +660,24 @@ mod tests {
             assert!(!err.contains("s3cret"), "{err}");
             assert!(err.starts_with("line "), "{err}");
         }
+    }
+
+    #[test]
+    fn admin_listener_and_token() {
+        let s = Settings::from_toml("admin = \"off\"\nadmin_token = \"0123456789abcdef-secret\"\n")
+            .unwrap();
+        assert_eq!(s.admin, AdminListen(None));
+        s.validate().unwrap();
+        let shown = s.to_redacted_toml();
+        assert!(shown.contains("admin = \"off\""), "{shown}");
+        assert!(
+            !shown.contains("0123456789abcdef") && !format!("{s:?}").contains("0123456789abcdef")
+        );
+        let s = Settings::from_toml("admin = \"0.0.0.0:9000\"").unwrap();
+        assert_eq!(s.admin.0, Some("0.0.0.0:9000".parse().unwrap()));
+        assert!(Settings::from_toml("admin = \"nowhere\"").is_err());
+        let short = Settings::from_toml("admin_token = \"short\"").unwrap();
+        assert!(short.validate().is_err());
     }
 
     #[test]

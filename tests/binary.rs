@@ -619,6 +619,7 @@ async fn json_logs_have_one_event_per_submission_and_no_secrets() {
     let f = &submission["fields"];
     assert_eq!(f["id"], id.as_str());
     assert_eq!(f["key"], "json-log-1");
+    assert_eq!(f["scope"], "default");
     assert_eq!(f["key_source"], "header");
     assert_eq!(f["result"], "accepted");
     assert_eq!(f["recipients"], 1);
@@ -631,4 +632,118 @@ async fn json_logs_have_one_event_per_submission_and_no_secrets() {
     ] {
         assert!(!log.contains(secret), "{secret} leaked into the log");
     }
+}
+
+/// `--log-format json`: one event per delivery attempt with id, key, attempt, outcome, phase,
+/// code, decision and latency, and never the body, the addresses or a credential. The admin
+/// API of the same process answers with the token from the environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_have_one_event_per_attempt_and_no_secrets() {
+    const TOKEN: &str = "token-not-logged-0123456789";
+    let sink = common::start_sink().await;
+    sink.set_faults(vec![idemrelay::sink::FaultRule::reply(
+        idemrelay::sink::Phase::Rcpt,
+        550,
+        "5.1.1 no such user",
+    )
+    .with_rcpt("nobody-not-logged@")])
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = format!("smtp://{}?tls=none", sink.smtp_addr());
+    let args = serve_args(
+        &dir.path().join("relay.db"),
+        &["--log-format", "json", "--upstream", &upstream],
+    );
+    // The token comes from the environment, as an operator should pass it.
+    let mut cmd = idemrelay();
+    cmd.env("IDEMRELAY_ADMIN_TOKEN", TOKEN);
+    let process = RelayProcess::spawn_command(cmd, &args).ready().await;
+    let mut client = Client::ready(process.addr).await;
+    let sent = message(
+        Some("json-attempt-1"),
+        "subject-not-logged",
+        "body-not-logged",
+    );
+    let ok = client
+        .submit(
+            "sender-not-logged@example.com",
+            &["rcpt-not-logged@example.com"],
+            &sent,
+        )
+        .await
+        .queue_id()
+        .expect("queued");
+    let refused = client
+        .submit(
+            "sender-not-logged@example.com",
+            &["nobody-not-logged@example.com"],
+            &message(
+                Some("json-attempt-2"),
+                "subject-not-logged",
+                "body-not-logged",
+            ),
+        )
+        .await
+        .queue_id()
+        .expect("queued");
+    client.quit().await;
+    // Three attempts: the two messages and the DSN for the refused one.
+    let log = common::eventually(Duration::from_secs(20), "three attempt events", || {
+        let log = process.log();
+        async move { (log.matches("\"message\":\"attempt\"").count() >= 3).then_some(log) }
+    })
+    .await;
+    let events: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let attempt = |id: &str| {
+        let found: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| e["fields"]["message"] == "attempt" && e["fields"]["id"] == id)
+            .collect();
+        assert_eq!(found.len(), 1, "one attempt event for {id}:\n{log}");
+        found[0]["fields"].clone()
+    };
+    let f = attempt(&ok);
+    assert_eq!(f["key"], "json-attempt-1");
+    assert_eq!(f["attempt"], 1);
+    assert_eq!(f["outcome"], "accepted");
+    assert_eq!(f["phase"], "dot");
+    assert_eq!(f["code"], 250);
+    assert_eq!(f["decision"], "delivered");
+    assert!(f["latency_ms"].is_u64(), "{f}");
+    let f = attempt(&refused);
+    assert_eq!(f["key"], "json-attempt-2");
+    assert_eq!(f["outcome"], "permanent");
+    assert_eq!(f["phase"], "rcpt");
+    assert_eq!(f["code"], 550);
+    assert_eq!(f["decision"], "failed");
+    assert!(f["latency_ms"].is_u64(), "{f}");
+    for secret in [
+        "body-not-logged",
+        "subject-not-logged",
+        "sender-not-logged",
+        "rcpt-not-logged",
+        "nobody-not-logged",
+        TOKEN,
+    ] {
+        assert!(!log.contains(secret), "{secret} leaked into the log");
+    }
+
+    // The process's admin API, with the token it was given.
+    let admin = process.admin();
+    let refused = common::http::get(admin, "/api/v1/messages", None).await;
+    assert_eq!(refused.status, 401);
+    let page = common::http::get(admin, "/metrics", Some(TOKEN)).await;
+    assert_eq!(page.status, 200);
+    assert_eq!(
+        common::http::sample(
+            &page.body,
+            "idemrelay_delivery_decisions_total{decision=\"delivered\"}"
+        ),
+        Some(2.0),
+        "{}",
+        page.body
+    );
 }

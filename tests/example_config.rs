@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use idemrelay::config::{SecretUrl, Settings};
+use idemrelay::config::{Secret, SecretUrl, Settings};
 
 const EXAMPLE: &str = include_str!("../idemrelay.example.toml");
 
@@ -75,6 +75,7 @@ fn example_holds_the_defaults() {
     assert!(parsed.users_file.is_none());
     assert!(parsed.upstream.is_none());
     assert!(parsed.delivery.ca_file.is_none());
+    assert!(parsed.admin_token.is_none());
     parsed.validate().expect("the example validates");
 }
 
@@ -86,6 +87,7 @@ fn example_documents_every_setting() {
         tls_key: Some(PathBuf::from("key.pem")),
         users_file: Some(PathBuf::from("users.toml")),
         upstream: Some(SecretUrl("smtp://smtp.example.com:587".into())),
+        admin_token: Some(Secret("0123456789abcdef".into())),
         ..Settings::default()
     };
     all.delivery.ca_file = Some(PathBuf::from("ca.pem"));
@@ -126,6 +128,10 @@ fn commented_out_examples_parse() {
     assert_eq!(s.hostname, "relay.example.com");
     assert!(s.tls_cert.is_some() && s.tls_key.is_some() && s.users_file.is_some());
     assert!(s.delivery.ca_file.is_some());
+    assert_eq!(
+        s.admin_token.as_ref().map(Secret::expose),
+        Some("a-long-random-string")
+    );
     let upstream = s.upstream.as_ref().expect("upstream is set");
     assert_eq!(upstream.expose(), "smtp://user@smtp.example.com:587");
     s.validate().expect("the uncommented example validates");

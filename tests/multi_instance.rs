@@ -62,6 +62,8 @@ fn serve(store: &str, config: &std::path::Path, upstream: SocketAddr) -> RelayPr
         &config.display().to_string(),
         "--upstream",
         &format!("smtp://{upstream}?tls=none"),
+        "--admin",
+        "127.0.0.1:0",
     ]
     .map(String::from)
     .to_vec();

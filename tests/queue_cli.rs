@@ -298,3 +298,161 @@ async fn a_cancelled_message_is_failed_and_never_delivered() {
         .stderr
         .contains("--expired"));
 }
+
+/// Runs `idemrelay ARGS...` off the runtime's threads.
+async fn run(args: Vec<String>) -> Run {
+    let mut cmd = idemrelay();
+    cmd.args(args);
+    let out: Output = tokio::task::spawn_blocking(move || cmd.output().expect("run idemrelay"))
+        .await
+        .unwrap();
+    Run {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn report(relay: &TestRelay, args: &[&str]) -> Run {
+    let mut all = vec![
+        "report".to_string(),
+        "--store".to_string(),
+        store_url(&relay.db_path()),
+    ];
+    all.extend(args.iter().map(|a| a.to_string()));
+    run(all).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_counts_each_scope_and_day() {
+    let sink = start_sink().await;
+    sink.set_faults(vec![FaultRule::reply(
+        SinkPhase::Rcpt,
+        550,
+        "5.1.1 no such user",
+    )
+    .with_rcpt("nobody@")])
+        .unwrap();
+    let relay = relay_for(&sink, |s| s.scope = "tenant-a".into()).await;
+    let first = message(Some("rep-1"), "s", "b");
+    let delivered = submit(&relay, "rcpt@example.com", &first).await;
+    // The client retries twice: two replays, nothing new.
+    assert_eq!(submit(&relay, "rcpt@example.com", &first).await, delivered);
+    assert_eq!(submit(&relay, "rcpt@example.com", &first).await, delivered);
+    let failed = submit(
+        &relay,
+        "nobody@example.com",
+        &message(Some("rep-2"), "s", "b"),
+    )
+    .await;
+    wait_state(&relay, &delivered, State::Delivered).await;
+    wait_state(&relay, &failed, State::Failed).await;
+    // The DSN for the failed one.
+    sink.wait_for_messages(2, LIMIT).await.unwrap();
+    common::eventually(LIMIT, "the DSN delivered", || async {
+        let rows = relay
+            .store()
+            .list(Some(State::Delivered), 10, None)
+            .await
+            .unwrap();
+        (rows.len() == 2).then_some(())
+    })
+    .await;
+
+    let today = idemrelay::store::utc_day(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64,
+    );
+    let rows = report(&relay, &["--json"]).await;
+    assert!(rows.ok, "{}", rows.stderr);
+    assert_eq!(
+        rows.json(),
+        serde_json::json!([{
+            "day": today,
+            "scope": "tenant-a",
+            "accepted": 2,
+            "replayed": 2,
+            // The DSN is sent (and counted) by the upstream too.
+            "delivered": 2,
+            "failed": 1,
+            "unresolved": 0,
+        }])
+    );
+    let table = report(&relay, &["--since", &today]).await;
+    assert!(table.ok, "{}", table.stderr);
+    let lines: Vec<Vec<&str>> = table
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines,
+        vec![
+            vec![
+                "DAY",
+                "SCOPE",
+                "ACCEPTED",
+                "REPLAYED",
+                "DELIVERED",
+                "FAILED",
+                "UNRESOLVED"
+            ],
+            vec![today.as_str(), "tenant-a", "2", "2", "2", "1", "0"],
+            vec!["total", "-", "2", "2", "2", "1", "0"],
+        ],
+        "{}",
+        table.stdout
+    );
+    let later = report(&relay, &["--since", "2999-01-01", "--json"]).await;
+    assert!(later.ok, "{}", later.stderr);
+    assert_eq!(later.json(), serde_json::json!([]));
+    let bad = report(&relay, &["--since", "yesterday"]).await;
+    assert!(!bad.ok);
+    assert!(bad.stderr.contains("not a day"), "{}", bad.stderr);
+
+    // The counts outlive the records: purge them all, the report stays.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let purge = ok(&relay, &["--retention", "1ms", "purge", "--expired"]).await;
+    assert!(purge.stdout.contains("purged 3 "), "{}", purge.stdout);
+    assert_eq!(report(&relay, &["--json"]).await.json(), rows.json());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_exits_zero_only_for_a_healthy_admin_api() {
+    let relay = TestRelay::start().await;
+    let admin = relay.admin().to_string();
+    let up = run(vec!["healthcheck".into(), "--admin".into(), admin.clone()]).await;
+    assert!(up.ok, "{}", up.stderr);
+    assert!(up.stdout.contains("/healthz answered 200"), "{}", up.stdout);
+    let ready = run(vec![
+        "healthcheck".into(),
+        "--ready".into(),
+        "--admin".into(),
+        admin,
+    ])
+    .await;
+    assert!(ready.ok, "{}", ready.stderr);
+    assert!(
+        ready.stdout.contains("/readyz answered 200"),
+        "{}",
+        ready.stdout
+    );
+
+    // The SMTP port answers, but not HTTP; a closed port does not answer at all.
+    let smtp = run(vec![
+        "healthcheck".into(),
+        "--admin".into(),
+        relay.addr.to_string(),
+    ])
+    .await;
+    assert!(!smtp.ok);
+    assert!(smtp.stderr.contains("not HTTP"), "{}", smtp.stderr);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let down = run(vec!["healthcheck".into(), "--admin".into(), addr]).await;
+    assert!(!down.ok, "{}", down.stdout);
+    assert!(down.stderr.contains("/healthz"), "{}", down.stderr);
+}

@@ -39,6 +39,7 @@ pub struct DeliverySettings {
     pub pause_probe_interval: Duration,
     pub max_per_connection: usize,
     pub idle_close: Duration,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// State every worker shares: the upstream's health and pace are relay-wide.
@@ -119,7 +120,10 @@ impl Worker {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let busy = match self.step().await {
-                Ok(busy) => busy,
+                Ok(busy) => {
+                    self.shared.settings.metrics.delivery_heartbeat();
+                    busy
+                }
                 Err(err) => {
                     tracing::warn!(target: "idemrelay::delivery", error = %err, "delivery step failed; will retry");
                     false
@@ -152,12 +156,16 @@ impl Worker {
         let Some(job) = store.claim(&self.owner, self.shared.lease).await? else {
             return Ok(false);
         };
-        let allowed = self
-            .shared
-            .breaker
-            .lock()
-            .expect("breaker lock")
-            .allow(Instant::now());
+        let allowed = {
+            let now = Instant::now();
+            let mut breaker = self.shared.breaker.lock().expect("breaker lock");
+            let allowed = breaker.allow(now);
+            self.shared
+                .settings
+                .metrics
+                .breaker_state(breaker.state(now));
+            allowed
+        };
         if !allowed {
             store
                 .release(&job.id, job.token, self.shared.settings.breaker_cooldown)
@@ -234,6 +242,7 @@ impl Worker {
                     .into(),
             };
             store.settle(&job.id, job.token, None, &settle).await?;
+            self.shared.settings.metrics.decision("unresolved");
             tracing::warn!(
                 target: "idemrelay::attempt",
                 id = %job.id,
@@ -271,6 +280,7 @@ impl Worker {
                 tokio::select! {
                     outcome = &mut send => break Some(outcome),
                     _ = renew.tick() => {
+                        self.shared.settings.metrics.delivery_heartbeat();
                         if !store.renew_lease(&job.id, job.token, lease).await.unwrap_or(true) {
                             break None;
                         }
@@ -342,6 +352,12 @@ impl Worker {
             );
         }
         if settled {
+            self.shared.settings.metrics.attempt(
+                result.outcome,
+                result.phase,
+                settle_name(&settle),
+                latency,
+            );
             tracing::info!(
                 target: "idemrelay::attempt",
                 id = %job.id,
@@ -369,6 +385,10 @@ impl Worker {
             OutcomeKind::Permanent => breaker.on_neutral(),
             OutcomeKind::Transient | OutcomeKind::Unknown => breaker.on_failure(now),
         }
+        self.shared
+            .settings
+            .metrics
+            .breaker_state(breaker.state(now));
         drop(breaker);
         let mut bucket = self.shared.bucket.lock().expect("bucket lock");
         if is_slow_down(outcome) {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
+use crate::metrics::Metrics;
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
 use crate::store::{Existing, Insert, NewRecord, State, Store};
@@ -73,6 +74,7 @@ pub struct Intake {
     store_healthy: AtomicBool,
     /// Wakes the delivery workers after a commit.
     delivery_hint: Arc<Notify>,
+    metrics: Arc<Metrics>,
 }
 
 /// Removes the in-flight entry (waking the waiters) however the attempt ends.
@@ -122,7 +124,14 @@ impl Intake {
             delivery_hint,
             in_flight: Mutex::new(HashMap::new()),
             store_healthy: AtomicBool::new(true),
+            metrics: Arc::new(Metrics::new()),
         }
+    }
+
+    /// Counts submissions into the relay's registry instead of a private one.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -170,7 +179,25 @@ impl Intake {
             code = reply.code,
             "submission"
         );
+        self.metrics.submission(outcome);
+        if outcome == Outcome::Replayed {
+            self.count_replay(&origin.scope).await;
+        }
         (reply, outcome)
+    }
+
+    /// Bookkeeping for `idemrelay report`: bounded in time and never able to turn the
+    /// replay, already decided, into an error.
+    async fn count_replay(&self, scope: &str) {
+        let limit = self.settings.in_progress_wait.min(Duration::from_secs(1));
+        let write = self.store.record_replay(scope, crate::store::now_ms());
+        let failure = match tokio::time::timeout(limit, write).await {
+            Ok(Ok(())) => return,
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => format!("no answer within {limit:?}"),
+        };
+        self.metrics.replay_count_failed();
+        tracing::warn!(target: "idemrelay::store", scope, error = %failure, "replay answered but not counted for the report");
     }
 
     async fn submit_inner(&self, origin: &Origin, sub: &Submission) -> (Decision, Option<IdemKey>) {
@@ -283,8 +310,12 @@ impl Intake {
         if record.state == State::Rejected {
             return Decision::refused(Reply::no_from_header(), Outcome::Rejected);
         }
+        let started = std::time::Instant::now();
         match self.store.insert(record, self.settings.retention).await {
-            Ok(_) => Decision::inserted(record),
+            Ok(_) => {
+                self.metrics.intake_commit(started.elapsed());
+                Decision::inserted(record)
+            }
             Err(err) => unavailable(&err),
         }
     }
@@ -310,8 +341,12 @@ impl Intake {
         for _ in 0..2 {
             let mut rx = match self.claim(&slot) {
                 Claim::Mine(_guard) => {
+                    let started = std::time::Instant::now();
                     return match self.store.insert(record, self.settings.retention).await {
-                        Ok(Insert::Inserted) => Decision::inserted(record),
+                        Ok(Insert::Inserted) => {
+                            self.metrics.intake_commit(started.elapsed());
+                            Decision::inserted(record)
+                        }
                         Ok(Insert::Existing(existing)) => {
                             self.answer_existing(record, key, &existing)
                         }

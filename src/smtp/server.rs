@@ -145,6 +145,11 @@ impl ConnectionLimits {
         }
     }
 
+    /// Connections open now, on all listeners (for metrics).
+    pub fn open_connections(&self) -> usize {
+        self.open.lock().expect("connection counts").0
+    }
+
     pub fn try_acquire(&self, ip: IpAddr) -> Option<ConnectionSlot<'_>> {
         let ip = client_key(ip);
         let mut open = self.open.lock().expect("connection counts");

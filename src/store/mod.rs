@@ -312,6 +312,67 @@ pub trait Store: Send + Sync {
     /// `probe`: the relay may resume by itself once the upstream answers a probe normally.
     async fn pause(&self, reason: &str, probe: bool) -> Result<(), StoreError>;
     async fn resume(&self) -> Result<(), StoreError>;
+
+    /// Counts one idempotent replay for the scope on the UTC day of `at_ms` (replays store
+    /// nothing else, and `report` needs them).
+    async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError>;
+
+    /// Daily counts per scope from `since_day` (`YYYY-MM-DD`, UTC) on, ordered by day, scope.
+    async fn report(&self, since_day: Option<&str>) -> Result<Vec<DailyCounts>, StoreError>;
+
+    /// Records per state and the acceptance time of the oldest queued one (for metrics).
+    async fn queue_stats(&self) -> Result<QueueStats, StoreError>;
+
+    /// The id of the record under (scope, key), expired or not (operators look up old keys too).
+    async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError>;
+}
+
+/// One row of `idemrelay report`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DailyCounts {
+    pub scope: String,
+    /// `YYYY-MM-DD`, UTC.
+    pub day: String,
+    pub accepted: u64,
+    pub replayed: u64,
+    pub delivered: u64,
+    pub failed: u64,
+    pub unresolved: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Every state, zero included.
+    pub by_state: Vec<(State, u64)>,
+    pub oldest_queued_at_ms: Option<i64>,
+}
+
+/// The UTC calendar day of a Unix time in milliseconds, as `YYYY-MM-DD`.
+pub fn utc_day(ms: i64) -> String {
+    // Howard Hinnant's days-to-civil; avoids a date crate for one conversion.
+    let z = ms.div_euclid(86_400_000) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Checks a `YYYY-MM-DD` day (the form `report --since` takes and `utc_day` gives).
+pub fn parse_day(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    let shaped = b.len() == 10 && b[4] == b'-' && b[7] == b'-' && digits(0..4);
+    if !shaped || !digits(5..7) || !digits(8..10) {
+        return None;
+    }
+    let month: u32 = text[5..7].parse().ok()?;
+    let day: u32 = text[8..10].parse().ok()?;
+    ((1..=12).contains(&month) && (1..=31).contains(&day)).then(|| text.to_string())
 }
 
 /// Opens the backend named by the URL scheme.
@@ -340,4 +401,35 @@ pub(crate) fn now_ms() -> i64 {
 
 pub(crate) fn retention_ms(retention: Duration) -> i64 {
     i64::try_from(retention.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_day, utc_day};
+
+    #[test]
+    fn utc_days() {
+        assert_eq!(utc_day(0), "1970-01-01");
+        assert_eq!(utc_day(86_399_999), "1970-01-01");
+        assert_eq!(utc_day(86_400_000), "1970-01-02");
+        // 2024-02-29T23:59:59.999Z and the next millisecond.
+        assert_eq!(utc_day(1_709_251_199_999), "2024-02-29");
+        assert_eq!(utc_day(1_709_251_200_000), "2024-03-01");
+        assert_eq!(utc_day(-1), "1969-12-31");
+    }
+
+    #[test]
+    fn days_are_checked() {
+        assert_eq!(parse_day("2026-11-29").as_deref(), Some("2026-11-29"));
+        for bad in [
+            "2026-13-01",
+            "2026-1-01",
+            "26-11-29",
+            "2026-11-29T",
+            "yyyy-mm-dd",
+            "",
+        ] {
+            assert_eq!(parse_day(bad), None, "{bad}");
+        }
+    }
 }

@@ -13,15 +13,23 @@ use sqlx::{Connection, Executor, Row};
 
 use super::migrate::{Embedded, Steps};
 use super::{
-    retention_ms, rows, AttemptResult, AttemptRow, Claimed, Insert, MessageSummary, NewRecord,
-    Pause, Requeue, Settle, State, Store, StoreError, StoredMessage,
+    retention_ms, rows, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, Insert,
+    MessageSummary, NewRecord, Pause, QueueStats, Requeue, Settle, State, Store, StoreError,
+    StoredMessage,
 };
 
-const MIGRATIONS: Steps = &[(
-    1,
-    "schema",
-    include_str!("../../migrations/postgres/0001_schema.sql"),
-)];
+const MIGRATIONS: Steps = &[
+    (
+        1,
+        "schema",
+        include_str!("../../migrations/postgres/0001_schema.sql"),
+    ),
+    (
+        2,
+        "daily_counts",
+        include_str!("../../migrations/postgres/0002_daily_counts.sql"),
+    ),
+];
 
 const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
 
@@ -644,5 +652,69 @@ impl Store for PostgresStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO daily_counts (scope, day, shard, replayed) VALUES ($1, $2, $3, 1)
+             ON CONFLICT (scope, day, shard) DO UPDATE SET replayed = daily_counts.replayed + 1",
+        )
+        .bind(scope)
+        .bind(utc_day(at_ms))
+        .bind(i16::from(fastrand::u8(..8)))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn report(&self, since_day: Option<&str>) -> Result<Vec<DailyCounts>, StoreError> {
+        let found = sqlx::query(
+            "SELECT scope, day, SUM(accepted)::BIGINT AS accepted,
+                    SUM(replayed)::BIGINT AS replayed, SUM(delivered)::BIGINT AS delivered,
+                    SUM(failed)::BIGINT AS failed, SUM(unresolved)::BIGINT AS unresolved
+             FROM daily_counts WHERE ($1::TEXT IS NULL OR day >= $1)
+             GROUP BY scope, day
+             ORDER BY day, scope",
+        )
+        .bind(since_day)
+        .fetch_all(&self.pool)
+        .await?;
+        found.iter().map(rows::daily_counts).collect()
+    }
+
+    async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
+        let found = sqlx::query("SELECT state, COUNT(*) AS n FROM messages GROUP BY state")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut by_state: Vec<(State, u64)> = [State::Queued]
+            .into_iter()
+            .chain(State::TERMINAL)
+            .map(|s| (s, 0))
+            .collect();
+        for row in &found {
+            let state: String = row.try_get("state")?;
+            let n: i64 = row.try_get("n")?;
+            if let Some(slot) = by_state.iter_mut().find(|(s, _)| s.as_str() == state) {
+                slot.1 = n.max(0) as u64;
+            }
+        }
+        let oldest_queued_at_ms: Option<i64> =
+            sqlx::query_scalar("SELECT MIN(accepted_at) FROM messages WHERE state = 'queued'")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(QueueStats {
+            by_state,
+            oldest_queued_at_ms,
+        })
+    }
+
+    async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT id FROM messages WHERE scope = $1 AND idem_key = $2")
+                .bind(scope)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
     }
 }

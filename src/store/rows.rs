@@ -5,7 +5,9 @@ use sqlx::postgres::PgRow;
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
-use super::{AttemptRow, Claimed, Existing, MessageSummary, State, StoreError, StoredMessage};
+use super::{
+    AttemptRow, Claimed, DailyCounts, Existing, MessageSummary, State, StoreError, StoredMessage,
+};
 use crate::intake::fingerprint::Fingerprint;
 
 /// Column access by name with the types the schema uses in both dialects (integers are
@@ -167,5 +169,19 @@ pub(crate) fn summary(row: &impl Columns) -> Result<MessageSummary, StoreError> 
         last_code: code(row)?,
         upstream_reply: row.opt_text("upstream_reply")?,
         id,
+    })
+}
+
+/// Columns: scope, day, accepted, replayed, delivered, failed, unresolved.
+pub(crate) fn daily_counts(row: &impl Columns) -> Result<DailyCounts, StoreError> {
+    let count = |name: &str| -> Result<u64, StoreError> { Ok(row.int(name)?.max(0) as u64) };
+    Ok(DailyCounts {
+        scope: row.text("scope")?,
+        day: row.text("day")?,
+        accepted: count("accepted")?,
+        replayed: count("replayed")?,
+        delivered: count("delivered")?,
+        failed: count("failed")?,
+        unresolved: count("unresolved")?,
     })
 }

@@ -13,8 +13,9 @@ use sqlx::{Connection, Row, SqliteConnection};
 use super::migrate::{Embedded, Steps};
 use super::rows;
 use super::{
-    now_ms, retention_ms, AttemptResult, AttemptRow, Claimed, Existing, Insert, MessageSummary,
-    NewRecord, Pause, Requeue, Settle, State, Store, StoreError, StoredMessage,
+    now_ms, retention_ms, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing,
+    Insert, MessageSummary, NewRecord, Pause, QueueStats, Requeue, Settle, State, Store,
+    StoreError, StoredMessage,
 };
 
 const MIGRATIONS: Steps = &[
@@ -32,6 +33,11 @@ const MIGRATIONS: Steps = &[
         3,
         "fencing",
         include_str!("../../migrations/sqlite/0003_fencing.sql"),
+    ),
+    (
+        4,
+        "daily_counts",
+        include_str!("../../migrations/sqlite/0004_daily_counts.sql"),
     ),
 ];
 
@@ -652,6 +658,68 @@ impl Store for SqliteStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    // --- operator surface: reporting and metrics -------------------------------------------
+
+    async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO daily_counts (scope, day, replayed) VALUES (?, ?, 1)
+             ON CONFLICT (scope, day) DO UPDATE SET replayed = daily_counts.replayed + 1",
+        )
+        .bind(scope)
+        .bind(utc_day(at_ms))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn report(&self, since_day: Option<&str>) -> Result<Vec<DailyCounts>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT scope, day, accepted, replayed, delivered, failed, unresolved
+             FROM daily_counts WHERE (?1 IS NULL OR day >= ?1)
+             ORDER BY day, scope",
+        )
+        .bind(since_day)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(rows::daily_counts).collect()
+    }
+
+    async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
+        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM messages GROUP BY state")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut by_state: Vec<(State, u64)> = [State::Queued]
+            .into_iter()
+            .chain(State::TERMINAL)
+            .map(|s| (s, 0))
+            .collect();
+        for row in &rows {
+            let state: String = row.try_get("state")?;
+            let n: i64 = row.try_get("n")?;
+            if let Some(slot) = by_state.iter_mut().find(|(s, _)| s.as_str() == state) {
+                slot.1 = n.max(0) as u64;
+            }
+        }
+        let oldest_queued_at_ms: Option<i64> =
+            sqlx::query_scalar("SELECT MIN(accepted_at) FROM messages WHERE state = 'queued'")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(QueueStats {
+            by_state,
+            oldest_queued_at_ms,
+        })
+    }
+
+    async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT id FROM messages WHERE scope = ? AND idem_key = ?")
+                .bind(scope)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
     }
 }
 

@@ -122,3 +122,16 @@ impl WriteLock {
         }
     }
 }
+
+/// Runs one statement on the store through a separate connection (to break it on purpose).
+pub async fn execute(store: &str, sql: &str) {
+    if store.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(store).await.unwrap();
+        conn.execute(sql).await.unwrap();
+        conn.close().await.unwrap();
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(store).await.unwrap();
+        conn.execute(sql).await.unwrap();
+        conn.close().await.unwrap();
+    }
+}

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod backend;
+pub mod http;
 pub mod process;
 
 use std::net::SocketAddr;
@@ -253,6 +254,7 @@ pub fn test_settings(dir: &std::path::Path) -> Settings {
         listen: vec!["127.0.0.1:0".parse().unwrap()],
         store: idemrelay::config::SecretUrl(format!("sqlite://{}", dir.join("relay.db").display())),
         hostname: "relay.test".into(),
+        admin: idemrelay::config::AdminListen(Some("127.0.0.1:0".parse().unwrap())),
         ..Settings::default()
     }
 }
@@ -283,6 +285,11 @@ impl TestRelay {
 
     pub fn store(&self) -> &std::sync::Arc<dyn Store> {
         self.relay.intake().store()
+    }
+
+    /// The admin API's address (test settings run it on port 0).
+    pub fn admin(&self) -> SocketAddr {
+        self.relay.admin_addr().expect("admin API runs")
     }
 
     pub fn db_path(&self) -> PathBuf {

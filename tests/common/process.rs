@@ -35,6 +35,8 @@ pub fn serve_args(db: &Path, extra: &[&str]) -> Vec<String> {
         "127.0.0.1:0",
         "--hostname",
         "relay.test",
+        "--admin",
+        "127.0.0.1:0",
     ]
     .map(String::from)
     .to_vec();
@@ -52,10 +54,23 @@ pub struct RelayProcess {
     port: mpsc::Receiver<SocketAddr>,
 }
 
+/// `... admin API at http://127.0.0.1:PORT/` → the address (None without that line).
+pub fn admin_addr(log: &str) -> Option<SocketAddr> {
+    log.lines().find_map(|line| {
+        let rest = &line[line.find("admin API at http://")? + "admin API at http://".len()..];
+        rest.split(['/', '"', ' ']).next()?.parse().ok()
+    })
+}
+
 impl RelayProcess {
     /// Starts the process; `wait_ready` or `ready` waits for its port.
     pub fn spawn(args: &[String]) -> RelayProcess {
-        let mut child = idemrelay()
+        RelayProcess::spawn_command(idemrelay(), args)
+    }
+
+    /// `spawn` with a command prepared by the caller (extra environment variables).
+    pub fn spawn_command(mut cmd: Command, args: &[String]) -> RelayProcess {
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -125,6 +140,11 @@ impl RelayProcess {
 
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+
+    /// The admin API's address, from the log (written before the SMTP listeners' lines).
+    pub fn admin(&self) -> SocketAddr {
+        admin_addr(&self.log()).unwrap_or_else(|| panic!("no admin API line:\n{}", self.log()))
     }
 
     /// Sends a signal the way an operator would (`kill -TERM pid`).

@@ -1,0 +1,75 @@
+//! The JSON shapes of records and ledger rows, shared by the admin API and `queue --json`, so
+//! a script can switch between the two without translating.
+
+use crate::store::{AttemptRow, DailyCounts, MessageSummary, StoredMessage};
+
+/// RFC 3339 UTC with milliseconds, from Unix milliseconds.
+pub fn time_ms(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+pub fn summary_json(s: &MessageSummary) -> serde_json::Value {
+    serde_json::json!({
+        "id": s.id,
+        "scope": s.scope,
+        "key": s.key,
+        "state": s.state.as_str(),
+        "accepted_at": time_ms(s.accepted_at_ms),
+        "accepted_at_ms": s.accepted_at_ms,
+        "attempts": s.attempts,
+        "last_outcome": s.last_outcome,
+        "last_phase": s.last_phase,
+        "last_code": s.last_code,
+        "upstream_reply": s.upstream_reply,
+    })
+}
+
+pub fn attempt_json(a: &AttemptRow) -> serde_json::Value {
+    serde_json::json!({
+        "attempt": a.attempt,
+        "owner": a.owner,
+        "started_at": time_ms(a.started_at_ms),
+        "started_at_ms": a.started_at_ms,
+        "finished_at": a.finished_at_ms.map(time_ms),
+        "finished_at_ms": a.finished_at_ms,
+        "duration_ms": a.finished_at_ms.map(|f| f - a.started_at_ms),
+        "outcome": a.outcome,
+        "phase": a.phase,
+        "code": a.code,
+        "reply": a.reply,
+    })
+}
+
+pub fn show_json(m: &StoredMessage, attempts: &[AttemptRow]) -> serde_json::Value {
+    serde_json::json!({
+        "id": m.id,
+        "scope": m.scope,
+        "key": m.key,
+        "key_source": m.key_source,
+        "fingerprint": m.fingerprint.to_hex(),
+        "state": m.state.as_str(),
+        "mail_from": m.mail_from,
+        "rcpt_to": m.rcpt_to,
+        "accepted_at": time_ms(m.accepted_at_ms),
+        "accepted_at_ms": m.accepted_at_ms,
+        "finished_at_ms": m.finished_at_ms,
+        "reply": m.reply,
+        "upstream_reply": m.upstream_reply,
+        "queued_job": m.has_job,
+        "content_stored": m.content.is_some(),
+        "attempts": attempts.iter().map(attempt_json).collect::<Vec<_>>(),
+    })
+}
+
+pub fn daily_json(r: &DailyCounts) -> serde_json::Value {
+    serde_json::json!({
+        "day": r.day,
+        "scope": r.scope,
+        "accepted": r.accepted,
+        "replayed": r.replayed,
+        "delivered": r.delivered,
+        "failed": r.failed,
+        "unresolved": r.unresolved,
+    })
+}
