@@ -570,14 +570,17 @@ async fn a_replay_is_answered_when_its_count_cannot_be_written() {
         let check = "ALTER TABLE daily_counts ADD CONSTRAINT no_replays CHECK (replayed = 0)";
         backend::execute(store, check).await;
     } else {
-        backend::execute(store, "DROP TABLE daily_counts").await;
+        // One transaction: the relay must never see a schema without the table.
         backend::execute(
             store,
-            "CREATE TABLE daily_counts (scope TEXT NOT NULL, day TEXT NOT NULL,
+            "BEGIN IMMEDIATE;
+             DROP TABLE daily_counts;
+             CREATE TABLE daily_counts (scope TEXT NOT NULL, day TEXT NOT NULL,
                 accepted INTEGER NOT NULL DEFAULT 0,
                 replayed INTEGER NOT NULL DEFAULT 0 CHECK (replayed = 0),
                 delivered INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
-                unresolved INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (scope, day)) STRICT",
+                unresolved INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (scope, day)) STRICT;
+             COMMIT",
         )
         .await;
     }

@@ -1,5 +1,6 @@
 //! Durable records: one storage trait, backends chosen by URL scheme.
 
+mod group_commit;
 mod migrate;
 pub mod postgres;
 mod rows;
@@ -225,6 +226,11 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("store misconfigured: {0}")]
     Config(String),
+    /// The batch this write was part of did not commit: nothing of it is durable.
+    #[error("store commit failed: {0}")]
+    CommitFailed(String),
+    #[error("store writer stopped")]
+    WriterGone,
     #[error("corrupt record {id}: {what}")]
     Corrupt { id: String, what: &'static str },
 }

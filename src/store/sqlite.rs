@@ -8,8 +8,9 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Connection, Row, SqliteConnection};
+use sqlx::{ConnectOptions, Row, SqliteConnection};
 
+use super::group_commit::Writer;
 use super::migrate::{Embedded, Steps};
 use super::rows;
 use super::{
@@ -42,8 +43,14 @@ const MIGRATIONS: Steps = &[
 ];
 
 pub struct SqliteStore {
+    /// Readers; WAL lets them run beside the writer.
     pool: SqlitePool,
+    /// Every write goes through the group-commit writer.
+    writer: Writer,
 }
+
+/// A statement whose bound values it owns, so that it can wait for the writer.
+type Statement = sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'static>>;
 
 const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
 
@@ -58,7 +65,7 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .acquire_timeout(busy_timeout + Duration::from_secs(1))
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
         // NORMAL would not fsync the WAL on commit: a 250 could outlive a power cut's loss.
         let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
@@ -76,7 +83,17 @@ impl SqliteStore {
             .await?
             .run(&pool)
             .await?;
-        Ok(SqliteStore { pool })
+        let writer = Writer::start(options.connect().await?);
+        Ok(SqliteStore { pool, writer })
+    }
+
+    /// One write statement, run in the next group commit; returns the rows it changed.
+    async fn write_one(&self, statement: Statement) -> Result<u64, StoreError> {
+        self.writer
+            .write(move |tx: &mut SqliteConnection| {
+                Box::pin(async move { Ok(statement.execute(&mut *tx).await?.rows_affected()) })
+            })
+            .await
     }
 }
 
@@ -143,40 +160,44 @@ async fn insert_job(conn: &mut SqliteConnection, id: &str, now: i64) -> Result<(
 #[async_trait]
 impl Store for SqliteStore {
     async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let now = now_ms();
-        let mut inserted = insert_message(&mut tx, record, now).await? == 1;
-        if !inserted {
-            let key = record.key.as_deref().unwrap_or_default();
-            let row = sqlx::query(
-                "SELECT id, fingerprint, reply, state, accepted_at FROM messages
-                 WHERE scope = ? AND idem_key = ?",
-            )
-            .bind(&record.scope)
-            .bind(key)
-            .fetch_one(&mut *tx)
-            .await?;
-            let existing = rows::existing(&row)?;
-            let accepted_at: i64 = row.try_get("accepted_at")?;
-            let expired = existing.state.is_terminal()
-                && accepted_at.saturating_add(retention_ms(retention)) <= now;
-            if !expired {
-                tx.rollback().await?;
-                return Ok(Insert::Existing(existing));
-            }
-            sqlx::query("DELETE FROM messages WHERE id = ?")
-                .bind(&existing.id)
-                .execute(&mut *tx)
-                .await?;
-            inserted = insert_message(&mut tx, record, now).await? == 1;
-        }
-        debug_assert!(inserted);
-        if record.state == State::Queued {
-            insert_job(&mut tx, &record.id, now).await?;
-        }
-        tx.commit().await?;
-        Ok(Insert::Inserted)
+        let record = record.clone();
+        self.writer
+            .write(move |tx: &mut SqliteConnection| {
+                Box::pin(async move {
+                    let record = &record;
+                    let now = now_ms();
+                    let mut inserted = insert_message(&mut *tx, record, now).await? == 1;
+                    if !inserted {
+                        let key = record.key.as_deref().unwrap_or_default();
+                        let row = sqlx::query(
+                            "SELECT id, fingerprint, reply, state, accepted_at FROM messages
+                     WHERE scope = ? AND idem_key = ?",
+                        )
+                        .bind(&record.scope)
+                        .bind(key)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                        let existing = rows::existing(&row)?;
+                        let accepted_at: i64 = row.try_get("accepted_at")?;
+                        let expired = existing.state.is_terminal()
+                            && accepted_at.saturating_add(retention_ms(retention)) <= now;
+                        if !expired {
+                            return Ok(Insert::Existing(existing));
+                        }
+                        sqlx::query("DELETE FROM messages WHERE id = ?")
+                            .bind(&existing.id)
+                            .execute(&mut *tx)
+                            .await?;
+                        inserted = insert_message(&mut *tx, record, now).await? == 1;
+                    }
+                    debug_assert!(inserted);
+                    if record.state == State::Queued {
+                        insert_job(&mut *tx, &record.id, now).await?;
+                    }
+                    Ok(Insert::Inserted)
+                })
+            })
+            .await
     }
 
     async fn lookup(
@@ -219,134 +240,151 @@ impl Store for SqliteStore {
         state: State,
         upstream_reply: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let updated = sqlx::query(
-            "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ?
-             WHERE id = ? AND state = 'queued'",
-        )
-        .bind(state.as_str())
-        .bind(upstream_reply)
-        .bind(now_ms())
-        .bind(id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(updated == 1)
+        let id = id.to_string();
+        let upstream_reply = upstream_reply.map(str::to_string);
+        self.writer
+            .write(move |tx: &mut SqliteConnection| {
+                Box::pin(async move {
+                    let id = id.as_str();
+                    let upstream_reply = upstream_reply.as_deref();
+                    let updated = sqlx::query(
+                        "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ?
+                 WHERE id = ? AND state = 'queued'",
+                    )
+                    .bind(state.as_str())
+                    .bind(upstream_reply)
+                    .bind(now_ms())
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                    sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok(updated == 1)
+                })
+            })
+            .await
     }
 
     async fn probe(&self) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        tx.rollback().await?;
-        Ok(())
+        self.writer
+            .write(|_: &mut SqliteConnection| Box::pin(async { Ok(()) }))
+            .await
     }
 
     async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let deleted = sqlx::query(&format!(
-            "DELETE FROM messages WHERE state IN {TERMINAL_STATES} AND accepted_at + ? <= ?"
-        ))
-        .bind(retention_ms(retention))
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        Ok(deleted)
+        self.writer
+            .write(move |tx: &mut SqliteConnection| {
+                Box::pin(async move {
+                    let deleted = sqlx::query(&format!(
+                "DELETE FROM messages WHERE state IN {TERMINAL_STATES} AND accepted_at + ? <= ?"
+            ))
+                    .bind(retention_ms(retention))
+                    .bind(now_ms())
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                    Ok(deleted)
+                })
+            })
+            .await
     }
 
     async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let now = now_ms();
-        let row = sqlx::query(
-            "SELECT j.message_id, m.scope FROM delivery_jobs j
-             JOIN messages m ON m.id = j.message_id
-             LEFT JOIN scope_turns t ON t.scope = m.scope
-             WHERE j.due_at <= ?1 AND (j.lease_until IS NULL OR j.lease_until <= ?1)
-               AND NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL)
-             ORDER BY COALESCE(t.turn, 0), j.due_at, j.message_id
-             LIMIT 1",
-        )
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            tx.rollback().await?;
-            return Ok(None);
-        };
-        let id: String = row.try_get("message_id")?;
-        let scope: String = row.try_get("scope")?;
-        sqlx::query(
-            "INSERT INTO scope_turns (scope, turn)
-             VALUES (?1, (SELECT COALESCE(MAX(turn), 0) + 1 FROM scope_turns))
-             ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
-        )
-        .bind(&scope)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE delivery_jobs SET lease_owner = ?, lease_until = ?, lease_token = lease_token + 1
-             WHERE message_id = ?",
-        )
-        .bind(owner)
-        .bind(now.saturating_add(retention_ms(lease)))
-        .bind(&id)
-        .execute(&mut *tx)
-        .await?;
-        let recovered = close_open_intents(&mut tx, &id, now).await? > 0;
-        let m = sqlx::query(
-            "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
-                    m.accepted_at, j.first_attempt_at, j.lease_token,
-                    (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
-                    EXISTS (SELECT 1 FROM attempts a
-                            WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
-             FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?",
-        )
-        .bind(&id)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(Some(rows::claimed(&m, id, scope, recovered, now)?))
+        let owner = owner.to_string();
+        self.writer
+            .write(move |tx: &mut SqliteConnection| {
+                Box::pin(async move {
+            let owner = owner.as_str();
+            let now = now_ms();
+            let row = sqlx::query(
+                "SELECT j.message_id, m.scope FROM delivery_jobs j
+                 JOIN messages m ON m.id = j.message_id
+                 LEFT JOIN scope_turns t ON t.scope = m.scope
+                 WHERE j.due_at <= ?1 AND (j.lease_until IS NULL OR j.lease_until <= ?1)
+                   AND NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL)
+                 ORDER BY COALESCE(t.turn, 0), j.due_at, j.message_id
+                 LIMIT 1",
+            )
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let id: String = row.try_get("message_id")?;
+            let scope: String = row.try_get("scope")?;
+            sqlx::query(
+                "INSERT INTO scope_turns (scope, turn)
+                 VALUES (?1, (SELECT COALESCE(MAX(turn), 0) + 1 FROM scope_turns))
+                 ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
+            )
+            .bind(&scope)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "UPDATE delivery_jobs SET lease_owner = ?, lease_until = ?, lease_token = lease_token + 1
+                 WHERE message_id = ?",
+            )
+            .bind(owner)
+            .bind(now.saturating_add(retention_ms(lease)))
+            .bind(&id)
+            .execute(&mut *tx)
+            .await?;
+            let recovered = close_open_intents(&mut *tx, &id, now).await? > 0;
+            let m = sqlx::query(
+                "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
+                        m.accepted_at, j.first_attempt_at, j.lease_token,
+                        (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
+                        EXISTS (SELECT 1 FROM attempts a
+                                WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
+                 FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?",
+            )
+            .bind(&id)
+            .fetch_one(&mut *tx)
+            .await?;
+            Ok(Some(rows::claimed(&m, id, scope, recovered, now)?))
+                })
+            })
+            .await
     }
 
     async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let now = now_ms();
-        let held = sqlx::query(
-            "UPDATE delivery_jobs SET first_attempt_at = COALESCE(first_attempt_at, ?)
-             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
-        )
-        .bind(now)
-        .bind(id)
-        .bind(token)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        if !held {
-            tx.rollback().await?;
-            return Ok(false);
-        }
-        sqlx::query(
-            "INSERT INTO attempts (message_id, attempt, owner, started_at)
-             SELECT message_id, ?, lease_owner, ? FROM delivery_jobs WHERE message_id = ?",
-        )
-        .bind(attempt as i64)
-        .bind(now)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(true)
+        let id = id.to_string();
+        self.writer
+            .write(move |tx: &mut SqliteConnection| {
+                Box::pin(async move {
+                    let id = id.as_str();
+                    let now = now_ms();
+                    let held = sqlx::query(
+                        "UPDATE delivery_jobs SET first_attempt_at = COALESCE(first_attempt_at, ?)
+                 WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
+                    )
+                    .bind(now)
+                    .bind(id)
+                    .bind(token)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+                        == 1;
+                    if !held {
+                        return Ok(false);
+                    }
+                    sqlx::query(
+                        "INSERT INTO attempts (message_id, attempt, owner, started_at)
+                 SELECT message_id, ?, lease_owner, ? FROM delivery_jobs WHERE message_id = ?",
+                    )
+                    .bind(attempt as i64)
+                    .bind(now)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                    Ok(true)
+                })
+            })
+            .await
     }
 
     async fn settle(
@@ -356,107 +394,112 @@ impl Store for SqliteStore {
         attempt: Option<(u32, &AttemptResult)>,
         settle: &Settle,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let now = now_ms();
-        let held: Option<i64> = sqlx::query_scalar(
-            "SELECT 1 FROM delivery_jobs
-             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
-        )
-        .bind(id)
-        .bind(token)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if held.is_none() {
-            // Our lease was taken over; the new holder owns the record now.
-            tx.rollback().await?;
-            return Ok(false);
-        }
-        if let Some((attempt, result)) = attempt {
-            sqlx::query(
-                "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?
-                 WHERE message_id = ? AND attempt = ?",
+        let id = id.to_string();
+        let attempt = attempt.map(|(n, r)| (n, r.clone()));
+        let settle = settle.clone();
+        self.writer
+            .write(move |tx: &mut SqliteConnection| {
+                Box::pin(async move {
+            let id = id.as_str();
+            let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
+            let settle = &settle;
+            let now = now_ms();
+            let held: Option<i64> = sqlx::query_scalar(
+                "SELECT 1 FROM delivery_jobs
+                 WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
             )
-            .bind(now)
-            .bind(result.outcome)
-            .bind(result.phase)
-            .bind(result.code.map(i64::from))
-            .bind(&result.reply)
             .bind(id)
-            .bind(attempt as i64)
-            .execute(&mut *tx)
+            .bind(token)
+            .fetch_optional(&mut *tx)
             .await?;
-        }
-        let finish = |state: State, reply: &str| {
-            sqlx::query(
-                "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ? WHERE id = ?",
-            )
-            .bind(state.as_str())
-            .bind(reply.to_string())
-            .bind(now)
-            .bind(id.to_string())
-        };
-        match settle {
-            Settle::Retry { after } => {
+            if held.is_none() {
+                // Our lease was taken over; the new holder owns the record now.
+                return Ok(false);
+            }
+            if let Some((attempt, result)) = attempt {
                 sqlx::query(
-                    "UPDATE delivery_jobs SET due_at = ?, attempts = attempts + 1,
-                        lease_owner = NULL, lease_until = NULL
-                     WHERE message_id = ?",
+                    "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?
+                     WHERE message_id = ? AND attempt = ?",
                 )
-                .bind(now.saturating_add(retention_ms(*after)))
+                .bind(now)
+                .bind(result.outcome)
+                .bind(result.phase)
+                .bind(result.code.map(i64::from))
+                .bind(&result.reply)
                 .bind(id)
+                .bind(attempt as i64)
                 .execute(&mut *tx)
                 .await?;
             }
-            Settle::Delivered { upstream_reply } => {
-                finish(State::Delivered, upstream_reply)
+            let finish = |state: State, reply: &str| {
+                sqlx::query(
+                    "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ? WHERE id = ?",
+                )
+                .bind(state.as_str())
+                .bind(reply.to_string())
+                .bind(now)
+                .bind(id.to_string())
+            };
+            match settle {
+                Settle::Retry { after } => {
+                    sqlx::query(
+                        "UPDATE delivery_jobs SET due_at = ?, attempts = attempts + 1,
+                            lease_owner = NULL, lease_until = NULL
+                         WHERE message_id = ?",
+                    )
+                    .bind(now.saturating_add(retention_ms(*after)))
+                    .bind(id)
                     .execute(&mut *tx)
                     .await?;
-            }
-            Settle::Unresolved { upstream_reply } => {
-                finish(State::Unresolved, upstream_reply)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            Settle::Failed {
-                upstream_reply,
-                dsn,
-            } => {
-                finish(State::Failed, upstream_reply)
-                    .execute(&mut *tx)
-                    .await?;
-                if let Some(dsn) = dsn {
-                    if insert_message(&mut tx, dsn, now).await? == 1 {
-                        insert_job(&mut tx, &dsn.id, now).await?;
+                }
+                Settle::Delivered { upstream_reply } => {
+                    finish(State::Delivered, upstream_reply)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                Settle::Unresolved { upstream_reply } => {
+                    finish(State::Unresolved, upstream_reply)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                Settle::Failed {
+                    upstream_reply,
+                    dsn,
+                } => {
+                    finish(State::Failed, upstream_reply)
+                        .execute(&mut *tx)
+                        .await?;
+                    if let Some(dsn) = dsn {
+                        if insert_message(&mut *tx, dsn, now).await? == 1 {
+                            insert_job(&mut *tx, &dsn.id, now).await?;
+                        }
                     }
                 }
             }
-        }
-        if !matches!(settle, Settle::Retry { .. }) {
-            sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(true)
+            if !matches!(settle, Settle::Retry { .. }) {
+                sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Ok(true)
+                })
+            })
+            .await
     }
 
     async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
         let now = now_ms();
-        Ok(sqlx::query(
+        let renew = sqlx::query(
             "UPDATE delivery_jobs SET lease_until = ?
              WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL
                AND lease_until > ?",
         )
         .bind(now.saturating_add(retention_ms(lease)))
-        .bind(id)
+        .bind(id.to_string())
         .bind(token)
-        .bind(now)
-        .execute(&self.pool)
-        .await?
-        .rows_affected()
-            == 1)
+        .bind(now);
+        Ok(self.write_one(renew).await? == 1)
     }
 
     async fn lease_owners(&self) -> Result<Vec<String>, StoreError> {
@@ -472,30 +515,27 @@ impl Store for SqliteStore {
     async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError> {
         let mut reclaimed = 0;
         for owner in owners {
-            reclaimed += sqlx::query(
+            let reclaim = sqlx::query(
                 "UPDATE delivery_jobs SET lease_until = ? WHERE lease_owner = ? AND lease_until > ?",
             )
             .bind(now_ms())
-            .bind(owner)
-            .bind(now_ms())
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
+            .bind(owner.clone())
+            .bind(now_ms());
+            reclaimed += self.write_one(reclaim).await?;
         }
         Ok(reclaimed)
     }
 
     async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
-        sqlx::query(
+        let release = sqlx::query(
             "UPDATE delivery_jobs SET lease_owner = NULL, lease_until = NULL,
                 due_at = MAX(due_at, ?)
              WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
         )
         .bind(now_ms().saturating_add(retention_ms(after)))
-        .bind(id)
-        .bind(token)
-        .execute(&self.pool)
-        .await?;
+        .bind(id.to_string())
+        .bind(token);
+        self.write_one(release).await?;
         Ok(())
     }
 
@@ -536,86 +576,94 @@ impl Store for SqliteStore {
     }
 
     async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let row = sqlx::query(
-            "SELECT state, content IS NOT NULL AS has_content FROM messages WHERE id = ?",
-        )
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            tx.rollback().await?;
-            return Ok(Requeue::NotFound);
-        };
-        let state: String = row.try_get("state")?;
-        let state = State::parse(&state).ok_or(StoreError::Corrupt {
-            id: id.to_string(),
-            what: "state",
-        })?;
-        let refusal = match state {
-            State::Failed => None,
-            State::Unresolved if allow_unresolved => None,
-            State::Unresolved => Some(Requeue::NeedsConfirmation),
-            other => Some(Requeue::WrongState(other)),
-        };
-        let refusal =
-            refusal.or((!row.try_get::<bool, _>("has_content")?).then_some(Requeue::ContentGone));
-        if let Some(refusal) = refusal {
-            tx.rollback().await?;
-            return Ok(refusal);
-        }
-        sqlx::query(
-            "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL
-             WHERE id = ?",
-        )
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        // A terminal record has no job; a stray one would make the insert fail.
-        sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
+        let id = id.to_string();
+        self.writer
+            .write(move |tx: &mut SqliteConnection| {
+                Box::pin(async move {
+                    let id = id.as_str();
+                    let row = sqlx::query(
+                "SELECT state, content IS NOT NULL AS has_content FROM messages WHERE id = ?",
+            )
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+                    let Some(row) = row else {
+                        return Ok(Requeue::NotFound);
+                    };
+                    let state: String = row.try_get("state")?;
+                    let state = State::parse(&state).ok_or(StoreError::Corrupt {
+                        id: id.to_string(),
+                        what: "state",
+                    })?;
+                    let refusal = match state {
+                        State::Failed => None,
+                        State::Unresolved if allow_unresolved => None,
+                        State::Unresolved => Some(Requeue::NeedsConfirmation),
+                        other => Some(Requeue::WrongState(other)),
+                    };
+                    let refusal = refusal
+                        .or((!row.try_get::<bool, _>("has_content")?)
+                            .then_some(Requeue::ContentGone));
+                    if let Some(refusal) = refusal {
+                        return Ok(refusal);
+                    }
+                    sqlx::query(
+                "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL
+                 WHERE id = ?",
+            )
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        insert_job(&mut tx, id, now_ms()).await?;
-        tx.commit().await?;
-        Ok(Requeue::Requeued)
+                    // A terminal record has no job; a stray one would make the insert fail.
+                    sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                    insert_job(&mut *tx, id, now_ms()).await?;
+                    Ok(Requeue::Requeued)
+                })
+            })
+            .await
     }
 
     async fn cancel(&self, id: &str) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let now = now_ms();
-        let free: Option<i64> = sqlx::query_scalar(
-            "SELECT 1 FROM messages m JOIN delivery_jobs j ON j.message_id = m.id
-             WHERE m.id = ?1 AND m.state = 'queued'
-               AND (j.lease_until IS NULL OR j.lease_until <= ?2)",
-        )
-        .bind(id)
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if free.is_none() {
-            tx.rollback().await?;
-            return Ok(false);
-        }
-        // An intent left open by a dead worker stays on record as unknown, as a claim would.
-        close_open_intents(&mut tx, id, now).await?;
-        sqlx::query(
-            "UPDATE messages SET state = 'failed', finished_at = ?,
-                upstream_reply = 'cancelled by an operator'
-             WHERE id = ?",
-        )
-        .bind(now)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(true)
+        let id = id.to_string();
+        self.writer
+            .write(move |tx: &mut SqliteConnection| {
+                Box::pin(async move {
+                    let id = id.as_str();
+                    let now = now_ms();
+                    let free: Option<i64> = sqlx::query_scalar(
+                        "SELECT 1 FROM messages m JOIN delivery_jobs j ON j.message_id = m.id
+                 WHERE m.id = ?1 AND m.state = 'queued'
+                   AND (j.lease_until IS NULL OR j.lease_until <= ?2)",
+                    )
+                    .bind(id)
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    if free.is_none() {
+                        return Ok(false);
+                    }
+                    // An intent left open by a dead worker stays on record as unknown, as a claim would.
+                    close_open_intents(&mut *tx, id, now).await?;
+                    sqlx::query(
+                        "UPDATE messages SET state = 'failed', finished_at = ?,
+                    upstream_reply = 'cancelled by an operator'
+                 WHERE id = ?",
+                    )
+                    .bind(now)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok(true)
+                })
+            })
+            .await
     }
 
     async fn paused(&self) -> Result<Option<Pause>, StoreError> {
@@ -636,41 +684,38 @@ impl Store for SqliteStore {
 
     async fn pause(&self, reason: &str, probe: bool) -> Result<(), StoreError> {
         // An operator's pause is never downgraded to one a probe may lift.
-        sqlx::query(
+        let pause = sqlx::query(
             "UPDATE delivery_control SET reason = ?,
                 probe = CASE WHEN paused_at IS NULL THEN ? ELSE probe AND ? END,
                 paused_at = COALESCE(paused_at, ?)
              WHERE id = 1",
         )
-        .bind(reason)
+        .bind(reason.to_string())
         .bind(probe)
         .bind(probe)
-        .bind(now_ms())
-        .execute(&self.pool)
-        .await?;
+        .bind(now_ms());
+        self.write_one(pause).await?;
         Ok(())
     }
 
     async fn resume(&self) -> Result<(), StoreError> {
-        sqlx::query(
+        let resume = sqlx::query(
             "UPDATE delivery_control SET paused_at = NULL, reason = NULL, probe = 0 WHERE id = 1",
-        )
-        .execute(&self.pool)
-        .await?;
+        );
+        self.write_one(resume).await?;
         Ok(())
     }
 
     // --- operator surface: reporting and metrics -------------------------------------------
 
     async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError> {
-        sqlx::query(
+        let count = sqlx::query(
             "INSERT INTO daily_counts (scope, day, replayed) VALUES (?, ?, 1)
              ON CONFLICT (scope, day) DO UPDATE SET replayed = daily_counts.replayed + 1",
         )
-        .bind(scope)
-        .bind(utc_day(at_ms))
-        .execute(&self.pool)
-        .await?;
+        .bind(scope.to_string())
+        .bind(utc_day(at_ms));
+        self.write_one(count).await?;
         Ok(())
     }
 
