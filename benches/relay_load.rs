@@ -125,7 +125,15 @@ async fn start_relay(dir: &Path, upstream: Option<SocketAddr>) -> anyhow::Result
     .args(["--admin", "127.0.0.1:0"])
     .args(["--store", &format!("sqlite://{}", db.display())]);
     if let Some(up) = upstream {
-        cmd.args(["--upstream", &format!("smtp://{up}?tls=none")]);
+        // An upstream that takes all it gets: no rate cap (the default, 50/s, protects a
+        // real account), more connections, and a scan that does not idle.
+        let config = dir.join("fast-upstream.toml");
+        std::fs::write(
+            &config,
+            "[delivery]\nconnections = 16\nrate = 1000000.0\nburst = 1000.0\nscan_interval = \"50ms\"\n",
+        )?;
+        cmd.args(["--upstream", &format!("smtp://{up}?tls=none")])
+            .args(["--config", &config.display().to_string()]);
     }
     let child = cmd
         .stdin(Stdio::null())

@@ -317,6 +317,11 @@ async fn talks_first(stream: &TcpStream, delay: Duration) -> bool {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(_) => return false,
         }
+        // Without a delay, only bytes already waiting count: a zero timeout would still wait
+        // for the timer's next tick (a millisecond), before every greeting.
+        if delay.is_zero() {
+            return false;
+        }
         if tokio::time::timeout_at(deadline, stream.readable())
             .await
             .is_err()

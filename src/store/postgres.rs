@@ -29,6 +29,11 @@ const MIGRATIONS: Steps = &[
         "daily_counts",
         include_str!("../../migrations/postgres/0002_daily_counts.sql"),
     ),
+    (
+        3,
+        "job_order",
+        include_str!("../../migrations/postgres/0003_job_order.sql"),
+    ),
 ];
 
 const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
@@ -278,7 +283,7 @@ impl Store for PostgresStore {
              LEFT JOIN scope_turns t ON t.scope = m.scope
              WHERE j.due_at <= $1 AND (j.lease_until IS NULL OR j.lease_until <= $1)
                AND NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL)
-             ORDER BY COALESCE(t.turn, 0), j.due_at, j.message_id
+             ORDER BY COALESCE(t.turn, 0), j.due_at, j.seq
              LIMIT 1
              FOR UPDATE OF j SKIP LOCKED",
         )

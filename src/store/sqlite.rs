@@ -40,6 +40,11 @@ const MIGRATIONS: Steps = &[
         "daily_counts",
         include_str!("../../migrations/sqlite/0004_daily_counts.sql"),
     ),
+    (
+        5,
+        "claim_by_scope",
+        include_str!("../../migrations/sqlite/0005_claim_by_scope.sql"),
+    ),
 ];
 
 pub struct SqliteStore {
@@ -148,10 +153,21 @@ async fn close_open_intents(
     .rows_affected())
 }
 
-async fn insert_job(conn: &mut SqliteConnection, id: &str, now: i64) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO delivery_jobs (message_id, due_at) VALUES (?, ?)")
+async fn insert_job(
+    conn: &mut SqliteConnection,
+    id: &str,
+    scope: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO delivery_jobs (message_id, scope, due_at) VALUES (?, ?, ?)")
         .bind(id)
+        .bind(scope)
         .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    // A scope seen for the first time goes ahead of those already served.
+    sqlx::query("INSERT OR IGNORE INTO scope_turns (scope, turn) VALUES (?, 0)")
+        .bind(scope)
         .execute(&mut *conn)
         .await?;
     Ok(())
@@ -192,7 +208,7 @@ impl Store for SqliteStore {
                     }
                     debug_assert!(inserted);
                     if record.state == State::Queued {
-                        insert_job(&mut *tx, &record.id, now).await?;
+                        insert_job(&mut *tx, &record.id, &record.scope, now).await?;
                     }
                     Ok(Insert::Inserted)
                 })
@@ -297,55 +313,59 @@ impl Store for SqliteStore {
         self.writer
             .write(move |tx: &mut SqliteConnection| {
                 Box::pin(async move {
-            let owner = owner.as_str();
-            let now = now_ms();
-            let row = sqlx::query(
-                "SELECT j.message_id, m.scope FROM delivery_jobs j
-                 JOIN messages m ON m.id = j.message_id
-                 LEFT JOIN scope_turns t ON t.scope = m.scope
-                 WHERE j.due_at <= ?1 AND (j.lease_until IS NULL OR j.lease_until <= ?1)
-                   AND NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL)
-                 ORDER BY COALESCE(t.turn, 0), j.due_at, j.message_id
-                 LIMIT 1",
-            )
-            .bind(now)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some(row) = row else {
-                return Ok(None);
-            };
-            let id: String = row.try_get("message_id")?;
-            let scope: String = row.try_get("scope")?;
-            sqlx::query(
-                "INSERT INTO scope_turns (scope, turn)
-                 VALUES (?1, (SELECT COALESCE(MAX(turn), 0) + 1 FROM scope_turns))
-                 ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
-            )
-            .bind(&scope)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "UPDATE delivery_jobs SET lease_owner = ?, lease_until = ?, lease_token = lease_token + 1
-                 WHERE message_id = ?",
-            )
-            .bind(owner)
-            .bind(now.saturating_add(retention_ms(lease)))
-            .bind(&id)
-            .execute(&mut *tx)
-            .await?;
-            let recovered = close_open_intents(&mut *tx, &id, now).await? > 0;
-            let m = sqlx::query(
-                "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
-                        m.accepted_at, j.first_attempt_at, j.lease_token,
-                        (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
-                        EXISTS (SELECT 1 FROM attempts a
-                                WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
-                 FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?",
-            )
-            .bind(&id)
-            .fetch_one(&mut *tx)
-            .await?;
-            Ok(Some(rows::claimed(&m, id, scope, recovered, now)?))
+                    let owner = owner.as_str();
+                    let now = now_ms();
+                    let row = sqlx::query(
+                        "SELECT message_id, scope FROM (
+                            SELECT t.scope, t.turn,
+                                (SELECT j.message_id FROM delivery_jobs j
+                                 WHERE j.scope = t.scope AND j.due_at <= ?1
+                                   AND (j.lease_until IS NULL OR j.lease_until <= ?1)
+                                 ORDER BY j.due_at, j.rowid LIMIT 1) AS message_id
+                            FROM scope_turns t
+                            WHERE NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL))
+                         WHERE message_id IS NOT NULL
+                         ORDER BY turn, scope
+                         LIMIT 1",
+                    )
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    let Some(row) = row else {
+                        return Ok(None);
+                    };
+                    let id: String = row.try_get("message_id")?;
+                    let scope: String = row.try_get("scope")?;
+                    sqlx::query(
+                        "INSERT INTO scope_turns (scope, turn)
+                         VALUES (?1, (SELECT COALESCE(MAX(turn), 0) + 1 FROM scope_turns))
+                         ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
+                    )
+                    .bind(&scope)
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query(
+                        "UPDATE delivery_jobs SET lease_owner = ?, lease_until = ?, lease_token = lease_token + 1
+                         WHERE message_id = ?",
+                    )
+                    .bind(owner)
+                    .bind(now.saturating_add(retention_ms(lease)))
+                    .bind(&id)
+                    .execute(&mut *tx)
+                    .await?;
+                    let recovered = close_open_intents(&mut *tx, &id, now).await? > 0;
+                    let m = sqlx::query(
+                        "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
+                                m.accepted_at, j.first_attempt_at, j.lease_token,
+                                (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
+                                EXISTS (SELECT 1 FROM attempts a
+                                        WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
+                         FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?",
+                    )
+                    .bind(&id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    Ok(Some(rows::claimed(&m, id, scope, recovered, now)?))
                 })
             })
             .await
@@ -400,89 +420,89 @@ impl Store for SqliteStore {
         self.writer
             .write(move |tx: &mut SqliteConnection| {
                 Box::pin(async move {
-            let id = id.as_str();
-            let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
-            let settle = &settle;
-            let now = now_ms();
-            let held: Option<i64> = sqlx::query_scalar(
-                "SELECT 1 FROM delivery_jobs
-                 WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
-            )
-            .bind(id)
-            .bind(token)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if held.is_none() {
-                // Our lease was taken over; the new holder owns the record now.
-                return Ok(false);
-            }
-            if let Some((attempt, result)) = attempt {
-                sqlx::query(
-                    "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?
-                     WHERE message_id = ? AND attempt = ?",
-                )
-                .bind(now)
-                .bind(result.outcome)
-                .bind(result.phase)
-                .bind(result.code.map(i64::from))
-                .bind(&result.reply)
-                .bind(id)
-                .bind(attempt as i64)
-                .execute(&mut *tx)
-                .await?;
-            }
-            let finish = |state: State, reply: &str| {
-                sqlx::query(
-                    "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ? WHERE id = ?",
-                )
-                .bind(state.as_str())
-                .bind(reply.to_string())
-                .bind(now)
-                .bind(id.to_string())
-            };
-            match settle {
-                Settle::Retry { after } => {
-                    sqlx::query(
-                        "UPDATE delivery_jobs SET due_at = ?, attempts = attempts + 1,
-                            lease_owner = NULL, lease_until = NULL
-                         WHERE message_id = ?",
+                    let id = id.as_str();
+                    let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
+                    let settle = &settle;
+                    let now = now_ms();
+                    let held: Option<i64> = sqlx::query_scalar(
+                        "SELECT 1 FROM delivery_jobs
+                         WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
                     )
-                    .bind(now.saturating_add(retention_ms(*after)))
                     .bind(id)
-                    .execute(&mut *tx)
+                    .bind(token)
+                    .fetch_optional(&mut *tx)
                     .await?;
-                }
-                Settle::Delivered { upstream_reply } => {
-                    finish(State::Delivered, upstream_reply)
+                    if held.is_none() {
+                        // Our lease was taken over; the new holder owns the record now.
+                        return Ok(false);
+                    }
+                    if let Some((attempt, result)) = attempt {
+                        sqlx::query(
+                            "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?
+                             WHERE message_id = ? AND attempt = ?",
+                        )
+                        .bind(now)
+                        .bind(result.outcome)
+                        .bind(result.phase)
+                        .bind(result.code.map(i64::from))
+                        .bind(&result.reply)
+                        .bind(id)
+                        .bind(attempt as i64)
                         .execute(&mut *tx)
                         .await?;
-                }
-                Settle::Unresolved { upstream_reply } => {
-                    finish(State::Unresolved, upstream_reply)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                Settle::Failed {
-                    upstream_reply,
-                    dsn,
-                } => {
-                    finish(State::Failed, upstream_reply)
-                        .execute(&mut *tx)
-                        .await?;
-                    if let Some(dsn) = dsn {
-                        if insert_message(&mut *tx, dsn, now).await? == 1 {
-                            insert_job(&mut *tx, &dsn.id, now).await?;
+                    }
+                    let finish = |state: State, reply: &str| {
+                        sqlx::query(
+                            "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ? WHERE id = ?",
+                        )
+                        .bind(state.as_str())
+                        .bind(reply.to_string())
+                        .bind(now)
+                        .bind(id.to_string())
+                    };
+                    match settle {
+                        Settle::Retry { after } => {
+                            sqlx::query(
+                                "UPDATE delivery_jobs SET due_at = ?, attempts = attempts + 1,
+                                    lease_owner = NULL, lease_until = NULL
+                                 WHERE message_id = ?",
+                            )
+                            .bind(now.saturating_add(retention_ms(*after)))
+                            .bind(id)
+                            .execute(&mut *tx)
+                            .await?;
+                        }
+                        Settle::Delivered { upstream_reply } => {
+                            finish(State::Delivered, upstream_reply)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        Settle::Unresolved { upstream_reply } => {
+                            finish(State::Unresolved, upstream_reply)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        Settle::Failed {
+                            upstream_reply,
+                            dsn,
+                        } => {
+                            finish(State::Failed, upstream_reply)
+                                .execute(&mut *tx)
+                                .await?;
+                            if let Some(dsn) = dsn {
+                                if insert_message(&mut *tx, dsn, now).await? == 1 {
+                                    insert_job(&mut *tx, &dsn.id, &dsn.scope, now).await?;
+                                }
+                            }
                         }
                     }
-                }
-            }
-            if !matches!(settle, Settle::Retry { .. }) {
-                sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            Ok(true)
+                    if !matches!(settle, Settle::Retry { .. }) {
+                        sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
+                            .bind(id)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    Ok(true)
                 })
             })
             .await
@@ -619,7 +639,12 @@ impl Store for SqliteStore {
                         .bind(id)
                         .execute(&mut *tx)
                         .await?;
-                    insert_job(&mut *tx, id, now_ms()).await?;
+                    let scope: String =
+                        sqlx::query_scalar("SELECT scope FROM messages WHERE id = ?")
+                            .bind(id)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                    insert_job(&mut *tx, id, &scope, now_ms()).await?;
                     Ok(Requeue::Requeued)
                 })
             })
