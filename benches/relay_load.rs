@@ -130,7 +130,10 @@ async fn start_relay(dir: &Path, upstream: Option<SocketAddr>) -> anyhow::Result
         let config = dir.join("fast-upstream.toml");
         std::fs::write(
             &config,
-            "[delivery]\nconnections = 16\nrate = 1000000.0\nburst = 1000.0\nscan_interval = \"50ms\"\n",
+            format!(
+                "[delivery]\nconnections = {}\nrate = 1000000.0\nburst = 1000.0\nscan_interval = \"50ms\"\n",
+                std::env::var("BENCH_CONNECTIONS").unwrap_or_else(|_| "16".into())
+            ),
         )?;
         cmd.args(["--upstream", &format!("smtp://{up}?tls=none")])
             .args(["--config", &config.display().to_string()]);

@@ -124,6 +124,8 @@ async fn run(mut conn: SqliteConnection, mut rx: mpsc::Receiver<Box<dyn Queued>>
 }
 
 async fn commit_batch(conn: &mut SqliteConnection, batch: Vec<Box<dyn Queued>>) {
+    let started = std::time::Instant::now();
+    let ops = batch.len();
     if let Err(err) = conn.execute("BEGIN IMMEDIATE").await {
         let why = err.to_string();
         for op in batch {
@@ -168,6 +170,12 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: Vec<Box<dyn Queued>>) 
     for done in ran {
         done.settle(commit.as_ref().map(|_| ()).map_err(String::as_str));
     }
+    tracing::debug!(
+        target: "idemrelay::store",
+        ops,
+        micros = started.elapsed().as_micros() as u64,
+        "group commit"
+    );
 }
 
 #[cfg(test)]
