@@ -247,6 +247,7 @@ impl Worker {
         if !store.begin_attempt(&job.id, job.token, attempt).await? {
             return Ok(());
         }
+        failpoint!("delivery.after_intent");
         let started = Instant::now();
         let envelope = Envelope {
             mail_from: &job.mail_from,
@@ -309,9 +310,12 @@ impl Worker {
             reply: outcome.reply_text(),
         };
         let settle = match next {
-            Next::Delivered => Settle::Delivered {
-                upstream_reply: result.reply.clone(),
-            },
+            Next::Delivered => {
+                failpoint!("delivery.after_upstream_ok");
+                Settle::Delivered {
+                    upstream_reply: result.reply.clone(),
+                }
+            }
             Next::RetryAfter(after) => Settle::Retry { after },
             Next::Unresolved => Settle::Unresolved {
                 upstream_reply: result.reply.clone(),

@@ -169,6 +169,7 @@ impl Store for SqliteStore {
         if record.state == State::Queued {
             insert_job(&mut tx, &record.id, now).await?;
         }
+        failpoint!("intake.before_commit");
         tx.commit().await?;
         Ok(Insert::Inserted)
     }
