@@ -55,8 +55,14 @@ pub struct RelayProcess {
 impl RelayProcess {
     /// Starts the process; `wait_ready` or `ready` waits for its port.
     pub fn spawn(args: &[String]) -> RelayProcess {
+        RelayProcess::spawn_with_env(args, &[])
+    }
+
+    /// `spawn` with these variables added to the cleaned environment.
+    pub fn spawn_with_env(args: &[String], env: &[(&str, String)]) -> RelayProcess {
         let mut child = idemrelay()
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -151,6 +157,11 @@ impl RelayProcess {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The exit status if the process has ended by itself (e.g. a failpoint's abort).
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("try_wait")
     }
 
     /// SIGKILL: nothing of the relay runs after this returns. Returns its log.
