@@ -73,6 +73,8 @@ const TRY_LIMIT: Duration = Duration::from_secs(15);
 const KEY_LIMIT: Duration = Duration::from_secs(150);
 /// The storm lasts at least this long, and at least until the clients are done.
 const STORM_MIN: Duration = Duration::from_secs(15);
+/// Submissions start evenly spread over this.
+const SUBMIT_SPREAD: Duration = Duration::from_secs(12);
 /// Waiting for the queue to drain once the clients are done.
 const DRAIN_LIMIT: Duration = Duration::from_secs(120);
 
@@ -462,7 +464,7 @@ struct Cluster {
     addrs: Addrs,
     incarnations: u64,
     deaths: Deaths,
-    /// The logs of dead relays (tails), for failure messages.
+    /// The logs of dead relays, for failure messages.
     dead_logs: Vec<String>,
 }
 
@@ -550,7 +552,7 @@ impl Cluster {
                 tail(&log, 40)
             )),
         }
-        self.dead_logs.push(tail(&log, 40));
+        self.dead_logs.push(log);
         let relay = self.spawn();
         self.install(i, relay).await;
     }
@@ -577,9 +579,20 @@ impl Cluster {
         self.buried(i, relay, status).await;
     }
 
+    /// Every log line that names `id`, from all relays so far.
+    fn lines_about(&self, id: &str) -> String {
+        self.dead_logs
+            .iter()
+            .flat_map(|log| log.lines())
+            .filter(|l| l.contains(id))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn logs(&self) -> String {
         let mut out = String::new();
         for (i, log) in self.dead_logs.iter().rev().take(3).enumerate() {
+            let log = tail(log, 40);
             out.push_str(&format!("--- dead relay log (last but {i}) ---\n{log}\n"));
         }
         for relay in self.relays.iter().flatten() {
@@ -779,11 +792,16 @@ async fn run(scenario: Scenario) {
 
     let gate = Arc::new(Semaphore::new(CLIENTS));
     let mut tasks = Vec::new();
-    for plan in &plans {
+    // Paced over most of the storm: submitting as fast as possible takes a few seconds, and
+    // the store locks and kills would then find intake idle.
+    let paced = tokio::time::Instant::now();
+    for (i, plan) in plans.iter().enumerate() {
         let (plan, addrs, gate) = (plan.clone(), addrs.clone(), gate.clone());
         let key_seed = rng.u64(..);
         let instances = scenario.instances;
+        let at = paced + SUBMIT_SPREAD.mul_f64(i as f64 / n as f64);
         tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
             let _permit = gate.acquire_owned().await.unwrap();
             let key = plan.key.clone();
             (key, run_key(plan, addrs, instances, key_seed).await)
@@ -825,8 +843,10 @@ async fn run(scenario: Scenario) {
     stage_tx.send(Stage::Stop).unwrap();
     let (mut cluster, storm) = chaos_task.await.unwrap();
     // Nothing runs while the results are read (dropping a relay SIGKILLs it).
-    for relay in &mut cluster.relays {
-        drop(relay.take());
+    for i in 0..cluster.relays.len() {
+        if let Some(relay) = cluster.relays[i].take() {
+            cluster.dead_logs.push(relay.log());
+        }
     }
 
     let records = list_all(reader.as_ref()).await;
@@ -1014,8 +1034,11 @@ async fn run(scenario: Scenario) {
             // Not a violation (the relay may park what it cannot resolve in time), but worth
             // seeing: nothing else in this run should come near the window.
             eprintln!(
-                "chaos {}: {key} ({:?}) parked unresolved; ledger: {attempts:#?}",
-                scenario.name, plan.fault
+                "chaos {}: {key} ({:?}) parked unresolved ({:?}); ledger: {attempts:#?}\n{}",
+                scenario.name,
+                plan.fault,
+                record.upstream_reply,
+                cluster.lines_about(&record.id)
             );
         }
         if plan.fault == Fault::PastWindow && record.state != State::Unresolved {
