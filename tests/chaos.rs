@@ -36,7 +36,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::backend::{self, WriteLock};
@@ -55,8 +55,11 @@ const DEFAULT_COUNT: usize = 1500;
 
 /// The upstream's idempotency window, for the relay (`upstream_window`) and the sink alike.
 /// Short, so that a retry past it would reach a sink that has forgotten the key and be
-/// counted as a duplicate, and so that the past-window keys finish within the run.
-const WINDOW: Duration = Duration::from_secs(30);
+/// counted as a duplicate, and so that the past-window keys finish within the run; long
+/// enough that the queue's own delays (a backlog on SQLite, where every claim, intent and
+/// outcome is an fsync'd write) stay well inside it, or a retry of a cut connection would be
+/// parked unresolved and count as lost.
+const WINDOW: Duration = Duration::from_secs(60);
 const MARGIN: Duration = Duration::from_secs(5);
 /// The intent row is written just after the window check, and may wait for the store (up to
 /// `store_busy_timeout`) in between; an attempt started this much past the limit is not yet
@@ -72,23 +75,23 @@ const TRY_LIMIT: Duration = Duration::from_secs(15);
 /// A key that is neither accepted nor refused within this is a liveness failure.
 const KEY_LIMIT: Duration = Duration::from_secs(150);
 /// The storm lasts at least this long, and at least until the clients are done.
-const STORM_MIN: Duration = Duration::from_secs(15);
+const STORM_MIN: Duration = Duration::from_secs(22);
 /// Submissions start evenly spread over this.
-const SUBMIT_SPREAD: Duration = Duration::from_secs(12);
+const SUBMIT_SPREAD: Duration = Duration::from_secs(20);
 /// Waiting for the queue to drain once the clients are done.
 const DRAIN_LIMIT: Duration = Duration::from_secs(120);
 
+/// Read once: with `random`, both scenarios and every message must name the same seed.
 fn seed() -> u64 {
-    match std::env::var(SEED_ENV) {
-        Ok(s) if s.trim() == "random" => fastrand::u64(..),
-        Ok(s) => {
-            let s = s.trim();
-            s.strip_prefix("0x")
-                .map_or_else(|| s.parse(), |hex| u64::from_str_radix(hex, 16))
-                .unwrap_or_else(|e| panic!("{SEED_ENV}={s:?}: {e}"))
-        }
-        Err(_) => DEFAULT_SEED,
-    }
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| match std::env::var(SEED_ENV).as_deref().map(str::trim) {
+        Ok("random") => fastrand::u64(..),
+        Ok("") | Err(_) => DEFAULT_SEED,
+        Ok(s) => s
+            .strip_prefix("0x")
+            .map_or_else(|| s.parse(), |hex| u64::from_str_radix(hex, 16))
+            .unwrap_or_else(|e| panic!("{SEED_ENV}={s:?}: {e}")),
+    })
 }
 
 fn count() -> usize {
@@ -717,6 +720,10 @@ struct Counts {
     faulted_keys: usize,
     unknown_attempts: usize,
     unresolved: usize,
+    /// The longest wait between two attempts of one message, past-window keys aside: the
+    /// queue's delay, to be compared with the window.
+    longest_gap_ms: i64,
+    longest_gap_key: String,
     /// Unresolved although the sink did not drop every reply: only a stuck queue does that.
     parked_early: usize,
     extra_raw: usize,
@@ -1024,6 +1031,15 @@ async fn run(scenario: Scenario) {
         if attempts.len() > 1 {
             faulted.insert(key);
         }
+        if plan.fault != Fault::PastWindow {
+            for pair in attempts.windows(2) {
+                let gap = pair[1].started_at_ms - pair[0].started_at_ms;
+                if gap > c.longest_gap_ms {
+                    c.longest_gap_ms = gap;
+                    c.longest_gap_key = format!("{key} before attempt {}", pair[1].attempt);
+                }
+            }
+        }
         let unknowns = attempts
             .iter()
             .filter(|a| a.outcome.as_deref() == Some("unknown"))
@@ -1147,7 +1163,8 @@ async fn run(scenario: Scenario) {
          hang-ups, {drop} replies dropped, {hold} withheld, {cut} cuts, {four} 4xx runs, \
          {past} past the window\n\
          \x20 ledger: {unknown} UNKNOWN attempts, {unresolved} unresolved ({early} not a \
-         past-window key); {e01005} E01005 answers to a reused key\n\
+         past-window key), longest wait between attempts {gap:.1} s ({gap_key}); {e01005} E01005 answers \
+         to a reused key\n\
          \x20 lost {lost_k}, duplicated {dup}, unexpected {unexp}, unanswered {unans}, \
          unexplained extra transactions {unexpl}, mismatched bytes forwarded {mism}, UNKNOWN \
          retried after the window {late}",
@@ -1174,6 +1191,8 @@ async fn run(scenario: Scenario) {
         unknown = c.unknown_attempts,
         unresolved = c.unresolved,
         early = c.parked_early,
+        gap = c.longest_gap_ms as f64 / 1000.0,
+        gap_key = c.longest_gap_key,
         e01005 = c.e01005,
         lost_k = c.lost,
         dup = c.duplicated,
