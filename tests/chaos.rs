@@ -1158,7 +1158,8 @@ async fn run(scenario: Scenario) {
          all settled after {elapsed:.1?}\n\
          \x20 T={t} keys attempted, A={a} answered 250, D={d} delivered at the sink after its \
          dedup, R={r} raw sink transactions ({extra} after a commit)\n\
-         \x20 faults touched {share:.1}% of keys: {sigkill} SIGKILLs, {fired} crash-point aborts \
+         \x20 per-key faults planned on {planned:.1}% of keys, faults of any kind touched \
+         {share:.1}%: {sigkill} SIGKILLs, {fired} crash-point aborts \
          {fp:?}, {locks} store locks, {bursts} sink 4xx bursts; per key: {hang} client \
          hang-ups, {drop} replies dropped, {hold} withheld, {cut} cuts, {four} 4xx runs, \
          {past} past the window\n\
@@ -1178,6 +1179,7 @@ async fn run(scenario: Scenario) {
         d = c.d,
         r = c.r,
         extra = c.extra_raw,
+        planned = 100.0 * (n - per_fault(|f| *f == Fault::None)) as f64 / n as f64,
         sigkill = deaths.sigkill,
         fp = deaths.failpoints,
         locks = storm.store_locks,
