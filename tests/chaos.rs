@@ -651,8 +651,8 @@ async fn chaos(
     let mut next = Instant::now() + Duration::from_millis(rng.u64(200..600));
     loop {
         cluster.reap().await;
-        let now = *stage.borrow();
-        match now {
+        let current = *stage.borrow();
+        match current {
             Stage::Stop => return (cluster, storm),
             Stage::Drain => {}
             Stage::Storm if Instant::now() >= next => {
