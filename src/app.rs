@@ -41,6 +41,8 @@ pub struct Relay {
 impl Relay {
     /// Opens the store and binds the configured listeners.
     pub async fn start(settings: &Settings) -> anyhow::Result<Relay> {
+        #[cfg(feature = "failpoints")]
+        crate::failpoint::arm();
         let mut listeners = Vec::new();
         let kinds = [
             (ListenerKind::Plain, &settings.listen),

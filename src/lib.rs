@@ -2,6 +2,10 @@
 //!
 //! Bytes flow socket → `smtp::server` → `smtp::session` (pure) → `intake` → `store`.
 
+// First: `failpoint!` is a macro_rules macro, visible only to the modules declared after it.
+#[macro_use]
+pub mod failpoint;
+
 pub mod admin;
 pub mod app;
 pub mod auth;

@@ -3,11 +3,19 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use common::{eventually, fast_delivery, message, submit, TestRelay};
-use idemrelay::sink::{FaultRule, Phase as SinkPhase, Sink, SinkConfig};
-use idemrelay::store::State;
+use idemrelay::app::Relay;
+use idemrelay::sink::{FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandle};
+use idemrelay::smtp::server::ListenerKind;
+use idemrelay::store::{
+    self, AttemptResult, AttemptRow, Claimed, Existing, Insert, MessageSummary, NewRecord, Pause,
+    Requeue, Settle, State, Store, StoreError, StoredMessage,
+};
 
 async fn wait_terminal(relay: &TestRelay, id: &str, limit: Duration) -> State {
     eventually(limit, "a terminal state", || async {
@@ -218,4 +226,172 @@ async fn a_store_hiccup_at_settle_time_does_not_resend() {
     let ledger = relay.store().attempts(&id).await.unwrap();
     assert_eq!(ledger.len(), 1, "{ledger:?}");
     assert_eq!(ledger[0].outcome.as_deref(), Some("accepted"));
+}
+
+/// A store that fails the next `begin_attempt` calls, either before writing anything or after
+/// committing the intent (the commit's answer lost), and otherwise is the real store.
+struct FlakyIntent {
+    inner: Arc<dyn Store>,
+    failures: AtomicU32,
+    commit_first: bool,
+}
+
+#[async_trait]
+impl Store for FlakyIntent {
+    async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError> {
+        self.inner.insert(record, retention).await
+    }
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        retention: Duration,
+    ) -> Result<Option<Existing>, StoreError> {
+        self.inner.lookup(scope, key, retention).await
+    }
+    async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
+        self.inner.message(id).await
+    }
+    async fn finish(
+        &self,
+        id: &str,
+        state: State,
+        upstream_reply: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.inner.finish(id, state, upstream_reply).await
+    }
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.inner.probe().await
+    }
+    async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError> {
+        self.inner.purge_expired(retention).await
+    }
+    async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
+        self.inner.claim(owner, lease).await
+    }
+    async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError> {
+        let fail = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if !fail {
+            return self.inner.begin_attempt(id, token, attempt).await;
+        }
+        if self.commit_first {
+            self.inner.begin_attempt(id, token, attempt).await?;
+        }
+        Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut))
+    }
+    async fn settle(
+        &self,
+        id: &str,
+        token: i64,
+        attempt: Option<(u32, &AttemptResult)>,
+        settle: &Settle,
+    ) -> Result<bool, StoreError> {
+        self.inner.settle(id, token, attempt, settle).await
+    }
+    async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
+        self.inner.renew_lease(id, token, lease).await
+    }
+    async fn lease_owners(&self) -> Result<Vec<String>, StoreError> {
+        self.inner.lease_owners().await
+    }
+    async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError> {
+        self.inner.reclaim_leases(owners).await
+    }
+    async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
+        self.inner.release(id, token, after).await
+    }
+    async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
+        self.inner.attempts(id).await
+    }
+    async fn list(
+        &self,
+        state: Option<State>,
+        limit: usize,
+        after_id: Option<&str>,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        self.inner.list(state, limit, after_id).await
+    }
+    async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
+        self.inner.requeue(id, allow_unresolved).await
+    }
+    async fn cancel(&self, id: &str) -> Result<bool, StoreError> {
+        self.inner.cancel(id).await
+    }
+    async fn paused(&self) -> Result<Option<Pause>, StoreError> {
+        self.inner.paused().await
+    }
+    async fn pause(&self, reason: &str, probe: bool) -> Result<(), StoreError> {
+        self.inner.pause(reason, probe).await
+    }
+    async fn resume(&self) -> Result<(), StoreError> {
+        self.inner.resume().await
+    }
+}
+
+async fn relay_on_flaky_intents(sink: &SinkHandle, commit_first: bool) -> TestRelay {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = common::test_settings(dir.path());
+    settings.store = common::backend::store_url(dir.path()).await;
+    fast_delivery(&mut settings, sink.smtp_addr());
+    let inner = store::open(settings.store.expose(), settings.store_busy_timeout)
+        .await
+        .unwrap();
+    let flaky: Arc<dyn Store> = Arc::new(FlakyIntent {
+        inner,
+        failures: AtomicU32::new(1),
+        commit_first,
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let relay = Relay::with_parts(&settings, flaky, vec![(ListenerKind::Plain, listener)]).unwrap();
+    TestRelay {
+        relay,
+        addr,
+        dir,
+        settings,
+    }
+}
+
+/// The store fails while the intent is written, after the job was claimed. Nothing was sent,
+/// so the job is handed back at once; kept, its lease (the worst-case attempt time: minutes,
+/// with real timeouts) would hold the message, and an earlier UNKNOWN's window could run out
+/// meanwhile and park as unresolved a message that was simply not sent yet. Found by the chaos
+/// test (store locked from outside).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_error_at_the_intent_hands_the_job_back_at_once() {
+    for commit_first in [false, true] {
+        let sink = Sink::start(SinkConfig::default()).await.unwrap();
+        let relay = relay_on_flaky_intents(&sink, commit_first).await;
+        let id = submit(
+            &relay,
+            "sender@example.com",
+            &["rcpt@example.com"],
+            &message(Some("intent-1"), "s", "b"),
+        )
+        .await;
+        // Far below the lease (about 2.5 minutes with these timeouts).
+        assert_eq!(
+            wait_terminal(&relay, &id, Duration::from_secs(5)).await,
+            State::Delivered,
+            "commit_first {commit_first}"
+        );
+        assert_eq!(sink.transactions().len(), 1);
+        let ledger = relay.store().attempts(&id).await.unwrap();
+        if commit_first {
+            // The intent got in although the relay was told otherwise: an UNKNOWN, the safe
+            // reading, then the attempt that delivered.
+            assert_eq!(ledger.len(), 2, "{ledger:?}");
+            assert_eq!(ledger[0].outcome.as_deref(), Some("unknown"), "{ledger:?}");
+        } else {
+            assert_eq!(ledger.len(), 1, "{ledger:?}");
+        }
+        assert_eq!(
+            ledger.last().unwrap().outcome.as_deref(),
+            Some("accepted"),
+            "{ledger:?}"
+        );
+    }
 }

@@ -253,9 +253,29 @@ impl Worker {
             return Ok(());
         }
         let attempt = job.attempts + 1;
-        if !store.begin_attempt(&job.id, job.token, attempt).await? {
+        let begun = match store.begin_attempt(&job.id, job.token, attempt).await {
+            Ok(begun) => begun,
+            Err(err) => {
+                // Nothing was sent: hand the job back now. Kept, the lease would hold it for
+                // the worst-case attempt time, and an earlier UNKNOWN's window could run out
+                // meanwhile, parking a message that was simply not sent yet. Should the intent
+                // have got in after all (its commit's answer lost), the next claim closes it as
+                // UNKNOWN: the safe reading.
+                release_with_retry(
+                    store.as_ref(),
+                    &job.id,
+                    job.token,
+                    policy.base,
+                    claimed_at + self.shared.lease,
+                )
+                .await;
+                return Err(err.into());
+            }
+        };
+        if !begun {
             return Ok(());
         }
+        failpoint!("delivery.after_intent");
         let started = Instant::now();
         let envelope = Envelope {
             mail_from: &job.mail_from,
@@ -319,9 +339,12 @@ impl Worker {
             reply: outcome.reply_text(),
         };
         let settle = match next {
-            Next::Delivered => Settle::Delivered {
-                upstream_reply: result.reply.clone(),
-            },
+            Next::Delivered => {
+                failpoint!("delivery.after_upstream_ok");
+                Settle::Delivered {
+                    upstream_reply: result.reply.clone(),
+                }
+            }
             Next::RetryAfter(after) => Settle::Retry { after },
             Next::Unresolved => Settle::Unresolved {
                 upstream_reply: result.reply.clone(),
@@ -558,6 +581,29 @@ async fn settle_with_retry(
                 pause = (pause * 2).min(Duration::from_secs(5));
             }
             Err(err) => return Err(err.into()),
+        }
+    }
+}
+
+/// Gives a lease back, retrying while the store refuses and the lease lasts; past that, the
+/// lease simply runs out.
+async fn release_with_retry(
+    store: &dyn Store,
+    id: &str,
+    token: i64,
+    after: Duration,
+    until: Instant,
+) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match store.release(id, token, after).await {
+            Ok(()) => return,
+            Err(err) if Instant::now() + pause < until => {
+                tracing::warn!(target: "idemrelay::store", error = %err, id, "cannot give the delivery lease back yet; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(_) => return,
         }
     }
 }

@@ -230,6 +230,7 @@ impl Intake {
         match decision.outcome {
             Outcome::Unavailable => self.store_healthy.store(false, Ordering::Relaxed),
             Outcome::Accepted => {
+                failpoint!("intake.after_commit");
                 self.store_healthy.store(true, Ordering::Relaxed);
                 self.delivery_hint.notify_waiters();
             }

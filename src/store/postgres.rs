@@ -194,6 +194,7 @@ impl Store for PostgresStore {
         if record.state == State::Queued {
             insert_job(&mut tx, &record.id, now).await?;
         }
+        failpoint!("intake.before_commit");
         tx.commit().await?;
         Ok(Insert::Inserted)
     }

@@ -210,6 +210,8 @@ impl Store for SqliteStore {
                     if record.state == State::Queued {
                         insert_job(&mut *tx, &record.id, &record.scope, now).await?;
                     }
+                    // The batch commits after this: the record is written but not durable.
+                    failpoint!("intake.before_commit");
                     Ok(Insert::Inserted)
                 })
             })

@@ -68,6 +68,13 @@ impl RelayProcess {
         RelayProcess::spawn_command(idemrelay(), args)
     }
 
+    /// `spawn` with these variables added to the cleaned environment.
+    pub fn spawn_with_env(args: &[String], env: &[(&str, String)]) -> RelayProcess {
+        let mut cmd = idemrelay();
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        RelayProcess::spawn_command(cmd, args)
+    }
+
     /// `spawn` with a command prepared by the caller (extra environment variables).
     pub fn spawn_command(mut cmd: Command, args: &[String]) -> RelayProcess {
         let mut child = cmd
@@ -171,6 +178,11 @@ impl RelayProcess {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The exit status if the process has ended by itself (e.g. a failpoint's abort).
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("try_wait")
     }
 
     /// SIGKILL: nothing of the relay runs after this returns. Returns its log.
