@@ -519,6 +519,9 @@ impl Cluster {
             &self.config.display().to_string(),
             "--upstream",
             &format!("smtp://{}?tls=none", self.upstream),
+            // Two instances on one host: each its own admin port.
+            "--admin",
+            "127.0.0.1:0",
         ]
         .map(String::from)
         .to_vec();

@@ -13,8 +13,8 @@ use idemrelay::app::Relay;
 use idemrelay::sink::{FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandle};
 use idemrelay::smtp::server::ListenerKind;
 use idemrelay::store::{
-    self, AttemptResult, AttemptRow, Claimed, Existing, Insert, MessageSummary, NewRecord, Pause,
-    Requeue, Settle, State, Store, StoreError, StoredMessage,
+    self, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Insert, MessageSummary,
+    NewRecord, Pause, QueueStats, Requeue, Settle, State, Store, StoreError, StoredMessage,
 };
 
 async fn wait_terminal(relay: &TestRelay, id: &str, limit: Duration) -> State {
@@ -328,6 +328,18 @@ impl Store for FlakyIntent {
     }
     async fn resume(&self) -> Result<(), StoreError> {
         self.inner.resume().await
+    }
+    async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError> {
+        self.inner.record_replay(scope, at_ms).await
+    }
+    async fn report(&self, since_day: Option<&str>) -> Result<Vec<DailyCounts>, StoreError> {
+        self.inner.report(since_day).await
+    }
+    async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
+        self.inner.queue_stats().await
+    }
+    async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
+        self.inner.lookup_id_by_key(scope, key).await
     }
 }
 
