@@ -123,52 +123,43 @@ async fn run(mut conn: SqliteConnection, mut rx: mpsc::Receiver<Box<dyn Queued>>
     }
 }
 
+/// The savepoint statements ride along with their neighbours (`RELEASE op; SAVEPOINT op`):
+/// each statement sent costs a round trip to the connection's thread.
 async fn commit_batch(conn: &mut SqliteConnection, batch: Vec<Box<dyn Queued>>) {
     let started = std::time::Instant::now();
     let ops = batch.len();
-    if let Err(err) = conn.execute("BEGIN IMMEDIATE").await {
+    if let Err(err) = conn.execute("BEGIN IMMEDIATE; SAVEPOINT op").await {
+        // Ends a transaction that began before the savepoint failed; harmless otherwise.
+        let _ = conn.execute("ROLLBACK").await;
         let why = err.to_string();
         for op in batch {
             op.fail(StoreError::CommitFailed(why.clone()));
         }
         return;
     }
-    let mut ran: Vec<Box<dyn Ran>> = Vec::with_capacity(batch.len());
-    for op in batch {
-        if let Err(err) = conn.execute("SAVEPOINT op").await {
-            op.fail(err.into());
-            continue;
-        }
+    let mut ran: Vec<Box<dyn Ran>> = Vec::with_capacity(ops);
+    for (n, op) in batch.into_iter().enumerate() {
         let done = op.run(conn).await;
-        let close = if done.succeeded() {
-            "RELEASE op"
-        } else {
-            "ROLLBACK TO op; RELEASE op"
+        let close = match (done.succeeded(), n + 1 == ops) {
+            (true, false) => "RELEASE op; SAVEPOINT op",
+            (false, false) => "ROLLBACK TO op; RELEASE op; SAVEPOINT op",
+            (true, true) => "RELEASE op; COMMIT",
+            (false, true) => "ROLLBACK TO op; RELEASE op; COMMIT",
         };
+        ran.push(done);
         if let Err(err) = conn.execute(close).await {
-            // The savepoint cannot be closed: the transaction's state is unknown, so nothing
-            // in it may be reported as committed.
-            let why = err.to_string();
+            // A savepoint that cannot be closed, or a failed COMMIT: nothing in this batch may
+            // be reported as committed. End the transaction so the next batch starts clean.
             let _ = conn.execute("ROLLBACK").await;
-            done.settle(Err(&why));
-            for other in ran {
-                other.settle(Err(&why));
+            let why = err.to_string();
+            for done in ran {
+                done.settle(Err(&why));
             }
             return;
         }
-        ran.push(done);
     }
-    let commit = match conn.execute("COMMIT").await {
-        Ok(_) => Ok(()),
-        Err(err) => {
-            // A failed COMMIT may leave the transaction open; end it so the next batch starts
-            // clean.
-            let _ = conn.execute("ROLLBACK").await;
-            Err(err.to_string())
-        }
-    };
     for done in ran {
-        done.settle(commit.as_ref().map(|_| ()).map_err(String::as_str));
+        done.settle(Ok(()));
     }
     tracing::debug!(
         target: "idemrelay::store",

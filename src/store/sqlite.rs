@@ -153,6 +153,8 @@ async fn close_open_intents(
     .rows_affected())
 }
 
+/// The job of a record put back in the queue (a new queued record gets its job from a
+/// trigger).
 async fn insert_job(
     conn: &mut SqliteConnection,
     id: &str,
@@ -163,11 +165,6 @@ async fn insert_job(
         .bind(id)
         .bind(scope)
         .bind(now)
-        .execute(&mut *conn)
-        .await?;
-    // A scope seen for the first time goes ahead of those already served.
-    sqlx::query("INSERT OR IGNORE INTO scope_turns (scope, turn) VALUES (?, 0)")
-        .bind(scope)
         .execute(&mut *conn)
         .await?;
     Ok(())
@@ -207,9 +204,7 @@ impl Store for SqliteStore {
                         inserted = insert_message(&mut *tx, record, now).await? == 1;
                     }
                     debug_assert!(inserted);
-                    if record.state == State::Queued {
-                        insert_job(&mut *tx, &record.id, &record.scope, now).await?;
-                    }
+                    // A queued record's delivery job comes with it (a trigger).
                     // The batch commits after this: the record is written but not durable.
                     failpoint!("intake.before_commit");
                     Ok(Insert::Inserted)
@@ -317,20 +312,29 @@ impl Store for SqliteStore {
                 Box::pin(async move {
                     let owner = owner.as_str();
                     let now = now_ms();
+                    // One statement finds the head of the next scope's queue and leases it; a
+                    // trigger moves that scope to the back of the turns.
                     let row = sqlx::query(
-                        "SELECT message_id, scope FROM (
-                            SELECT t.scope, t.turn,
-                                (SELECT j.message_id FROM delivery_jobs j
-                                 WHERE j.scope = t.scope AND j.due_at <= ?1
-                                   AND (j.lease_until IS NULL OR j.lease_until <= ?1)
-                                 ORDER BY j.due_at, j.rowid LIMIT 1) AS message_id
-                            FROM scope_turns t
-                            WHERE NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL))
-                         WHERE message_id IS NOT NULL
-                         ORDER BY turn, scope
-                         LIMIT 1",
+                        "UPDATE delivery_jobs
+                         SET lease_owner = ?2, lease_until = ?3, lease_token = lease_token + 1
+                         WHERE message_id = (
+                            SELECT message_id FROM (
+                                SELECT t.scope, t.turn,
+                                    (SELECT j.message_id FROM delivery_jobs j
+                                     WHERE j.scope = t.scope AND j.due_at <= ?1
+                                       AND (j.lease_until IS NULL OR j.lease_until <= ?1)
+                                     ORDER BY j.due_at, j.rowid LIMIT 1) AS message_id
+                                FROM scope_turns t
+                                WHERE NOT EXISTS
+                                    (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL))
+                            WHERE message_id IS NOT NULL
+                            ORDER BY turn, scope
+                            LIMIT 1)
+                         RETURNING message_id, scope",
                     )
                     .bind(now)
+                    .bind(owner)
+                    .bind(now.saturating_add(retention_ms(lease)))
                     .fetch_optional(&mut *tx)
                     .await?;
                     let Some(row) = row else {
@@ -338,35 +342,21 @@ impl Store for SqliteStore {
                     };
                     let id: String = row.try_get("message_id")?;
                     let scope: String = row.try_get("scope")?;
-                    sqlx::query(
-                        "INSERT INTO scope_turns (scope, turn)
-                         VALUES (?1, (SELECT COALESCE(MAX(turn), 0) + 1 FROM scope_turns))
-                         ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
-                    )
-                    .bind(&scope)
-                    .execute(&mut *tx)
-                    .await?;
-                    sqlx::query(
-                        "UPDATE delivery_jobs SET lease_owner = ?, lease_until = ?, lease_token = lease_token + 1
-                         WHERE message_id = ?",
-                    )
-                    .bind(owner)
-                    .bind(now.saturating_add(retention_ms(lease)))
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await?;
-                    let recovered = close_open_intents(&mut *tx, &id, now).await? > 0;
-                    let m = sqlx::query(
-                        "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
-                                m.accepted_at, j.first_attempt_at, j.lease_token,
-                                (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
-                                EXISTS (SELECT 1 FROM attempts a
-                                        WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
-                         FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?",
-                    )
-                    .bind(&id)
-                    .fetch_one(&mut *tx)
-                    .await?;
+                    let details = "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type,
+                            m.smtputf8, m.content, m.accepted_at, j.first_attempt_at, j.lease_token,
+                            (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
+                            EXISTS (SELECT 1 FROM attempts a
+                                    WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown,
+                            EXISTS (SELECT 1 FROM attempts a
+                                    WHERE a.message_id = m.id AND a.outcome IS NULL) AS open_intent
+                         FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?";
+                    let mut m = sqlx::query(details).bind(&id).fetch_one(&mut *tx).await?;
+                    // Rare: a worker lost this lease with its attempt open.
+                    let recovered = m.try_get::<bool, _>("open_intent")?
+                        && close_open_intents(&mut *tx, &id, now).await? > 0;
+                    if recovered {
+                        m = sqlx::query(details).bind(&id).fetch_one(&mut *tx).await?;
+                    }
                     Ok(Some(rows::claimed(&m, id, scope, recovered, now)?))
                 })
             })
@@ -380,10 +370,14 @@ impl Store for SqliteStore {
                 Box::pin(async move {
                     let id = id.as_str();
                     let now = now_ms();
+                    // The intent is written only under the lease; a trigger records the first
+                    // attempt's time on the job.
                     let held = sqlx::query(
-                        "UPDATE delivery_jobs SET first_attempt_at = COALESCE(first_attempt_at, ?)
-                 WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
+                        "INSERT INTO attempts (message_id, attempt, owner, started_at)
+                         SELECT message_id, ?, lease_owner, ? FROM delivery_jobs
+                         WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
                     )
+                    .bind(attempt as i64)
                     .bind(now)
                     .bind(id)
                     .bind(token)
@@ -391,19 +385,7 @@ impl Store for SqliteStore {
                     .await?
                     .rows_affected()
                         == 1;
-                    if !held {
-                        return Ok(false);
-                    }
-                    sqlx::query(
-                        "INSERT INTO attempts (message_id, attempt, owner, started_at)
-                 SELECT message_id, ?, lease_owner, ? FROM delivery_jobs WHERE message_id = ?",
-                    )
-                    .bind(attempt as i64)
-                    .bind(now)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                    Ok(true)
+                    Ok(held)
                 })
             })
             .await
@@ -426,15 +408,28 @@ impl Store for SqliteStore {
                     let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
                     let settle = &settle;
                     let now = now_ms();
-                    let held: Option<i64> = sqlx::query_scalar(
-                        "SELECT 1 FROM delivery_jobs
-                         WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
-                    )
-                    .bind(id)
-                    .bind(token)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                    if held.is_none() {
+                    // The job's own statement goes first, fenced by the token: when it
+                    // changes nothing, the lease was taken over and nothing else is written.
+                    let job = match settle {
+                        Settle::Retry { after } => sqlx::query(
+                            "UPDATE delivery_jobs SET due_at = ?, attempts = attempts + 1,
+                                lease_owner = NULL, lease_until = NULL
+                             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
+                        )
+                        .bind(now.saturating_add(retention_ms(*after))),
+                        _ => sqlx::query(
+                            "DELETE FROM delivery_jobs
+                             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
+                        ),
+                    };
+                    let held = job
+                        .bind(id)
+                        .bind(token)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected()
+                        == 1;
+                    if !held {
                         // Our lease was taken over; the new holder owns the record now.
                         return Ok(false);
                     }
@@ -463,17 +458,7 @@ impl Store for SqliteStore {
                         .bind(id.to_string())
                     };
                     match settle {
-                        Settle::Retry { after } => {
-                            sqlx::query(
-                                "UPDATE delivery_jobs SET due_at = ?, attempts = attempts + 1,
-                                    lease_owner = NULL, lease_until = NULL
-                                 WHERE message_id = ?",
-                            )
-                            .bind(now.saturating_add(retention_ms(*after)))
-                            .bind(id)
-                            .execute(&mut *tx)
-                            .await?;
-                        }
+                        Settle::Retry { .. } => {}
                         Settle::Delivered { upstream_reply } => {
                             finish(State::Delivered, upstream_reply)
                                 .execute(&mut *tx)
@@ -492,17 +477,11 @@ impl Store for SqliteStore {
                                 .execute(&mut *tx)
                                 .await?;
                             if let Some(dsn) = dsn {
-                                if insert_message(&mut *tx, dsn, now).await? == 1 {
-                                    insert_job(&mut *tx, &dsn.id, &dsn.scope, now).await?;
-                                }
+                                // Its delivery job comes with it (a trigger); an existing DSN
+                                // under the same key is left as it is.
+                                insert_message(&mut *tx, dsn, now).await?;
                             }
                         }
-                    }
-                    if !matches!(settle, Settle::Retry { .. }) {
-                        sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
-                            .bind(id)
-                            .execute(&mut *tx)
-                            .await?;
                     }
                     Ok(true)
                 })
