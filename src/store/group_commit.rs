@@ -1,42 +1,28 @@
-//! Group commit for SQLite: one writer task owns the write connection and runs every write
+//! Group commit for SQLite: one writer thread owns the write connection and runs every write
 //! operation that is waiting, each under its own savepoint, in one `BEGIN IMMEDIATE ...
 //! COMMIT`. One fsync then makes a whole batch durable, and each caller hears its result only
 //! after that commit, so a 250 still follows its own row's durability. A failed operation is
 //! rolled back to its savepoint without touching the others; a failed commit fails them all.
 //!
 //! One writer also means writers never queue on SQLite's lock inside the busy handler, whose
-//! sleeps (up to 100 ms each) dominated latency under concurrency.
+//! sleeps (up to 100 ms each) dominated latency under concurrency. The writer is a thread of
+//! its own with a synchronous connection (rusqlite) because an async driver hands every
+//! statement to another thread and back: those handoffs, not SQLite, bounded throughput.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::sync::mpsc;
 
-use sqlx::{Executor, SqliteConnection};
-use tokio::sync::{mpsc, oneshot};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
 
 use super::StoreError;
 
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
 /// Operations that wait longer than this join the next batch: it bounds the time one
 /// transaction holds the write lock.
-const MAX_BATCH: usize = 128;
-
-/// A write operation: statements run on the writer's connection inside the batch.
-pub trait Operation<T>:
-    for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>> + Send + 'static
-{
-}
-
-impl<T, F> Operation<T> for F where
-    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
-        + Send
-        + 'static
-{
-}
+const MAX_BATCH: usize = 256;
 
 /// A queued operation with its reply channel, type-erased for the queue.
 trait Queued: Send {
-    fn run<'c>(self: Box<Self>, conn: &'c mut SqliteConnection) -> BoxFuture<'c, Box<dyn Ran>>;
+    fn run(self: Box<Self>, conn: &Connection) -> Box<dyn Ran>;
     fn fail(self: Box<Self>, err: StoreError);
 }
 
@@ -56,12 +42,16 @@ struct Done<T> {
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
 
-impl<T: Send + 'static, F: Operation<T>> Queued for Pending<T, F> {
-    fn run<'c>(self: Box<Self>, conn: &'c mut SqliteConnection) -> BoxFuture<'c, Box<dyn Ran>> {
+impl<T, F> Queued for Pending<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+{
+    fn run(self: Box<Self>, conn: &Connection) -> Box<dyn Ran> {
         let Pending { op, reply } = *self;
-        Box::pin(async move {
-            let result = op(conn).await;
-            Box::new(Done { result, reply }) as Box<dyn Ran>
+        Box::new(Done {
+            result: op(conn),
+            reply,
         })
     }
 
@@ -91,46 +81,47 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer task on `conn`, which it owns from now on.
-    pub fn start(conn: SqliteConnection) -> Writer {
-        let (queue, rx) = mpsc::channel(4 * MAX_BATCH);
-        tokio::spawn(run(conn, rx));
-        Writer { queue }
+    /// Starts the writer thread on `conn`, which it owns from now on. The thread ends when
+    /// the last `Writer` is dropped.
+    pub fn start(conn: Connection) -> std::io::Result<Writer> {
+        let (queue, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || run(conn, rx))?;
+        Ok(Writer { queue })
     }
 
     /// Runs `op` in the next batch; its result is returned once the batch is committed.
     pub async fn write<T, F>(&self, op: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        // Spelled out (not `Operation<T>`) so that closures get their signature from it.
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
-            + Send
-            + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Box::new(Pending { op, reply }))
-            .await
             .map_err(|_| StoreError::WriterGone)?;
         answer.await.map_err(|_| StoreError::WriterGone)?
     }
 }
 
-async fn run(mut conn: SqliteConnection, mut rx: mpsc::Receiver<Box<dyn Queued>>) {
-    let mut batch: Vec<Box<dyn Queued>> = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        commit_batch(&mut conn, std::mem::take(&mut batch)).await;
+fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Queued>>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        commit_batch(&conn, batch);
     }
 }
 
-/// The savepoint statements ride along with their neighbours (`RELEASE op; SAVEPOINT op`):
-/// each statement sent costs a round trip to the connection's thread.
-async fn commit_batch(conn: &mut SqliteConnection, batch: Vec<Box<dyn Queued>>) {
+fn commit_batch(conn: &Connection, batch: Vec<Box<dyn Queued>>) {
     let started = std::time::Instant::now();
     let ops = batch.len();
-    if let Err(err) = conn.execute("BEGIN IMMEDIATE; SAVEPOINT op").await {
-        // Ends a transaction that began before the savepoint failed; harmless otherwise.
-        let _ = conn.execute("ROLLBACK").await;
+    if let Err(err) = conn.execute_batch("BEGIN IMMEDIATE") {
         let why = err.to_string();
         for op in batch {
             op.fail(StoreError::CommitFailed(why.clone()));
@@ -138,28 +129,43 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: Vec<Box<dyn Queued>>) 
         return;
     }
     let mut ran: Vec<Box<dyn Ran>> = Vec::with_capacity(ops);
-    for (n, op) in batch.into_iter().enumerate() {
-        let done = op.run(conn).await;
-        let close = match (done.succeeded(), n + 1 == ops) {
-            (true, false) => "RELEASE op; SAVEPOINT op",
-            (false, false) => "ROLLBACK TO op; RELEASE op; SAVEPOINT op",
-            (true, true) => "RELEASE op; COMMIT",
-            (false, true) => "ROLLBACK TO op; RELEASE op; COMMIT",
-        };
-        ran.push(done);
-        if let Err(err) = conn.execute(close).await {
-            // A savepoint that cannot be closed, or a failed COMMIT: nothing in this batch may
-            // be reported as committed. End the transaction so the next batch starts clean.
-            let _ = conn.execute("ROLLBACK").await;
-            let why = err.to_string();
-            for done in ran {
-                done.settle(Err(&why));
-            }
-            return;
+    let mut broken = None;
+    for op in batch {
+        if broken.is_some() {
+            op.fail(StoreError::CommitFailed(
+                "an earlier operation broke the batch".into(),
+            ));
+            continue;
         }
+        if let Err(err) = conn.execute_batch("SAVEPOINT op") {
+            broken = Some(err.to_string());
+            op.fail(err.into());
+            continue;
+        }
+        let done = op.run(conn);
+        let close = if done.succeeded() {
+            "RELEASE op"
+        } else {
+            "ROLLBACK TO op; RELEASE op"
+        };
+        if let Err(err) = conn.execute_batch(close) {
+            // The savepoint cannot be closed: the transaction's state is unknown, so nothing
+            // in it may be reported as committed.
+            broken = Some(err.to_string());
+        }
+        ran.push(done);
+    }
+    let commit = match broken {
+        Some(why) => Err(why),
+        None => conn.execute_batch("COMMIT").map_err(|err| err.to_string()),
+    };
+    if commit.is_err() {
+        // End the transaction (a failed COMMIT may leave it open) so the next batch starts
+        // clean; harmless when there is none.
+        let _ = conn.execute_batch("ROLLBACK");
     }
     for done in ran {
-        done.settle(Ok(()));
+        done.settle(commit.as_ref().map(|_| ()).map_err(String::as_str));
     }
     tracing::debug!(
         target: "idemrelay::store",
@@ -172,61 +178,42 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: Vec<Box<dyn Queued>>) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-    use sqlx::ConnectOptions;
     use std::time::Duration;
 
-    fn options(dir: &tempfile::TempDir) -> SqliteConnectOptions {
-        SqliteConnectOptions::new()
-            .filename(dir.path().join("g.db"))
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_millis(100))
-    }
-
-    async fn writer(dir: &tempfile::TempDir) -> (Writer, SqliteConnection) {
-        let mut reader = options(dir).connect().await.unwrap();
-        reader
-            .execute("CREATE TABLE t (v INTEGER PRIMARY KEY)")
-            .await
+    fn open(dir: &tempfile::TempDir) -> Connection {
+        let conn = Connection::open(dir.path().join("g.db")).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL")
             .unwrap();
-        (Writer::start(options(dir).connect().await.unwrap()), reader)
+        conn.busy_timeout(Duration::from_millis(100)).unwrap();
+        conn
     }
 
-    fn insert(
-        v: i64,
-    ) -> impl for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<u64, StoreError>>
-           + Send
-           + 'static {
-        move |tx: &mut SqliteConnection| {
-            Box::pin(async move {
-                Ok(sqlx::query("INSERT INTO t (v) VALUES (?)")
-                    .bind(v)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected())
-            })
-        }
+    fn writer(dir: &tempfile::TempDir) -> (Writer, Connection) {
+        let reader = open(dir);
+        reader
+            .execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")
+            .unwrap();
+        (Writer::start(open(dir)).unwrap(), reader)
     }
 
-    async fn values(reader: &mut SqliteConnection) -> Vec<i64> {
-        sqlx::query_scalar("SELECT v FROM t ORDER BY v")
-            .fetch_all(reader)
-            .await
-            .unwrap()
+    fn insert(v: i64) -> impl FnOnce(&Connection) -> Result<usize, StoreError> + Send + 'static {
+        move |conn: &Connection| Ok(conn.execute("INSERT INTO t (v) VALUES (?)", [v])?)
+    }
+
+    fn values(reader: &Connection) -> Vec<i64> {
+        let mut stmt = reader.prepare("SELECT v FROM t ORDER BY v").unwrap();
+        let rows = stmt.query_map([], |row| row.get(0)).unwrap();
+        rows.map(Result::unwrap).collect()
     }
 
     #[tokio::test]
     async fn a_failed_operation_is_rolled_back_alone_within_its_batch() {
         let dir = tempfile::tempdir().unwrap();
-        let (w, mut reader) = writer(&dir).await;
+        let (w, reader) = writer(&dir);
         // The first batch is held open, so everything queued meanwhile shares the next one.
-        let slow = w.write(|_: &mut SqliteConnection| {
-            Box::pin(async {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                Ok(())
-            })
+        let slow = w.write(|_: &Connection| {
+            std::thread::sleep(Duration::from_millis(200));
+            Ok(())
         });
         let (slow, one, duplicate, two) = tokio::join!(
             slow,
@@ -237,16 +224,10 @@ mod tests {
             async {
                 tokio::time::sleep(Duration::from_millis(60)).await;
                 // Violates the primary key: fails, and takes nothing else with it.
-                w.write(|tx: &mut SqliteConnection| {
-                    Box::pin(async move {
-                        sqlx::query("INSERT INTO t (v) VALUES (3)")
-                            .execute(&mut *tx)
-                            .await?;
-                        sqlx::query("INSERT INTO t (v) VALUES (1)")
-                            .execute(&mut *tx)
-                            .await?;
-                        Ok(())
-                    })
+                w.write(|conn: &Connection| {
+                    conn.execute("INSERT INTO t (v) VALUES (3)", [])?;
+                    conn.execute("INSERT INTO t (v) VALUES (1)", [])?;
+                    Ok(())
                 })
                 .await
             },
@@ -260,7 +241,7 @@ mod tests {
         assert!(duplicate.is_err());
         assert_eq!(two.unwrap(), 1);
         assert_eq!(
-            values(&mut reader).await,
+            values(&reader),
             [1, 2],
             "3 was rolled back with its operation"
         );
@@ -269,23 +250,23 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_reported_written_when_the_batch_cannot_start() {
         let dir = tempfile::tempdir().unwrap();
-        let (w, mut reader) = writer(&dir).await;
-        let mut other = options(&dir).connect().await.unwrap();
-        other.execute("BEGIN IMMEDIATE").await.unwrap();
+        let (w, reader) = writer(&dir);
+        let other = open(&dir);
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
         let refused = w.write(insert(7)).await;
         assert!(
             matches!(refused, Err(StoreError::CommitFailed(_))),
             "{refused:?}"
         );
-        other.execute("ROLLBACK").await.unwrap();
+        other.execute_batch("ROLLBACK").unwrap();
         assert_eq!(w.write(insert(8)).await.unwrap(), 1);
-        assert_eq!(values(&mut reader).await, [8]);
+        assert_eq!(values(&reader), [8]);
     }
 
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_writers_all_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let (w, mut reader) = writer(&dir).await;
+        let (w, reader) = writer(&dir);
         let writes = (0..200).map(|v| {
             let w = w.clone();
             tokio::spawn(async move { w.write(insert(v)).await })
@@ -293,6 +274,6 @@ mod tests {
         for write in writes.collect::<Vec<_>>() {
             assert_eq!(write.await.unwrap().unwrap(), 1);
         }
-        assert_eq!(values(&mut reader).await.len(), 200);
+        assert_eq!(values(&reader).len(), 200);
     }
 }

@@ -5,6 +5,7 @@ mod migrate;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
+mod sqlite_writes;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -222,6 +223,9 @@ pub struct AttemptRow {
 pub enum StoreError {
     #[error("store unavailable: {0}")]
     Unavailable(#[from] sqlx::Error),
+    /// From the SQLite writer (rusqlite).
+    #[error("store unavailable: {0}")]
+    Sqlite(#[from] rusqlite::Error),
     #[error("store migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("store misconfigured: {0}")]

@@ -11,47 +11,49 @@ use super::{
 use crate::intake::fingerprint::Fingerprint;
 
 /// Column access by name with the types the schema uses in both dialects (integers are
-/// 64-bit everywhere; flags are booleans).
+/// 64-bit everywhere; flags are booleans). SQLite rows come from sqlx (reads) or rusqlite (the
+/// group-commit writer).
 pub(crate) trait Columns {
-    fn text(&self, col: &str) -> Result<String, sqlx::Error>;
-    fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error>;
-    fn int(&self, col: &str) -> Result<i64, sqlx::Error>;
-    fn opt_int(&self, col: &str) -> Result<Option<i64>, sqlx::Error>;
-    fn flag(&self, col: &str) -> Result<bool, sqlx::Error>;
-    fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error>;
-    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error>;
+    fn text(&self, col: &str) -> Result<String, StoreError>;
+    fn opt_text(&self, col: &str) -> Result<Option<String>, StoreError>;
+    fn int(&self, col: &str) -> Result<i64, StoreError>;
+    fn opt_int(&self, col: &str) -> Result<Option<i64>, StoreError>;
+    fn flag(&self, col: &str) -> Result<bool, StoreError>;
+    fn bytes(&self, col: &str) -> Result<Vec<u8>, StoreError>;
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
 macro_rules! columns_for {
-    ($row:ty) => {
+    ($row:ty, $get:ident) => {
         impl Columns for $row {
-            fn text(&self, col: &str) -> Result<String, sqlx::Error> {
-                self.try_get(col)
+            fn text(&self, col: &str) -> Result<String, StoreError> {
+                Ok(self.$get(col)?)
             }
-            fn opt_text(&self, col: &str) -> Result<Option<String>, sqlx::Error> {
-                self.try_get(col)
+            fn opt_text(&self, col: &str) -> Result<Option<String>, StoreError> {
+                Ok(self.$get(col)?)
             }
-            fn int(&self, col: &str) -> Result<i64, sqlx::Error> {
-                self.try_get(col)
+            fn int(&self, col: &str) -> Result<i64, StoreError> {
+                Ok(self.$get(col)?)
             }
-            fn opt_int(&self, col: &str) -> Result<Option<i64>, sqlx::Error> {
-                self.try_get(col)
+            fn opt_int(&self, col: &str) -> Result<Option<i64>, StoreError> {
+                Ok(self.$get(col)?)
             }
-            fn flag(&self, col: &str) -> Result<bool, sqlx::Error> {
-                self.try_get(col)
+            fn flag(&self, col: &str) -> Result<bool, StoreError> {
+                Ok(self.$get(col)?)
             }
-            fn bytes(&self, col: &str) -> Result<Vec<u8>, sqlx::Error> {
-                self.try_get(col)
+            fn bytes(&self, col: &str) -> Result<Vec<u8>, StoreError> {
+                Ok(self.$get(col)?)
             }
-            fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
-                self.try_get(col)
+            fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, StoreError> {
+                Ok(self.$get(col)?)
             }
         }
     };
 }
 
-columns_for!(SqliteRow);
-columns_for!(PgRow);
+columns_for!(SqliteRow, try_get);
+columns_for!(PgRow, try_get);
+columns_for!(rusqlite::Row<'_>, get);
 
 fn state(row: &impl Columns, id: &str) -> Result<State, StoreError> {
     State::parse(&row.text("state")?).ok_or(StoreError::Corrupt {

@@ -8,11 +8,12 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{ConnectOptions, Row, SqliteConnection};
+use sqlx::Row;
 
 use super::group_commit::Writer;
 use super::migrate::{Embedded, Steps};
 use super::rows;
+use super::sqlite_writes as writes;
 use super::{
     now_ms, retention_ms, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing,
     Insert, MessageSummary, NewRecord, Pause, QueueStats, Requeue, Settle, State, Store,
@@ -54,9 +55,6 @@ pub struct SqliteStore {
     writer: Writer,
 }
 
-/// A statement whose bound values it owns, so that it can wait for the writer.
-type Statement = sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'static>>;
-
 const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
 
 impl SqliteStore {
@@ -88,86 +86,32 @@ impl SqliteStore {
             .await?
             .run(&pool)
             .await?;
-        let writer = Writer::start(options.connect().await?);
+        let writer = Writer::start(writer_connection(options.get_filename(), busy_timeout)?)
+            .map_err(|e| StoreError::Config(format!("cannot start the SQLite writer: {e}")))?;
         Ok(SqliteStore { pool, writer })
     }
+}
 
-    /// One write statement, run in the next group commit; returns the rows it changed.
-    async fn write_one(&self, statement: Statement) -> Result<u64, StoreError> {
-        self.writer
-            .write(move |tx: &mut SqliteConnection| {
-                Box::pin(async move { Ok(statement.execute(&mut *tx).await?.rows_affected()) })
-            })
-            .await
+/// The writer's own connection, with the same durability settings as the pool's, checked the
+/// same way: the 250 depends on this connection's commits.
+fn writer_connection(
+    path: &std::path::Path,
+    busy_timeout: Duration,
+) -> Result<rusqlite::Connection, StoreError> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.busy_timeout(busy_timeout)?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON",
+    )?;
+    let synchronous: i64 = conn.query_row("PRAGMA synchronous", [], |row| row.get(0))?;
+    let journal: String = conn.query_row("PRAGMA journal_mode", [], |row| row.get(0))?;
+    if synchronous != 2 || !journal.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Config(format!(
+            "SQLite writer must run journal_mode=WAL with synchronous=FULL, found {journal} / {synchronous}"
+        )));
     }
-}
-
-/// Inserts a message row unless its (scope, key) is taken; returns the rows inserted.
-async fn insert_message(
-    conn: &mut SqliteConnection,
-    record: &NewRecord,
-    now: i64,
-) -> Result<u64, StoreError> {
-    Ok(sqlx::query(
-        "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
-            rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-         ON CONFLICT (scope, idem_key) DO NOTHING",
-    )
-    .bind(&record.id)
-    .bind(&record.scope)
-    .bind(&record.key)
-    .bind(record.key_source)
-    .bind(&record.fingerprint.as_bytes()[..])
-    .bind(&record.envelope.mail_from)
-    .bind(record.envelope.rcpt_to.join("\n"))
-    .bind(record.envelope.body.as_str())
-    .bind(record.envelope.smtputf8)
-    .bind(record.size as i64)
-    .bind(record.content.as_deref())
-    .bind(record.state.as_str())
-    .bind(&record.reply)
-    .bind(now)
-    .bind(&record.dsn_of)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected())
-}
-
-/// An intent left open by a worker that lost its lease: whether the upstream got the message
-/// cannot be known, so it is recorded as UNKNOWN (DESIGN §2), never as not sent.
-async fn close_open_intents(
-    conn: &mut SqliteConnection,
-    id: &str,
-    now: i64,
-) -> Result<u64, StoreError> {
-    Ok(sqlx::query(
-        "UPDATE attempts SET outcome = 'unknown', finished_at = ?,
-            reply = 'worker stopped with this attempt open; outcome unknown'
-         WHERE message_id = ? AND outcome IS NULL",
-    )
-    .bind(now)
-    .bind(id)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected())
-}
-
-/// The job of a record put back in the queue (a new queued record gets its job from a
-/// trigger).
-async fn insert_job(
-    conn: &mut SqliteConnection,
-    id: &str,
-    scope: &str,
-    now: i64,
-) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO delivery_jobs (message_id, scope, due_at) VALUES (?, ?, ?)")
-        .bind(id)
-        .bind(scope)
-        .bind(now)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
 }
 
 #[async_trait]
@@ -175,41 +119,7 @@ impl Store for SqliteStore {
     async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError> {
         let record = record.clone();
         self.writer
-            .write(move |tx: &mut SqliteConnection| {
-                Box::pin(async move {
-                    let record = &record;
-                    let now = now_ms();
-                    let mut inserted = insert_message(&mut *tx, record, now).await? == 1;
-                    if !inserted {
-                        let key = record.key.as_deref().unwrap_or_default();
-                        let row = sqlx::query(
-                            "SELECT id, fingerprint, reply, state, accepted_at FROM messages
-                     WHERE scope = ? AND idem_key = ?",
-                        )
-                        .bind(&record.scope)
-                        .bind(key)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                        let existing = rows::existing(&row)?;
-                        let accepted_at: i64 = row.try_get("accepted_at")?;
-                        let expired = existing.state.is_terminal()
-                            && accepted_at.saturating_add(retention_ms(retention)) <= now;
-                        if !expired {
-                            return Ok(Insert::Existing(existing));
-                        }
-                        sqlx::query("DELETE FROM messages WHERE id = ?")
-                            .bind(&existing.id)
-                            .execute(&mut *tx)
-                            .await?;
-                        inserted = insert_message(&mut *tx, record, now).await? == 1;
-                    }
-                    debug_assert!(inserted);
-                    // A queued record's delivery job comes with it (a trigger).
-                    // The batch commits after this: the record is written but not durable.
-                    failpoint!("intake.before_commit");
-                    Ok(Insert::Inserted)
-                })
-            })
+            .write(move |conn| writes::insert(conn, &record, retention))
             .await
     }
 
@@ -256,138 +166,32 @@ impl Store for SqliteStore {
         let id = id.to_string();
         let upstream_reply = upstream_reply.map(str::to_string);
         self.writer
-            .write(move |tx: &mut SqliteConnection| {
-                Box::pin(async move {
-                    let id = id.as_str();
-                    let upstream_reply = upstream_reply.as_deref();
-                    let updated = sqlx::query(
-                        "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ?
-                 WHERE id = ? AND state = 'queued'",
-                    )
-                    .bind(state.as_str())
-                    .bind(upstream_reply)
-                    .bind(now_ms())
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                    sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
-                    Ok(updated == 1)
-                })
-            })
+            .write(move |conn| writes::finish(conn, &id, state, upstream_reply.as_deref()))
             .await
     }
 
     async fn probe(&self) -> Result<(), StoreError> {
-        self.writer
-            .write(|_: &mut SqliteConnection| Box::pin(async { Ok(()) }))
-            .await
+        // Runs in a batch: succeeds when the writer can take the write lock now.
+        self.writer.write(|_| Ok(())).await
     }
 
     async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError> {
         self.writer
-            .write(move |tx: &mut SqliteConnection| {
-                Box::pin(async move {
-                    let deleted = sqlx::query(&format!(
-                "DELETE FROM messages WHERE state IN {TERMINAL_STATES} AND accepted_at + ? <= ?"
-            ))
-                    .bind(retention_ms(retention))
-                    .bind(now_ms())
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                    Ok(deleted)
-                })
-            })
+            .write(move |conn| writes::purge_expired(conn, retention))
             .await
     }
 
     async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
         let owner = owner.to_string();
         self.writer
-            .write(move |tx: &mut SqliteConnection| {
-                Box::pin(async move {
-                    let owner = owner.as_str();
-                    let now = now_ms();
-                    // One statement finds the head of the next scope's queue and leases it; a
-                    // trigger moves that scope to the back of the turns.
-                    let row = sqlx::query(
-                        "UPDATE delivery_jobs
-                         SET lease_owner = ?2, lease_until = ?3, lease_token = lease_token + 1
-                         WHERE message_id = (
-                            SELECT message_id FROM (
-                                SELECT t.scope, t.turn,
-                                    (SELECT j.message_id FROM delivery_jobs j
-                                     WHERE j.scope = t.scope AND j.due_at <= ?1
-                                       AND (j.lease_until IS NULL OR j.lease_until <= ?1)
-                                     ORDER BY j.due_at, j.rowid LIMIT 1) AS message_id
-                                FROM scope_turns t
-                                WHERE NOT EXISTS
-                                    (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL))
-                            WHERE message_id IS NOT NULL
-                            ORDER BY turn, scope
-                            LIMIT 1)
-                         RETURNING message_id, scope",
-                    )
-                    .bind(now)
-                    .bind(owner)
-                    .bind(now.saturating_add(retention_ms(lease)))
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                    let Some(row) = row else {
-                        return Ok(None);
-                    };
-                    let id: String = row.try_get("message_id")?;
-                    let scope: String = row.try_get("scope")?;
-                    let details = "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type,
-                            m.smtputf8, m.content, m.accepted_at, j.first_attempt_at, j.lease_token,
-                            (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
-                            EXISTS (SELECT 1 FROM attempts a
-                                    WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown,
-                            EXISTS (SELECT 1 FROM attempts a
-                                    WHERE a.message_id = m.id AND a.outcome IS NULL) AS open_intent
-                         FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?";
-                    let mut m = sqlx::query(details).bind(&id).fetch_one(&mut *tx).await?;
-                    // Rare: a worker lost this lease with its attempt open.
-                    let recovered = m.try_get::<bool, _>("open_intent")?
-                        && close_open_intents(&mut *tx, &id, now).await? > 0;
-                    if recovered {
-                        m = sqlx::query(details).bind(&id).fetch_one(&mut *tx).await?;
-                    }
-                    Ok(Some(rows::claimed(&m, id, scope, recovered, now)?))
-                })
-            })
+            .write(move |conn| writes::claim(conn, &owner, lease))
             .await
     }
 
     async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.writer
-            .write(move |tx: &mut SqliteConnection| {
-                Box::pin(async move {
-                    let id = id.as_str();
-                    let now = now_ms();
-                    // The intent is written only under the lease; a trigger records the first
-                    // attempt's time on the job.
-                    let held = sqlx::query(
-                        "INSERT INTO attempts (message_id, attempt, owner, started_at)
-                         SELECT message_id, ?, lease_owner, ? FROM delivery_jobs
-                         WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
-                    )
-                    .bind(attempt as i64)
-                    .bind(now)
-                    .bind(id)
-                    .bind(token)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected()
-                        == 1;
-                    Ok(held)
-                })
-            })
+            .write(move |conn| writes::begin_attempt(conn, &id, token, attempt))
             .await
     }
 
@@ -402,105 +206,18 @@ impl Store for SqliteStore {
         let attempt = attempt.map(|(n, r)| (n, r.clone()));
         let settle = settle.clone();
         self.writer
-            .write(move |tx: &mut SqliteConnection| {
-                Box::pin(async move {
-                    let id = id.as_str();
-                    let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
-                    let settle = &settle;
-                    let now = now_ms();
-                    // The job's own statement goes first, fenced by the token: when it
-                    // changes nothing, the lease was taken over and nothing else is written.
-                    let job = match settle {
-                        Settle::Retry { after } => sqlx::query(
-                            "UPDATE delivery_jobs SET due_at = ?, attempts = attempts + 1,
-                                lease_owner = NULL, lease_until = NULL
-                             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
-                        )
-                        .bind(now.saturating_add(retention_ms(*after))),
-                        _ => sqlx::query(
-                            "DELETE FROM delivery_jobs
-                             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
-                        ),
-                    };
-                    let held = job
-                        .bind(id)
-                        .bind(token)
-                        .execute(&mut *tx)
-                        .await?
-                        .rows_affected()
-                        == 1;
-                    if !held {
-                        // Our lease was taken over; the new holder owns the record now.
-                        return Ok(false);
-                    }
-                    if let Some((attempt, result)) = attempt {
-                        sqlx::query(
-                            "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?
-                             WHERE message_id = ? AND attempt = ?",
-                        )
-                        .bind(now)
-                        .bind(result.outcome)
-                        .bind(result.phase)
-                        .bind(result.code.map(i64::from))
-                        .bind(&result.reply)
-                        .bind(id)
-                        .bind(attempt as i64)
-                        .execute(&mut *tx)
-                        .await?;
-                    }
-                    let finish = |state: State, reply: &str| {
-                        sqlx::query(
-                            "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ? WHERE id = ?",
-                        )
-                        .bind(state.as_str())
-                        .bind(reply.to_string())
-                        .bind(now)
-                        .bind(id.to_string())
-                    };
-                    match settle {
-                        Settle::Retry { .. } => {}
-                        Settle::Delivered { upstream_reply } => {
-                            finish(State::Delivered, upstream_reply)
-                                .execute(&mut *tx)
-                                .await?;
-                        }
-                        Settle::Unresolved { upstream_reply } => {
-                            finish(State::Unresolved, upstream_reply)
-                                .execute(&mut *tx)
-                                .await?;
-                        }
-                        Settle::Failed {
-                            upstream_reply,
-                            dsn,
-                        } => {
-                            finish(State::Failed, upstream_reply)
-                                .execute(&mut *tx)
-                                .await?;
-                            if let Some(dsn) = dsn {
-                                // Its delivery job comes with it (a trigger); an existing DSN
-                                // under the same key is left as it is.
-                                insert_message(&mut *tx, dsn, now).await?;
-                            }
-                        }
-                    }
-                    Ok(true)
-                })
+            .write(move |conn| {
+                let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
+                writes::settle(conn, &id, token, attempt, &settle)
             })
             .await
     }
 
     async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
-        let now = now_ms();
-        let renew = sqlx::query(
-            "UPDATE delivery_jobs SET lease_until = ?
-             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL
-               AND lease_until > ?",
-        )
-        .bind(now.saturating_add(retention_ms(lease)))
-        .bind(id.to_string())
-        .bind(token)
-        .bind(now);
-        Ok(self.write_one(renew).await? == 1)
+        let id = id.to_string();
+        self.writer
+            .write(move |conn| writes::renew_lease(conn, &id, token, lease))
+            .await
     }
 
     async fn lease_owners(&self) -> Result<Vec<String>, StoreError> {
@@ -514,30 +231,17 @@ impl Store for SqliteStore {
     }
 
     async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError> {
-        let mut reclaimed = 0;
-        for owner in owners {
-            let reclaim = sqlx::query(
-                "UPDATE delivery_jobs SET lease_until = ? WHERE lease_owner = ? AND lease_until > ?",
-            )
-            .bind(now_ms())
-            .bind(owner.clone())
-            .bind(now_ms());
-            reclaimed += self.write_one(reclaim).await?;
-        }
-        Ok(reclaimed)
+        let owners = owners.to_vec();
+        self.writer
+            .write(move |conn| writes::reclaim_leases(conn, &owners))
+            .await
     }
 
     async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
-        let release = sqlx::query(
-            "UPDATE delivery_jobs SET lease_owner = NULL, lease_until = NULL,
-                due_at = MAX(due_at, ?)
-             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
-        )
-        .bind(now_ms().saturating_add(retention_ms(after)))
-        .bind(id.to_string())
-        .bind(token);
-        self.write_one(release).await?;
-        Ok(())
+        let id = id.to_string();
+        self.writer
+            .write(move |conn| writes::release(conn, &id, token, after))
+            .await
     }
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
@@ -579,96 +283,14 @@ impl Store for SqliteStore {
     async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
         let id = id.to_string();
         self.writer
-            .write(move |tx: &mut SqliteConnection| {
-                Box::pin(async move {
-                    let id = id.as_str();
-                    let row = sqlx::query(
-                "SELECT state, content IS NOT NULL AS has_content FROM messages WHERE id = ?",
-            )
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-                    let Some(row) = row else {
-                        return Ok(Requeue::NotFound);
-                    };
-                    let state: String = row.try_get("state")?;
-                    let state = State::parse(&state).ok_or(StoreError::Corrupt {
-                        id: id.to_string(),
-                        what: "state",
-                    })?;
-                    let refusal = match state {
-                        State::Failed => None,
-                        State::Unresolved if allow_unresolved => None,
-                        State::Unresolved => Some(Requeue::NeedsConfirmation),
-                        other => Some(Requeue::WrongState(other)),
-                    };
-                    let refusal = refusal
-                        .or((!row.try_get::<bool, _>("has_content")?)
-                            .then_some(Requeue::ContentGone));
-                    if let Some(refusal) = refusal {
-                        return Ok(refusal);
-                    }
-                    sqlx::query(
-                "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL
-                 WHERE id = ?",
-            )
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-                    // A terminal record has no job; a stray one would make the insert fail.
-                    sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
-                    let scope: String =
-                        sqlx::query_scalar("SELECT scope FROM messages WHERE id = ?")
-                            .bind(id)
-                            .fetch_one(&mut *tx)
-                            .await?;
-                    insert_job(&mut *tx, id, &scope, now_ms()).await?;
-                    Ok(Requeue::Requeued)
-                })
-            })
+            .write(move |conn| writes::requeue(conn, &id, allow_unresolved))
             .await
     }
 
     async fn cancel(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.writer
-            .write(move |tx: &mut SqliteConnection| {
-                Box::pin(async move {
-                    let id = id.as_str();
-                    let now = now_ms();
-                    let free: Option<i64> = sqlx::query_scalar(
-                        "SELECT 1 FROM messages m JOIN delivery_jobs j ON j.message_id = m.id
-                 WHERE m.id = ?1 AND m.state = 'queued'
-                   AND (j.lease_until IS NULL OR j.lease_until <= ?2)",
-                    )
-                    .bind(id)
-                    .bind(now)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                    if free.is_none() {
-                        return Ok(false);
-                    }
-                    // An intent left open by a dead worker stays on record as unknown, as a claim would.
-                    close_open_intents(&mut *tx, id, now).await?;
-                    sqlx::query(
-                        "UPDATE messages SET state = 'failed', finished_at = ?,
-                    upstream_reply = 'cancelled by an operator'
-                 WHERE id = ?",
-                    )
-                    .bind(now)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                    sqlx::query("DELETE FROM delivery_jobs WHERE message_id = ?")
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
-                    Ok(true)
-                })
-            })
+            .write(move |conn| writes::cancel(conn, &id))
             .await
     }
 
@@ -689,40 +311,24 @@ impl Store for SqliteStore {
     }
 
     async fn pause(&self, reason: &str, probe: bool) -> Result<(), StoreError> {
-        // An operator's pause is never downgraded to one a probe may lift.
-        let pause = sqlx::query(
-            "UPDATE delivery_control SET reason = ?,
-                probe = CASE WHEN paused_at IS NULL THEN ? ELSE probe AND ? END,
-                paused_at = COALESCE(paused_at, ?)
-             WHERE id = 1",
-        )
-        .bind(reason.to_string())
-        .bind(probe)
-        .bind(probe)
-        .bind(now_ms());
-        self.write_one(pause).await?;
-        Ok(())
+        let reason = reason.to_string();
+        self.writer
+            .write(move |conn| writes::pause(conn, &reason, probe))
+            .await
     }
 
     async fn resume(&self) -> Result<(), StoreError> {
-        let resume = sqlx::query(
-            "UPDATE delivery_control SET paused_at = NULL, reason = NULL, probe = 0 WHERE id = 1",
-        );
-        self.write_one(resume).await?;
-        Ok(())
+        self.writer.write(writes::resume).await
     }
 
     // --- operator surface: reporting and metrics -------------------------------------------
 
     async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError> {
-        let count = sqlx::query(
-            "INSERT INTO daily_counts (scope, day, replayed) VALUES (?, ?, 1)
-             ON CONFLICT (scope, day) DO UPDATE SET replayed = daily_counts.replayed + 1",
-        )
-        .bind(scope.to_string())
-        .bind(utc_day(at_ms));
-        self.write_one(count).await?;
-        Ok(())
+        let scope = scope.to_string();
+        let day = utc_day(at_ms);
+        self.writer
+            .write(move |conn| writes::record_replay(conn, &scope, &day))
+            .await
     }
 
     async fn report(&self, since_day: Option<&str>) -> Result<Vec<DailyCounts>, StoreError> {

@@ -1,0 +1,408 @@
+//! The SQLite store's write operations, run by the group-commit writer on its own thread
+//! (rusqlite, synchronous): inside one batch transaction, each under its own savepoint.
+//! Reads stay on sqlx's pool.
+
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{
+    now_ms, retention_ms, rows, AttemptResult, Claimed, Insert, NewRecord, Requeue, Settle, State,
+    StoreError,
+};
+
+const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
+
+/// Inserts a message row unless its (scope, key) is taken; returns the rows inserted. A
+/// queued record's delivery job comes with it (a trigger).
+fn insert_message(conn: &Connection, record: &NewRecord, now: i64) -> Result<usize, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
+                rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (scope, idem_key) DO NOTHING",
+        )?
+        .execute(params![
+            record.id,
+            record.scope,
+            record.key,
+            record.key_source,
+            &record.fingerprint.as_bytes()[..],
+            record.envelope.mail_from,
+            record.envelope.rcpt_to.join("\n"),
+            record.envelope.body.as_str(),
+            record.envelope.smtputf8,
+            i64::try_from(record.size).unwrap_or(i64::MAX),
+            record.content.as_deref(),
+            record.state.as_str(),
+            record.reply,
+            now,
+            record.dsn_of,
+        ])?)
+}
+
+/// An intent left open by a worker that lost its lease: whether the upstream got the message
+/// cannot be known, so it is recorded as UNKNOWN (DESIGN §2), never as not sent.
+fn close_open_intents(conn: &Connection, id: &str, now: i64) -> Result<usize, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE attempts SET outcome = 'unknown', finished_at = ?,
+                reply = 'worker stopped with this attempt open; outcome unknown'
+             WHERE message_id = ? AND outcome IS NULL",
+        )?
+        .execute(params![now, id])?)
+}
+
+pub fn insert(
+    conn: &Connection,
+    record: &NewRecord,
+    retention: Duration,
+) -> Result<Insert, StoreError> {
+    let now = now_ms();
+    if insert_message(conn, record, now)? == 0 {
+        let key = record.key.as_deref().unwrap_or_default();
+        let (existing, accepted_at) = conn
+            .prepare_cached(
+                "SELECT id, fingerprint, reply, state, accepted_at FROM messages
+                 WHERE scope = ? AND idem_key = ?",
+            )?
+            .query_row(params![record.scope, key], |row| {
+                Ok((rows::existing(row), row.get::<_, i64>("accepted_at")?))
+            })?;
+        let existing = existing?;
+        let expired = existing.state.is_terminal()
+            && accepted_at.saturating_add(retention_ms(retention)) <= now;
+        if !expired {
+            return Ok(Insert::Existing(existing));
+        }
+        conn.prepare_cached("DELETE FROM messages WHERE id = ?")?
+            .execute([&existing.id])?;
+        let inserted = insert_message(conn, record, now)?;
+        debug_assert_eq!(inserted, 1);
+    }
+    // The batch commits after this: the record is written but not durable.
+    failpoint!("intake.before_commit");
+    Ok(Insert::Inserted)
+}
+
+pub fn finish(
+    conn: &Connection,
+    id: &str,
+    state: State,
+    upstream_reply: Option<&str>,
+) -> Result<bool, StoreError> {
+    let updated = conn
+        .prepare_cached(
+            "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ?
+             WHERE id = ? AND state = 'queued'",
+        )?
+        .execute(params![state.as_str(), upstream_reply, now_ms(), id])?;
+    conn.prepare_cached("DELETE FROM delivery_jobs WHERE message_id = ?")?
+        .execute([id])?;
+    Ok(updated == 1)
+}
+
+pub fn purge_expired(conn: &Connection, retention: Duration) -> Result<u64, StoreError> {
+    let deleted = conn
+        .prepare_cached(&format!(
+            "DELETE FROM messages WHERE state IN {TERMINAL_STATES} AND accepted_at + ? <= ?"
+        ))?
+        .execute(params![retention_ms(retention), now_ms()])?;
+    Ok(deleted as u64)
+}
+
+const CLAIM_DETAILS: &str = "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type,
+        m.smtputf8, m.content, m.accepted_at, j.first_attempt_at, j.lease_token,
+        (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
+        EXISTS (SELECT 1 FROM attempts a
+                WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown,
+        EXISTS (SELECT 1 FROM attempts a
+                WHERE a.message_id = m.id AND a.outcome IS NULL) AS open_intent
+     FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?";
+
+pub fn claim(
+    conn: &Connection,
+    owner: &str,
+    lease: Duration,
+) -> Result<Option<Claimed>, StoreError> {
+    let now = now_ms();
+    // One statement finds the head of the next scope's queue (an index probe per scope) and
+    // leases it; a trigger moves that scope to the back of the turns.
+    let leased = conn
+        .prepare_cached(
+            "UPDATE delivery_jobs
+             SET lease_owner = ?2, lease_until = ?3, lease_token = lease_token + 1
+             WHERE message_id = (
+                SELECT message_id FROM (
+                    SELECT t.scope, t.turn,
+                        (SELECT j.message_id FROM delivery_jobs j
+                         WHERE j.scope = t.scope AND j.due_at <= ?1
+                           AND (j.lease_until IS NULL OR j.lease_until <= ?1)
+                         ORDER BY j.due_at, j.rowid LIMIT 1) AS message_id
+                    FROM scope_turns t
+                    WHERE NOT EXISTS
+                        (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL))
+                WHERE message_id IS NOT NULL
+                ORDER BY turn, scope
+                LIMIT 1)
+             RETURNING message_id, scope",
+        )?
+        .query_row(
+            params![now, owner, now.saturating_add(retention_ms(lease))],
+            |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+        )
+        .optional()?;
+    let Some((id, scope)) = leased else {
+        return Ok(None);
+    };
+    let open_intent: bool = conn
+        .prepare_cached(CLAIM_DETAILS)?
+        .query_row([&id], |row| row.get("open_intent"))?;
+    // Rare: a worker lost this lease with its attempt open.
+    let recovered = open_intent && close_open_intents(conn, &id, now)? > 0;
+    let claimed = conn
+        .prepare_cached(CLAIM_DETAILS)?
+        .query_row([&id], |row| {
+            Ok(rows::claimed(
+                row,
+                id.clone(),
+                scope.clone(),
+                recovered,
+                now,
+            ))
+        })??;
+    Ok(Some(claimed))
+}
+
+pub fn begin_attempt(
+    conn: &Connection,
+    id: &str,
+    token: i64,
+    attempt: u32,
+) -> Result<bool, StoreError> {
+    // The intent is written only under the lease; a trigger records the first attempt's time
+    // on the job.
+    let written = conn
+        .prepare_cached(
+            "INSERT INTO attempts (message_id, attempt, owner, started_at)
+             SELECT message_id, ?, lease_owner, ? FROM delivery_jobs
+             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
+        )?
+        .execute(params![i64::from(attempt), now_ms(), id, token])?;
+    Ok(written == 1)
+}
+
+pub fn settle(
+    conn: &Connection,
+    id: &str,
+    token: i64,
+    attempt: Option<(u32, &AttemptResult)>,
+    settle: &Settle,
+) -> Result<bool, StoreError> {
+    let now = now_ms();
+    // The job's own statement goes first, fenced by the token: when it changes nothing, the
+    // lease was taken over and nothing else is written.
+    let held = match settle {
+        Settle::Retry { after } => conn
+            .prepare_cached(
+                "UPDATE delivery_jobs SET due_at = ?, attempts = attempts + 1,
+                    lease_owner = NULL, lease_until = NULL
+                 WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
+            )?
+            .execute(params![now.saturating_add(retention_ms(*after)), id, token])?,
+        _ => conn
+            .prepare_cached(
+                "DELETE FROM delivery_jobs
+                 WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
+            )?
+            .execute(params![id, token])?,
+    } == 1;
+    if !held {
+        // Our lease was taken over; the new holder owns the record now.
+        return Ok(false);
+    }
+    if let Some((attempt, result)) = attempt {
+        conn.prepare_cached(
+            "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?
+             WHERE message_id = ? AND attempt = ?",
+        )?
+        .execute(params![
+            now,
+            result.outcome,
+            result.phase,
+            result.code.map(i64::from),
+            result.reply,
+            id,
+            i64::from(attempt),
+        ])?;
+    }
+    let finish = |state: State, reply: &str| -> Result<(), StoreError> {
+        conn.prepare_cached(
+            "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ? WHERE id = ?",
+        )?
+        .execute(params![state.as_str(), reply, now, id])?;
+        Ok(())
+    };
+    match settle {
+        Settle::Retry { .. } => {}
+        Settle::Delivered { upstream_reply } => finish(State::Delivered, upstream_reply)?,
+        Settle::Unresolved { upstream_reply } => finish(State::Unresolved, upstream_reply)?,
+        Settle::Failed {
+            upstream_reply,
+            dsn,
+        } => {
+            finish(State::Failed, upstream_reply)?;
+            if let Some(dsn) = dsn {
+                // An existing DSN under the same key is left as it is.
+                insert_message(conn, dsn, now)?;
+            }
+        }
+    }
+    Ok(true)
+}
+
+pub fn renew_lease(
+    conn: &Connection,
+    id: &str,
+    token: i64,
+    lease: Duration,
+) -> Result<bool, StoreError> {
+    let now = now_ms();
+    let renewed = conn
+        .prepare_cached(
+            "UPDATE delivery_jobs SET lease_until = ?
+             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL
+               AND lease_until > ?",
+        )?
+        .execute(params![
+            now.saturating_add(retention_ms(lease)),
+            id,
+            token,
+            now
+        ])?;
+    Ok(renewed == 1)
+}
+
+pub fn reclaim_leases(conn: &Connection, owners: &[String]) -> Result<u64, StoreError> {
+    let now = now_ms();
+    let mut reclaimed = 0;
+    for owner in owners {
+        reclaimed += conn
+            .prepare_cached(
+                "UPDATE delivery_jobs SET lease_until = ? WHERE lease_owner = ? AND lease_until > ?",
+            )?
+            .execute(params![now, owner, now])? as u64;
+    }
+    Ok(reclaimed)
+}
+
+pub fn release(conn: &Connection, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE delivery_jobs SET lease_owner = NULL, lease_until = NULL,
+            due_at = MAX(due_at, ?)
+         WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
+    )?
+    .execute(params![
+        now_ms().saturating_add(retention_ms(after)),
+        id,
+        token
+    ])?;
+    Ok(())
+}
+
+pub fn requeue(conn: &Connection, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
+    let found = conn
+        .prepare_cached("SELECT state, content IS NOT NULL, scope FROM messages WHERE id = ?")?
+        .query_row([id], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, bool>(1)?,
+                row.get::<_, String>(2)?,
+            ))
+        })
+        .optional()?;
+    let Some((state, has_content, scope)) = found else {
+        return Ok(Requeue::NotFound);
+    };
+    let state = State::parse(&state).ok_or(StoreError::Corrupt {
+        id: id.to_string(),
+        what: "state",
+    })?;
+    let refusal = match state {
+        State::Failed => None,
+        State::Unresolved if allow_unresolved => None,
+        State::Unresolved => Some(Requeue::NeedsConfirmation),
+        other => Some(Requeue::WrongState(other)),
+    };
+    if let Some(refusal) = refusal.or((!has_content).then_some(Requeue::ContentGone)) {
+        return Ok(refusal);
+    }
+    conn.prepare_cached(
+        "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL
+         WHERE id = ?",
+    )?
+    .execute([id])?;
+    // A terminal record has no job; a stray one would make the insert fail. The new job is
+    // due now, with a fresh upstream window (first_attempt_at starts empty).
+    conn.prepare_cached("DELETE FROM delivery_jobs WHERE message_id = ?")?
+        .execute([id])?;
+    conn.prepare_cached("INSERT INTO delivery_jobs (message_id, scope, due_at) VALUES (?, ?, ?)")?
+        .execute(params![id, scope, now_ms()])?;
+    Ok(Requeue::Requeued)
+}
+
+pub fn cancel(conn: &Connection, id: &str) -> Result<bool, StoreError> {
+    let now = now_ms();
+    let free = conn
+        .prepare_cached(
+            "SELECT 1 FROM messages m JOIN delivery_jobs j ON j.message_id = m.id
+             WHERE m.id = ?1 AND m.state = 'queued'
+               AND (j.lease_until IS NULL OR j.lease_until <= ?2)",
+        )?
+        .query_row(params![id, now], |_| Ok(()))
+        .optional()?;
+    if free.is_none() {
+        return Ok(false);
+    }
+    // An intent left open by a dead worker stays on record as unknown, as a claim would.
+    close_open_intents(conn, id, now)?;
+    conn.prepare_cached(
+        "UPDATE messages SET state = 'failed', finished_at = ?,
+            upstream_reply = 'cancelled by an operator'
+         WHERE id = ?",
+    )?
+    .execute(params![now, id])?;
+    conn.prepare_cached("DELETE FROM delivery_jobs WHERE message_id = ?")?
+        .execute([id])?;
+    Ok(true)
+}
+
+pub fn pause(conn: &Connection, reason: &str, probe: bool) -> Result<(), StoreError> {
+    // An operator's pause is never downgraded to one a probe may lift.
+    conn.prepare_cached(
+        "UPDATE delivery_control SET reason = ?1,
+            probe = CASE WHEN paused_at IS NULL THEN ?2 ELSE probe AND ?2 END,
+            paused_at = COALESCE(paused_at, ?3)
+         WHERE id = 1",
+    )?
+    .execute(params![reason, probe, now_ms()])?;
+    Ok(())
+}
+
+pub fn resume(conn: &Connection) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE delivery_control SET paused_at = NULL, reason = NULL, probe = 0 WHERE id = 1",
+    )?
+    .execute([])?;
+    Ok(())
+}
+
+pub fn record_replay(conn: &Connection, scope: &str, day: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO daily_counts (scope, day, replayed) VALUES (?, ?, 1)
+         ON CONFLICT (scope, day) DO UPDATE SET replayed = daily_counts.replayed + 1",
+    )?
+    .execute(params![scope, day])?;
+    Ok(())
+}
