@@ -132,7 +132,7 @@ async fn start_relay(dir: &Path, upstream: Option<SocketAddr>) -> anyhow::Result
             &config,
             format!(
                 "[delivery]\nconnections = {}\nrate = 1000000.0\nburst = 1000.0\nscan_interval = \"50ms\"\n",
-                std::env::var("BENCH_CONNECTIONS").unwrap_or_else(|_| "16".into())
+                std::env::var("BENCH_CONNECTIONS").unwrap_or_else(|_| "32".into())
             ),
         )?;
         cmd.args(["--upstream", &format!("smtp://{up}?tls=none")])

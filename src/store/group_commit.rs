@@ -142,7 +142,15 @@ fn commit_batch(conn: &Connection, batch: Vec<Box<dyn Queued>>) {
             op.fail(err.into());
             continue;
         }
-        let done = op.run(conn);
+        // A panicking operation must not take the writer (and so every later write) with it;
+        // its caller hears that the writer dropped its reply, and the batch is not committed.
+        let done = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op.run(conn))) {
+            Ok(done) => done,
+            Err(_) => {
+                broken = Some("a write operation panicked".into());
+                continue;
+            }
+        };
         let close = if done.succeeded() {
             "RELEASE op"
         } else {
@@ -261,6 +269,33 @@ mod tests {
         other.execute_batch("ROLLBACK").unwrap();
         assert_eq!(w.write(insert(8)).await.unwrap(), 1);
         assert_eq!(values(&reader), [8]);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_operation_fails_its_batch_but_not_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let (w, reader) = writer(&dir);
+        let slow = w.write(|_: &Connection| {
+            std::thread::sleep(Duration::from_millis(200));
+            Ok(())
+        });
+        let (slow, one, boom) = tokio::join!(
+            slow,
+            async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                w.write(insert(1)).await
+            },
+            async {
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                w.write(|_: &Connection| -> Result<(), StoreError> { panic!("bug") })
+                    .await
+            }
+        );
+        slow.unwrap();
+        assert!(one.is_err(), "its batch was not committed");
+        assert!(boom.is_err());
+        assert_eq!(w.write(insert(2)).await.unwrap(), 1, "the writer lives on");
+        assert_eq!(values(&reader), [2]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
