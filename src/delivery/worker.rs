@@ -147,13 +147,14 @@ impl Worker {
     /// One unit of work; true when something was done and the worker should look again.
     async fn step(&mut self) -> anyhow::Result<bool> {
         let store = self.shared.store.clone();
-        if let Some(pause) = store.paused().await? {
-            if pause.probe {
-                self.probe_while_paused(&pause.reason).await?;
-            }
-            return Ok(false);
-        }
+        // The claim itself takes nothing while delivery is paused; the pause is read only when
+        // nothing was claimed, to probe the upstream if the relay paused itself.
         let Some(job) = store.claim(&self.owner, self.shared.lease).await? else {
+            if let Some(pause) = store.paused().await? {
+                if pause.probe {
+                    self.probe_while_paused(&pause.reason).await?;
+                }
+            }
             return Ok(false);
         };
         let allowed = {
