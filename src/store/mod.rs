@@ -403,6 +403,44 @@ pub async fn open(url: &str, busy_timeout: Duration) -> Result<Arc<dyn Store>, S
     }
 }
 
+/// Per-state counts (from `SELECT state, COUNT(*) ... GROUP BY state`) with every state
+/// present, zero included.
+pub(crate) fn queue_stats(
+    counts: impl IntoIterator<Item = (String, i64)>,
+    oldest_queued_at_ms: Option<i64>,
+) -> QueueStats {
+    let mut by_state: Vec<(State, u64)> = [State::Queued]
+        .into_iter()
+        .chain(State::TERMINAL)
+        .map(|s| (s, 0))
+        .collect();
+    for (state, n) in counts {
+        if let Some(slot) = by_state.iter_mut().find(|(s, _)| s.as_str() == state) {
+            slot.1 = n.max(0) as u64;
+        }
+    }
+    QueueStats {
+        by_state,
+        oldest_queued_at_ms,
+    }
+}
+
+/// Why a record cannot be requeued, if it cannot: only `failed`, and `unresolved` with the
+/// operator's confirmation, and only while its bytes are kept.
+pub(crate) fn requeue_refusal(
+    state: State,
+    allow_unresolved: bool,
+    has_content: bool,
+) -> Option<Requeue> {
+    let refusal = match state {
+        State::Failed => None,
+        State::Unresolved if allow_unresolved => None,
+        State::Unresolved => Some(Requeue::NeedsConfirmation),
+        other => Some(Requeue::WrongState(other)),
+    };
+    refusal.or((!has_content).then_some(Requeue::ContentGone))
+}
+
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

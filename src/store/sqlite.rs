@@ -344,29 +344,15 @@ impl Store for SqliteStore {
     }
 
     async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
-        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM messages GROUP BY state")
-            .fetch_all(&self.pool)
-            .await?;
-        let mut by_state: Vec<(State, u64)> = [State::Queued]
-            .into_iter()
-            .chain(State::TERMINAL)
-            .map(|s| (s, 0))
-            .collect();
-        for row in &rows {
-            let state: String = row.try_get("state")?;
-            let n: i64 = row.try_get("n")?;
-            if let Some(slot) = by_state.iter_mut().find(|(s, _)| s.as_str() == state) {
-                slot.1 = n.max(0) as u64;
-            }
-        }
-        let oldest_queued_at_ms: Option<i64> =
+        let counts: Vec<(String, i64)> =
+            sqlx::query_as("SELECT state, COUNT(*) FROM messages GROUP BY state")
+                .fetch_all(&self.pool)
+                .await?;
+        let oldest: Option<i64> =
             sqlx::query_scalar("SELECT MIN(accepted_at) FROM messages WHERE state = 'queued'")
                 .fetch_one(&self.pool)
                 .await?;
-        Ok(QueueStats {
-            by_state,
-            oldest_queued_at_ms,
-        })
+        Ok(super::queue_stats(counts, oldest))
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {

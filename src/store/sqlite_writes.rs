@@ -7,8 +7,8 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    now_ms, retention_ms, rows, AttemptResult, Claimed, Insert, NewRecord, Requeue, Settle, State,
-    StoreError,
+    now_ms, requeue_refusal, retention_ms, rows, AttemptResult, Claimed, Insert, NewRecord,
+    Requeue, Settle, State, StoreError,
 };
 
 const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
@@ -329,13 +329,7 @@ pub fn requeue(conn: &Connection, id: &str, allow_unresolved: bool) -> Result<Re
         id: id.to_string(),
         what: "state",
     })?;
-    let refusal = match state {
-        State::Failed => None,
-        State::Unresolved if allow_unresolved => None,
-        State::Unresolved => Some(Requeue::NeedsConfirmation),
-        other => Some(Requeue::WrongState(other)),
-    };
-    if let Some(refusal) = refusal.or((!has_content).then_some(Requeue::ContentGone)) {
+    if let Some(refusal) = requeue_refusal(state, allow_unresolved, has_content) {
         return Ok(refusal);
     }
     conn.prepare_cached(
