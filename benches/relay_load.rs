@@ -338,23 +338,50 @@ fn line(name: &str, m: &Measured) {
     );
 }
 
+/// The median of each figure over the rounds.
+fn median(runs: &[Measured]) -> Measured {
+    fn mid<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
+        v.sort_by(|a, b| a.partial_cmp(b).expect("comparable"));
+        v[v.len() / 2]
+    }
+    Measured {
+        per_second: mid(runs.iter().map(|m| m.per_second).collect()),
+        p50: mid(runs.iter().map(|m| m.p50).collect()),
+        p99: mid(runs.iter().map(|m| m.p99).collect()),
+        elapsed: mid(runs.iter().map(|m| m.elapsed).collect()),
+    }
+}
+
+/// Sink and relay in turn, `rounds` times (a fresh relay each round), so that both see the
+/// machine in the same state; returns the medians and the relay's highest peak RSS.
 async fn compare(
     title: &str,
     sink: SocketAddr,
     dir: &Path,
     load: Load,
     tag: &str,
+    rounds: usize,
 ) -> anyhow::Result<(Measured, Measured, Option<u64>)> {
     println!(
-        "{title}: {} messages of {} B, C={}, {:?}",
+        "{title}: {} messages of {} B, C={}, {:?}, {rounds} rounds",
         load.messages, load.size, load.concurrency, load.sessions
     );
-    let at_sink = run(sink, load, &format!("{tag}-sink")).await?;
-    line("sink", &at_sink);
-    let relay = start_relay(dir, None).await?;
-    let at_relay = run(relay.addr, load, &format!("{tag}-relay")).await?;
-    line("relay", &at_relay);
-    let rss = relay.peak_rss_kib();
+    let (mut at_sink, mut at_relay, mut rss) = (Vec::new(), Vec::new(), None);
+    for round in 0..rounds {
+        let measured = run(sink, load, &format!("{tag}-sink-{round}")).await?;
+        line("sink", &measured);
+        at_sink.push(measured);
+        let relay = start_relay(dir, None).await?;
+        let measured = run(relay.addr, load, &format!("{tag}-relay-{round}")).await?;
+        line("relay", &measured);
+        at_relay.push(measured);
+        rss = rss.max(relay.peak_rss_kib());
+    }
+    let (at_sink, at_relay) = (median(&at_sink), median(&at_relay));
+    if rounds > 1 {
+        line("sink~", &at_sink);
+        line("relay~", &at_relay);
+    }
     if let Some(kib) = rss {
         println!("  relay peak RSS {:.1} MB", kib as f64 / 1024.0);
     }
@@ -372,6 +399,7 @@ fn bench_dir() -> anyhow::Result<PathBuf> {
 
 async fn bench(quick: bool) -> anyhow::Result<Vec<String>> {
     let scale = |n: usize| if quick { n / 4 } else { n };
+    let rounds = if quick { 1 } else { 3 };
     let dir = bench_dir()?;
     let api = free_port();
     let sink = start_sink(api).await?;
@@ -393,7 +421,7 @@ async fn bench(quick: bool) -> anyhow::Result<Vec<String>> {
         size: 1024,
         sessions: Sessions::NewPerMessage,
     };
-    let (s, r, rss) = compare("1 KB, C=50", sink.addr, &dir, c50, "c50").await?;
+    let (s, r, rss) = compare("1 KB, C=50", sink.addr, &dir, c50, "c50", rounds).await?;
     report.ratio(
         "1 KB C=50 throughput",
         r.per_second,
@@ -401,7 +429,6 @@ async fn bench(quick: bool) -> anyhow::Result<Vec<String>> {
         0.50,
         true,
     );
-    let sink_c50 = s.per_second;
     match rss {
         Some(kib) if kib <= 64 * 1024 => println!("  => relay peak RSS <= 64 MB PASS"),
         Some(kib) => {
@@ -415,7 +442,7 @@ async fn bench(quick: bool) -> anyhow::Result<Vec<String>> {
         sessions: Sessions::Reused,
         ..c50
     };
-    let (s, r, _) = compare("1 KB, C=50", sink.addr, &dir, reused, "reuse").await?;
+    let (s, r, _) = compare("1 KB, C=50", sink.addr, &dir, reused, "reuse", rounds).await?;
     println!(
         "  => reused sessions (no target): relay/sink = {:.2}",
         r.per_second / s.per_second
@@ -426,7 +453,7 @@ async fn bench(quick: bool) -> anyhow::Result<Vec<String>> {
         concurrency: 1,
         ..c50
     };
-    let (s, r, _) = compare("1 KB, C=1", sink.addr, &dir, c1, "c1").await?;
+    let (s, r, _) = compare("1 KB, C=1", sink.addr, &dir, c1, "c1", rounds).await?;
     // One client, one message after another: the mean time per message is the whole
     // transaction (connect, greeting, EHLO, MAIL, RCPT, DATA, dot, QUIT) as the client sees it.
     report.ratio(
@@ -446,7 +473,7 @@ async fn bench(quick: bool) -> anyhow::Result<Vec<String>> {
         size: 100 * 1024,
         ..c50
     };
-    let (s, r, _) = compare("100 KB, C=50", sink.addr, &dir, big, "big").await?;
+    let (s, r, _) = compare("100 KB, C=50", sink.addr, &dir, big, "big", rounds).await?;
     report.ratio(
         "100 KB C=50 throughput",
         r.per_second,
@@ -461,27 +488,42 @@ async fn bench(quick: bool) -> anyhow::Result<Vec<String>> {
         "end to end: {} messages of 1024 B, C=50, new connection per message, relay -> sink",
         c50.messages
     );
-    let relay = start_relay(&dir, Some(sink.addr)).await?;
-    let before = sink_messages(api).await?;
-    let started = Instant::now();
-    let submitted = run(relay.addr, c50, "e2e").await?;
-    line("relay", &submitted);
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while sink_messages(api).await? < before + c50.messages {
-        if Instant::now() > deadline {
-            bail!("end to end: not all delivered");
+    // Each round: the sink alone (the reference), then a fresh relay forwarding to it.
+    let (mut direct, mut delivered, mut rss) = (Vec::new(), Vec::new(), None);
+    for round in 0..rounds {
+        let measured = run(sink.addr, c50, &format!("e2e-sink-{round}")).await?;
+        line("sink", &measured);
+        direct.push(measured.per_second);
+        let relay = start_relay(&dir, Some(sink.addr)).await?;
+        let before = sink_messages(api).await?;
+        let started = Instant::now();
+        let submitted = run(relay.addr, c50, &format!("e2e-{round}")).await?;
+        line("relay", &submitted);
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while sink_messages(api).await? < before + c50.messages {
+            if Instant::now() > deadline {
+                bail!("end to end: not all delivered");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let e2e = started.elapsed();
+        let rate = c50.messages as f64 / e2e.as_secs_f64();
+        println!(
+            "  all {} at the sink after {:.2} s: {rate:.0} msg/s end to end",
+            c50.messages,
+            e2e.as_secs_f64()
+        );
+        delivered.push(rate);
+        rss = rss.max(relay.peak_rss_kib());
     }
-    let e2e = started.elapsed();
-    let e2e_rate = c50.messages as f64 / e2e.as_secs_f64();
-    println!(
-        "  all {} at the sink after {:.2} s: {e2e_rate:.0} msg/s end to end",
-        c50.messages,
-        e2e.as_secs_f64()
-    );
-    report.ratio("end to end C=50", e2e_rate, sink_c50, 0.30, true);
-    if let Some(kib) = relay.peak_rss_kib() {
+    let mid = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).expect("comparable"));
+        v[v.len() / 2]
+    };
+    let (direct, delivered) = (mid(direct), mid(delivered));
+    println!("  medians: sink {direct:.0} msg/s, end to end {delivered:.0} msg/s");
+    report.ratio("end to end C=50", delivered, direct, 0.30, true);
+    if let Some(kib) = rss {
         println!("  relay peak RSS {:.1} MB", kib as f64 / 1024.0);
     }
     Ok(report.failures)
