@@ -187,19 +187,7 @@ async fn records_are_read_by_id_and_key_listed_in_pages_and_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unresolved_record_is_requeued_only_with_the_confirmation() {
-    let sink = start_sink().await;
-    // Every final reply comes later than the relay waits: each attempt ends UNKNOWN.
-    sink.set_faults(vec![FaultRule::delay(
-        SinkPhase::Dot,
-        Duration::from_secs(3),
-    )])
-    .unwrap();
-    let relay = relay_for(&sink, |s| {
-        s.delivery.timeouts.dot = Duration::from_millis(300);
-        s.delivery.upstream_window = Duration::from_secs(2);
-        s.delivery.window_margin = Duration::from_millis(500);
-    })
-    .await;
+    let (sink, relay) = common::relay_whose_attempts_end_unknown().await;
     let admin = relay.admin();
     let id = submit(
         &relay,

@@ -157,19 +157,7 @@ async fn upstream_down_for_a_while_is_delivered_after_it_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_past_the_window_is_unresolved_and_not_resent() {
-    let sink = start_sink().await;
-    // Every final reply comes later than the relay waits: each attempt ends UNKNOWN.
-    sink.set_faults(vec![FaultRule::delay(
-        SinkPhase::Dot,
-        Duration::from_secs(3),
-    )])
-    .unwrap();
-    let relay = relay_for(&sink, |s| {
-        s.delivery.timeouts.dot = Duration::from_millis(300);
-        s.delivery.upstream_window = Duration::from_secs(2);
-        s.delivery.window_margin = Duration::from_millis(500);
-    })
-    .await;
+    let (sink, relay) = common::relay_whose_attempts_end_unknown().await;
     let id = submit(
         &relay,
         "sender@example.com",

@@ -182,19 +182,7 @@ async fn a_failed_message_is_listed_shown_and_delivered_after_retry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unresolved_message_is_retried_only_with_confirmation() {
-    let sink = start_sink().await;
-    // Every final reply comes later than the relay waits: each attempt ends UNKNOWN.
-    sink.set_faults(vec![FaultRule::delay(
-        SinkPhase::Dot,
-        Duration::from_secs(3),
-    )])
-    .unwrap();
-    let relay = relay_for(&sink, |s| {
-        s.delivery.timeouts.dot = Duration::from_millis(300);
-        s.delivery.upstream_window = Duration::from_secs(2);
-        s.delivery.window_margin = Duration::from_millis(500);
-    })
-    .await;
+    let (sink, relay) = common::relay_whose_attempts_end_unknown().await;
     let id = submit(
         &relay,
         "rcpt@example.com",

@@ -372,6 +372,24 @@ pub async fn relay_for(
     .await
 }
 
+/// A sink whose every final reply comes later than the relay waits, and a relay with a 2 s
+/// upstream window: each attempt ends UNKNOWN, and a message is soon parked `unresolved`.
+pub async fn relay_whose_attempts_end_unknown() -> (idemrelay::sink::SinkHandle, TestRelay) {
+    let sink = start_sink().await;
+    sink.set_faults(vec![idemrelay::sink::FaultRule::delay(
+        idemrelay::sink::Phase::Dot,
+        Duration::from_secs(3),
+    )])
+    .unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.delivery.timeouts.dot = Duration::from_millis(300);
+        s.delivery.upstream_window = Duration::from_secs(2);
+        s.delivery.window_margin = Duration::from_millis(500);
+    })
+    .await;
+    (sink, relay)
+}
+
 /// One submission on a fresh connection; panics unless it is queued, returns the queue id.
 pub async fn submit(relay: &TestRelay, from: &str, to: &[&str], msg: &[u8]) -> String {
     let mut c = Client::ready(relay.addr).await;
