@@ -31,21 +31,15 @@ impl Run {
     }
 }
 
-/// Runs the binary off the runtime's threads (the relay shares them).
+/// `idemrelay queue --store <the relay's store> ARGS...`.
 async fn queue(relay: &TestRelay, args: &[&str]) -> Run {
-    let mut cmd = idemrelay();
-    cmd.arg("queue")
-        .arg("--store")
-        .arg(store_url(&relay.db_path()))
-        .args(args);
-    let out: Output = tokio::task::spawn_blocking(move || cmd.output().expect("run idemrelay"))
-        .await
-        .unwrap();
-    Run {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    let mut all = vec![
+        "queue".to_string(),
+        "--store".to_string(),
+        store_url(&relay.db_path()),
+    ];
+    all.extend(args.iter().map(|a| a.to_string()));
+    run(all).await
 }
 
 async fn ok(relay: &TestRelay, args: &[&str]) -> Run {
@@ -287,7 +281,7 @@ async fn a_cancelled_message_is_failed_and_never_delivered() {
         .contains("--expired"));
 }
 
-/// Runs `idemrelay ARGS...` off the runtime's threads.
+/// Runs `idemrelay ARGS...` off the runtime's threads (the relay shares them).
 async fn run(args: Vec<String>) -> Run {
     let mut cmd = idemrelay();
     cmd.args(args);
