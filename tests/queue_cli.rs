@@ -218,7 +218,16 @@ async fn an_unresolved_message_is_retried_only_with_confirmation() {
     for (i, a) in attempts.iter().enumerate() {
         assert_eq!(a["attempt"], i + 1, "{show}");
     }
-    assert!(attempts[..before].iter().all(|a| a["outcome"] == "unknown"));
+    // Each earlier attempt ended UNKNOWN, or, on a loaded machine, missed a 2 s connect or
+    // greeting deadline (transient); the same reading as tests/admin.rs.
+    let earlier = &attempts[..before];
+    assert!(
+        earlier.iter().any(|a| a["outcome"] == "unknown")
+            && earlier
+                .iter()
+                .all(|a| a["outcome"] == "unknown" || a["outcome"] == "transient"),
+        "{show}"
+    );
     assert_eq!(attempts.last().unwrap()["outcome"], "accepted", "{show}");
     // The same key and bytes: the upstream holds one copy.
     let copies = sink
