@@ -939,6 +939,20 @@ async fn http_api_reports_what_the_handle_reports() {
     assert_eq!(stats["keys"]["api-1"]["transactions"], 2);
     assert_eq!(stats["messages"], 2);
     assert_eq!(stats["transactions"], 3);
+    let counts = get_json(api, "/counts").await;
+    assert_eq!(
+        (
+            &counts["messages"],
+            &counts["transactions"],
+            &counts["connections"]
+        ),
+        (
+            &stats["messages"],
+            &stats["transactions"],
+            &stats["connections"]
+        )
+    );
+    assert!(counts.get("keys").is_none());
 
     let txns = get_json(api, "/transactions").await;
     let outcomes: Vec<&str> = txns

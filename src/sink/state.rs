@@ -281,6 +281,12 @@ impl Shared {
         }
     }
 
+    /// Accepted messages, transactions that reached the dot, and connections.
+    pub fn counts(&self) -> (usize, usize, u64) {
+        let st = self.lock();
+        (st.messages.len(), st.transactions.len(), st.connections)
+    }
+
     pub fn faults(&self) -> Vec<RuleStatus> {
         self.lock().faults.status()
     }
