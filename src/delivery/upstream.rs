@@ -170,13 +170,39 @@ pub struct UpstreamClient {
     pub max_per_connection: usize,
     /// An idle connection older than this is closed instead of reused.
     pub idle_close: Duration,
+    /// Below this idle time, a pooled connection whose socket shows nothing from the upstream
+    /// is reused without a NOOP round trip (one of five per message, and a WAN round trip
+    /// each). Past it, a NOOP also catches a peer that vanished without a word (a NAT that
+    /// forgot the flow).
+    pub noop_after_idle: Duration,
     conn: Option<Idle>,
 }
 
 struct Idle {
-    conn: AsyncSmtpConnection,
+    conn: Connection,
     sent: usize,
     idle_since: Instant,
+}
+
+/// An upstream connection and, where we opened the TCP socket ourselves, a second handle on
+/// it: a peek shows a parting reply (an unsolicited 421) or a close, without a round trip.
+struct Connection {
+    smtp: AsyncSmtpConnection,
+    socket: Option<std::net::TcpStream>,
+}
+
+impl Connection {
+    /// Some(true) when the upstream has neither sent anything nor closed since its last reply;
+    /// None when there is no socket to look at (implicit TLS: lettre opens that one).
+    fn is_quiet(&self) -> Option<bool> {
+        let socket = self.socket.as_ref()?;
+        // The duplicate shares tokio's non-blocking mode: nothing to read is WouldBlock.
+        match socket.peek(&mut [0u8; 1]) {
+            Err(e) => Some(e.kind() == std::io::ErrorKind::WouldBlock),
+            // Bytes nobody asked for, or end of stream.
+            Ok(_) => Some(false),
+        }
+    }
 }
 
 /// A failure in a phase, with the phase in flight (the final dot included).
@@ -253,6 +279,7 @@ impl UpstreamClient {
             tls,
             max_per_connection: 100,
             idle_close: Duration::from_secs(50),
+            noop_after_idle: Duration::from_secs(2),
             conn: None,
         })
     }
@@ -267,7 +294,7 @@ impl UpstreamClient {
         data_by: Option<Instant>,
     ) -> Outcome {
         let reused = self.take_idle().await;
-        let (mut conn, sent) = match reused {
+        let (mut conn, sent): (Connection, usize) = match reused {
             Some(idle) => (idle.conn, idle.sent),
             None => match self.open().await {
                 Ok(conn) => (conn, 0),
@@ -275,7 +302,7 @@ impl UpstreamClient {
             },
         };
         match self
-            .transaction(&mut conn, envelope, message, data_by)
+            .transaction(&mut conn.smtp, envelope, message, data_by)
             .await
         {
             Ok((code, text)) => {
@@ -288,7 +315,7 @@ impl UpstreamClient {
                         idle_since: Instant::now(),
                     });
                 } else {
-                    let _ = tokio::time::timeout(Duration::from_secs(5), conn.quit()).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(5), conn.smtp.quit()).await;
                 }
                 outcome
             }
@@ -304,7 +331,8 @@ impl UpstreamClient {
         let mut conn = self
             .open()
             .await
-            .map_err(|e| classify(e.phase, e.failure))?;
+            .map_err(|e| classify(e.phase, e.failure))?
+            .smtp;
         let mail = phase(
             Phase::Mail,
             self.timeouts.mail,
@@ -326,7 +354,8 @@ impl UpstreamClient {
         if let Some(idle) = &self.conn {
             if idle.idle_since.elapsed() >= self.idle_close {
                 if let Some(mut idle) = self.conn.take() {
-                    let _ = tokio::time::timeout(Duration::from_secs(5), idle.conn.quit()).await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(5), idle.conn.smtp.quit()).await;
                 }
             }
         }
@@ -334,20 +363,27 @@ impl UpstreamClient {
 
     async fn take_idle(&mut self) -> Option<Idle> {
         let mut idle = self.conn.take()?;
-        if idle.idle_since.elapsed() >= self.idle_close || idle.conn.has_broken() {
+        let idle_for = idle.idle_since.elapsed();
+        if idle_for >= self.idle_close || idle.conn.smtp.has_broken() {
             return None;
         }
-        // The upstream may have closed it meanwhile (often with a parting 421): a NOOP finds
-        // out before the message's MAIL would, so a dead connection costs no attempt.
-        match tokio::time::timeout(self.timeouts.mail, idle.conn.test_connected()).await {
+        // The upstream may have closed it meanwhile (often with a parting 421): found out
+        // before the message's MAIL would, so a dead connection costs no attempt.
+        match idle.conn.is_quiet() {
+            Some(false) => return None,
+            Some(true) if idle_for < self.noop_after_idle => return Some(idle),
+            _ => {}
+        }
+        match tokio::time::timeout(self.timeouts.mail, idle.conn.smtp.test_connected()).await {
             Ok(true) => Some(idle),
             _ => None,
         }
     }
 
-    async fn open(&self) -> Result<AsyncSmtpConnection, PhaseError> {
+    async fn open(&self) -> Result<Connection, PhaseError> {
         let t = &self.timeouts;
         let addr = (self.target.host.as_str(), self.target.port);
+        let mut socket = None;
         let mut conn = match self.target.tls {
             TlsMode::Implicit => {
                 // lettre does TCP, TLS, greeting and EHLO in one call here.
@@ -384,6 +420,10 @@ impl UpstreamClient {
                         }
                     };
                 let _ = tcp.set_nodelay(true);
+                socket = std::os::fd::AsFd::as_fd(&tcp)
+                    .try_clone_to_owned()
+                    .ok()
+                    .map(std::net::TcpStream::from);
                 phase(
                     Phase::Greeting,
                     t.greeting,
@@ -415,7 +455,7 @@ impl UpstreamClient {
             )
             .await?;
         }
-        Ok(conn)
+        Ok(Connection { smtp: conn, socket })
     }
 
     async fn transaction(
@@ -525,6 +565,141 @@ mod tests {
         ] {
             assert!(UpstreamTarget::parse(bad, None).is_err(), "{bad}");
         }
+    }
+
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+
+    /// A minimal upstream on a real socket: accepts every message, reports each command
+    /// (the connection's number first) and, on `close_after`, closes after that many messages
+    /// with nothing said, as a server whose idle timeout fired quietly would.
+    async fn recording_upstream(
+        close_after: Option<usize>,
+    ) -> (UpstreamTarget, mpsc::UnboundedReceiver<(usize, String)>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            for n in 0.. {
+                let (stream, _) = listener.accept().await.unwrap();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let (read, mut write) = stream.into_split();
+                    let mut lines = BufReader::new(read).lines();
+                    write.write_all(b"220 up ESMTP\r\n").await.unwrap();
+                    let (mut in_data, mut messages) = (false, 0);
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        if in_data {
+                            if line == "." {
+                                in_data = false;
+                                messages += 1;
+                                write.write_all(b"250 2.0.0 queued\r\n").await.unwrap();
+                                if close_after == Some(messages) {
+                                    return;
+                                }
+                            }
+                            continue;
+                        }
+                        let verb = line.split([' ', ':']).next().unwrap().to_ascii_uppercase();
+                        let _ = tx.send((n, verb.clone()));
+                        let reply: &[u8] = match verb.as_str() {
+                            "EHLO" => b"250-up\r\n250 8BITMIME\r\n",
+                            "DATA" => {
+                                in_data = true;
+                                b"354 go\r\n"
+                            }
+                            "QUIT" => b"221 bye\r\n",
+                            _ => b"250 ok\r\n",
+                        };
+                        write.write_all(reply).await.unwrap();
+                    }
+                });
+            }
+        });
+        let target = UpstreamTarget::parse(&format!("smtp://127.0.0.1:{port}?tls=none"), None);
+        (target.unwrap(), rx)
+    }
+
+    async fn send_one(client: &mut UpstreamClient) -> Outcome {
+        let rcpt = ["r@example.com".to_string()];
+        let envelope = Envelope {
+            mail_from: "s@example.com",
+            rcpt_to: &rcpt,
+            eight_bit: false,
+            smtputf8: false,
+        };
+        client
+            .send(&envelope, b"Subject: t\r\n\r\nbody\r\n", None)
+            .await
+    }
+
+    fn drain(rx: &mut mpsc::UnboundedReceiver<(usize, String)>) -> Vec<(usize, String)> {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    }
+
+    fn client(target: UpstreamTarget) -> UpstreamClient {
+        UpstreamClient::new(target, "relay.test", PhaseTimeouts::default(), None).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_connection_used_a_moment_ago_is_reused_without_a_noop() {
+        let (target, mut rx) = recording_upstream(None).await;
+        let mut client = client(target);
+        for _ in 0..3 {
+            assert!(matches!(
+                send_one(&mut client).await,
+                Outcome::Accepted { .. }
+            ));
+        }
+        let seen = drain(&mut rx);
+        assert!(seen.iter().all(|(conn, _)| *conn == 0), "{seen:?}");
+        let verbs: Vec<&str> = seen.iter().map(|(_, v)| v.as_str()).collect();
+        assert_eq!(
+            verbs,
+            ["EHLO", "MAIL", "RCPT", "DATA", "MAIL", "RCPT", "DATA", "MAIL", "RCPT", "DATA"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_past_the_threshold_is_checked_with_a_noop() {
+        let (target, mut rx) = recording_upstream(None).await;
+        let mut client = client(target);
+        client.noop_after_idle = Duration::ZERO;
+        for _ in 0..2 {
+            assert!(matches!(
+                send_one(&mut client).await,
+                Outcome::Accepted { .. }
+            ));
+        }
+        let verbs: Vec<String> = drain(&mut rx).into_iter().map(|(_, v)| v).collect();
+        assert_eq!(
+            verbs,
+            ["EHLO", "MAIL", "RCPT", "DATA", "NOOP", "MAIL", "RCPT", "DATA"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_quietly_is_not_reused_and_costs_no_attempt() {
+        let (target, mut rx) = recording_upstream(Some(1)).await;
+        let mut client = client(target);
+        assert!(matches!(
+            send_one(&mut client).await,
+            Outcome::Accepted { .. }
+        ));
+        // Let the close arrive; still well inside the no-NOOP threshold.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(matches!(
+            send_one(&mut client).await,
+            Outcome::Accepted { .. }
+        ));
+        let seen = drain(&mut rx);
+        let second: Vec<&str> = seen
+            .iter()
+            .filter(|(conn, _)| *conn == 1)
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(second, ["EHLO", "MAIL", "RCPT", "DATA"], "{seen:?}");
     }
 
     #[test]
