@@ -32,6 +32,8 @@ const MAX_COMMAND_LINE: usize = 2048;
 const MAX_DATA_LINE: usize = 998;
 const MAX_RECIPIENTS: usize = 1000;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// The least free room in the read buffer before each read, as the relay's own 64 KiB reads.
+const READ_CHUNK: usize = 64 * 1024;
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
@@ -307,6 +309,9 @@ impl Session {
                 }
             }
             self.flush(stream).await?;
+            // Room for a large read: from an empty Vec, read_buf would grow 64 bytes at a
+            // time, many small reads for every large message.
+            self.buf.reserve(READ_CHUNK);
             let event = tokio::select! {
                 read = tokio::time::timeout(IDLE_TIMEOUT, stream.read_buf(&mut self.buf)) => Event::Read(read),
                 life = not_up(&mut self.life) => Event::Life(life),
