@@ -34,6 +34,11 @@ const MIGRATIONS: Steps = &[
         "job_order",
         include_str!("../../migrations/postgres/0003_job_order.sql"),
     ),
+    (
+        4,
+        "claim_by_scope",
+        include_str!("../../migrations/postgres/0004_claim_by_scope.sql"),
+    ),
 ];
 
 const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
@@ -139,12 +144,20 @@ async fn close_open_intents(
     .rows_affected())
 }
 
+/// A job due `now`, filed under its message's scope, which gets a turn row if it is new.
 async fn insert_job(conn: &mut PgConnection, id: &str, now: i64) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO delivery_jobs (message_id, due_at) VALUES ($1, $2)")
-        .bind(id)
-        .bind(now)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(
+        "WITH job AS (
+            INSERT INTO delivery_jobs (message_id, scope, due_at)
+                SELECT id, scope, $2 FROM messages WHERE id = $1
+                RETURNING scope)
+         INSERT INTO scope_turns (scope, turn) SELECT scope, 0 FROM job
+             ON CONFLICT (scope) DO NOTHING",
+    )
+    .bind(id)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 
@@ -276,27 +289,17 @@ impl Store for PostgresStore {
     async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let now = db_now(&mut tx).await?;
-        // SKIP LOCKED: instances claiming at the same moment take different jobs instead of
-        // queueing behind one another's row locks.
-        let row = sqlx::query(
-            "SELECT j.message_id, m.scope FROM delivery_jobs j
-             JOIN messages m ON m.id = j.message_id
-             LEFT JOIN scope_turns t ON t.scope = m.scope
-             WHERE j.due_at <= $1 AND (j.lease_until IS NULL OR j.lease_until <= $1)
-               AND NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL)
-             ORDER BY COALESCE(t.turn, 0), j.due_at, j.seq
-             LIMIT 1
-             FOR UPDATE OF j SKIP LOCKED",
-        )
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?;
+        // The head of the first scope in turn order with a due job, locked (see migration 4).
+        let row = sqlx::query("SELECT job_id, job_scope FROM idemrelay_claim_head($1)")
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
         let Some(row) = row else {
             tx.rollback().await?;
             return Ok(None);
         };
-        let id: String = row.try_get("message_id")?;
-        let scope: String = row.try_get("scope")?;
+        let id: String = row.try_get("job_id")?;
+        let scope: String = row.try_get("job_scope")?;
         sqlx::query(
             "INSERT INTO scope_turns (scope, turn) VALUES ($1, nextval('scope_turn_seq'))
              ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
