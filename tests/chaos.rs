@@ -177,7 +177,12 @@ fn make_plans(rng: &mut fastrand::Rng, tag: &str, n: usize) -> Vec<Plan> {
                 key,
                 shape,
                 fault,
-                size: rng.usize(300..6000),
+                // One in ten is large enough to be spooled outside SQLite's pages.
+                size: if rng.usize(0..10) == 0 {
+                    rng.usize(33_000..120_000)
+                } else {
+                    rng.usize(300..6000)
+                },
             }
         })
         .collect()

@@ -75,6 +75,14 @@ impl<T: Send> Ran for Done<T> {
     }
 }
 
+/// What the writer does around each batch besides SQL (the spool's sync and sealing).
+pub trait BatchHooks: Send {
+    /// Just before COMMIT; an error fails the whole batch.
+    fn before_commit(&mut self) -> Result<(), String>;
+    /// After the batch ended, committed or not.
+    fn after_batch(&mut self);
+}
+
 #[derive(Clone)]
 pub struct Writer {
     queue: mpsc::Sender<Box<dyn Queued>>,
@@ -83,11 +91,11 @@ pub struct Writer {
 impl Writer {
     /// Starts the writer thread on `conn`, which it owns from now on. The thread ends when
     /// the last `Writer` is dropped.
-    pub fn start(conn: Connection) -> std::io::Result<Writer> {
+    pub fn start(conn: Connection, hooks: Option<Box<dyn BatchHooks>>) -> std::io::Result<Writer> {
         let (queue, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || run(conn, rx))?;
+            .spawn(move || run(conn, rx, hooks))?;
         Ok(Writer { queue })
     }
 
@@ -105,7 +113,11 @@ impl Writer {
     }
 }
 
-fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Queued>>) {
+fn run(
+    conn: Connection,
+    rx: mpsc::Receiver<Box<dyn Queued>>,
+    mut hooks: Option<Box<dyn BatchHooks>>,
+) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -114,11 +126,18 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Queued>>) {
                 Err(_) => break,
             }
         }
-        commit_batch(&conn, batch);
+        commit_batch(&conn, batch, hooks.as_deref_mut());
+        if let Some(hooks) = hooks.as_deref_mut() {
+            hooks.after_batch();
+        }
     }
 }
 
-fn commit_batch(conn: &Connection, batch: Vec<Box<dyn Queued>>) {
+fn commit_batch(
+    conn: &Connection,
+    batch: Vec<Box<dyn Queued>>,
+    hooks: Option<&mut (dyn BatchHooks + 'static)>,
+) {
     let started = std::time::Instant::now();
     let ops = batch.len();
     if let Err(err) = conn.execute_batch("BEGIN IMMEDIATE") {
@@ -163,9 +182,13 @@ fn commit_batch(conn: &Connection, batch: Vec<Box<dyn Queued>>) {
         }
         ran.push(done);
     }
-    let commit = match broken {
-        Some(why) => Err(why),
-        None => conn.execute_batch("COMMIT").map_err(|err| err.to_string()),
+    let before = match hooks {
+        Some(hooks) if broken.is_none() => hooks.before_commit(),
+        _ => Ok(()),
+    };
+    let commit = match broken.map_or(before, Err) {
+        Err(why) => Err(why),
+        Ok(()) => conn.execute_batch("COMMIT").map_err(|err| err.to_string()),
     };
     if commit.is_err() {
         // End the transaction (a failed COMMIT may leave it open) so the next batch starts
@@ -201,7 +224,7 @@ mod tests {
         reader
             .execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")
             .unwrap();
-        (Writer::start(open(dir)).unwrap(), reader)
+        (Writer::start(open(dir), None).unwrap(), reader)
     }
 
     fn insert(v: i64) -> impl FnOnce(&Connection) -> Result<usize, StoreError> + Send + 'static {
@@ -253,6 +276,30 @@ mod tests {
             [1, 2],
             "3 was rolled back with its operation"
         );
+    }
+
+    struct FailingSync;
+
+    impl BatchHooks for FailingSync {
+        fn before_commit(&mut self) -> Result<(), String> {
+            Err("spool sync failed: EIO".into())
+        }
+        fn after_batch(&mut self) {}
+    }
+
+    #[tokio::test]
+    async fn a_failed_hook_before_commit_fails_the_whole_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let reader = open(&dir);
+        reader
+            .execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")
+            .unwrap();
+        let w = Writer::start(open(&dir), Some(Box::new(FailingSync))).unwrap();
+        let (one, two) = tokio::join!(w.write(insert(1)), w.write(insert(2)));
+        for result in [one, two] {
+            assert!(matches!(result, Err(StoreError::CommitFailed(why)) if why.contains("EIO")));
+        }
+        assert!(values(&reader).is_empty(), "nothing was committed");
     }
 
     #[tokio::test]

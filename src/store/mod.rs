@@ -4,6 +4,7 @@ mod group_commit;
 mod migrate;
 pub mod postgres;
 mod rows;
+mod spool;
 pub mod sqlite;
 mod sqlite_writes;
 
@@ -237,6 +238,9 @@ pub enum StoreError {
     WriterGone,
     #[error("corrupt record {id}: {what}")]
     Corrupt { id: String, what: &'static str },
+    /// A spooled message body could not be written, synced or read.
+    #[error("store spool: {0}")]
+    Spool(String),
 }
 
 #[async_trait]

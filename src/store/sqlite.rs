@@ -1,6 +1,8 @@
 //! The embedded SQLite backend: WAL, `synchronous=FULL`, every write under `BEGIN IMMEDIATE`.
 
+use std::collections::HashSet;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,9 +12,10 @@ use sqlx::sqlite::{
 };
 use sqlx::Row;
 
-use super::group_commit::Writer;
+use super::group_commit::{BatchHooks, Writer};
 use super::migrate::{Embedded, Steps};
 use super::rows;
+use super::spool::{Spool, SpoolReader, WithSpool};
 use super::sqlite_writes as writes;
 use super::{
     now_ms, retention_ms, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing,
@@ -46,6 +49,11 @@ const MIGRATIONS: Steps = &[
         "claim_by_scope",
         include_str!("../../migrations/sqlite/0005_claim_by_scope.sql"),
     ),
+    (
+        6,
+        "spool",
+        include_str!("../../migrations/sqlite/0006_spool.sql"),
+    ),
 ];
 
 pub struct SqliteStore {
@@ -53,6 +61,45 @@ pub struct SqliteStore {
     pool: SqlitePool,
     /// Every write goes through the group-commit writer.
     writer: Writer,
+    /// Appends large bodies; used by writer operations only (the lock is never contended).
+    spool: Arc<Mutex<Spool>>,
+    spool_reader: SpoolReader,
+}
+
+impl SqliteStore {
+    /// Removes spool segments that no committed row points at any more. The seal mark is
+    /// read first: every row pointing below it was committed before it moved, and no new row
+    /// points there.
+    async fn remove_unused_segments(&self) -> Result<usize, StoreError> {
+        let sealed_below = self.spool_reader.sealed_below();
+        let referenced: HashSet<i64> = sqlx::query_scalar(
+            "SELECT DISTINCT spool_segment FROM messages WHERE spool_segment IS NOT NULL",
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .collect();
+        self.spool_reader
+            .remove_unreferenced(sealed_below, &referenced)
+            .map_err(|e| StoreError::Spool(format!("removing unused segments: {e}")))
+    }
+}
+
+/// The spool's part in every batch: its appends are synced before the COMMIT.
+struct SpoolHooks(Arc<Mutex<Spool>>);
+
+impl BatchHooks for SpoolHooks {
+    fn before_commit(&mut self) -> Result<(), String> {
+        self.0
+            .lock()
+            .expect("spool lock")
+            .sync()
+            .map_err(|e| format!("spool sync failed: {e}"))
+    }
+
+    fn after_batch(&mut self) {
+        self.0.lock().expect("spool lock").after_batch();
+    }
 }
 
 const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
@@ -86,10 +133,29 @@ impl SqliteStore {
             .await?
             .run(&pool)
             .await?;
-        let writer = Writer::start(writer_connection(options.get_filename(), busy_timeout)?)
-            .map_err(|e| StoreError::Config(format!("cannot start the SQLite writer: {e}")))?;
-        Ok(SqliteStore { pool, writer })
+        let path = options.get_filename();
+        let (spool, spool_reader) = Spool::open(&spool_dir(path))
+            .map_err(|e| StoreError::Config(format!("cannot open the spool: {e}")))?;
+        let spool = Arc::new(Mutex::new(spool));
+        let writer = Writer::start(
+            writer_connection(path, busy_timeout)?,
+            Some(Box::new(SpoolHooks(spool.clone()))),
+        )
+        .map_err(|e| StoreError::Config(format!("cannot start the SQLite writer: {e}")))?;
+        Ok(SqliteStore {
+            pool,
+            writer,
+            spool,
+            spool_reader,
+        })
     }
+}
+
+/// Next to the database file: `idemrelay.db` spools into `idemrelay.db.spool/`.
+fn spool_dir(db: &std::path::Path) -> std::path::PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(".spool");
+    name.into()
 }
 
 /// The writer's own connection, with the same durability settings as the pool's, checked the
@@ -118,8 +184,9 @@ fn writer_connection(
 impl Store for SqliteStore {
     async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError> {
         let record = record.clone();
+        let spool = self.spool.clone();
         self.writer
-            .write(move |conn| writes::insert(conn, &record, retention))
+            .write(move |conn| writes::insert(conn, &spool, &record, retention))
             .await
     }
 
@@ -154,7 +221,10 @@ impl Store for SqliteStore {
         let Some(row) = row else {
             return Ok(None);
         };
-        Ok(Some(rows::stored_message(&row)?))
+        Ok(Some(rows::stored_message(&WithSpool {
+            row: &row,
+            spool: &self.spool_reader,
+        })?))
     }
 
     async fn finish(
@@ -176,15 +246,19 @@ impl Store for SqliteStore {
     }
 
     async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError> {
-        self.writer
+        let purged = self
+            .writer
             .write(move |conn| writes::purge_expired(conn, retention))
-            .await
+            .await?;
+        self.remove_unused_segments().await?;
+        Ok(purged)
     }
 
     async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
         let owner = owner.to_string();
+        let spool = self.spool_reader.clone();
         self.writer
-            .write(move |conn| writes::claim(conn, &owner, lease))
+            .write(move |conn| writes::claim(conn, &spool, &owner, lease))
             .await
     }
 
@@ -205,10 +279,11 @@ impl Store for SqliteStore {
         let id = id.to_string();
         let attempt = attempt.map(|(n, r)| (n, r.clone()));
         let settle = settle.clone();
+        let spool = self.spool.clone();
         self.writer
             .write(move |conn| {
                 let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
-                writes::settle(conn, &id, token, attempt, &settle)
+                writes::settle(conn, &spool, &id, token, attempt, &settle)
             })
             .await
     }
@@ -400,6 +475,126 @@ mod tests {
             reply: "250 ok".into(),
             dsn_of: None,
         }
+    }
+
+    fn large(id: &str, key: &str, fill: u8) -> NewRecord {
+        let mut body = b"Subject: big\r\n\r\n".to_vec();
+        body.resize(super::super::spool::SPOOL_MIN + 1000, fill);
+        body.extend_from_slice(b"\r\n");
+        NewRecord {
+            size: body.len(),
+            content: Some(body),
+            ..record(id, key)
+        }
+    }
+
+    fn segments(dir: &tempfile::TempDir) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.path().join("t.db.spool"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn a_large_body_is_spooled_and_read_back_exactly_by_claims_and_lookups() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        let retention = Duration::from_secs(3600);
+        let big = large("m1", "k1", b'a');
+        store.insert(&big, retention).await.unwrap();
+        store.insert(&record("m2", "k2"), retention).await.unwrap();
+        // A replay of the key appends nothing.
+        let replay = large("m3", "k1", b'b');
+        assert!(matches!(
+            store.insert(&replay, retention).await.unwrap(),
+            Insert::Existing(_)
+        ));
+        let (inline, segment, offset): (Option<Vec<u8>>, Option<i64>, Option<i64>) =
+            sqlx::query_as(
+                "SELECT content, spool_segment, spool_offset FROM messages WHERE id = 'm1'",
+            )
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        assert_eq!((inline, segment, offset), (None, Some(1), Some(0)));
+        let small: Option<i64> =
+            sqlx::query_scalar("SELECT spool_segment FROM messages WHERE id = 'm2'")
+                .fetch_one(&store.pool)
+                .await
+                .unwrap();
+        assert_eq!(small, None, "a small body stays inline");
+        let len = std::fs::metadata(dir.path().join("t.db.spool/0000000000000001.seg"))
+            .unwrap()
+            .len();
+        assert_eq!(len, big.size as u64, "the replay appended nothing");
+
+        assert_eq!(
+            store.message("m1").await.unwrap().unwrap().content,
+            big.content
+        );
+        let job = store.claim("w", LEASE).await.unwrap().unwrap();
+        assert_eq!(
+            (job.id.as_str(), Some(&job.content)),
+            ("m1", big.content.as_ref())
+        );
+        let failed = Settle::Failed {
+            upstream_reply: "550 no".into(),
+            dsn: None,
+        };
+        assert!(store.settle("m1", job.token, None, &failed).await.unwrap());
+        assert_eq!(
+            store.requeue("m1", false).await.unwrap(),
+            Requeue::Requeued,
+            "a spooled body counts as stored content"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_sealed_segment_is_removed_once_no_row_points_at_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let retention = Duration::from_secs(3600);
+        {
+            let store = store(&dir).await;
+            store
+                .insert(&large("m1", "k1", b'a'), retention)
+                .await
+                .unwrap();
+            store
+                .insert(&large("m2", "k2", b'b'), retention)
+                .await
+                .unwrap();
+            store.finish("m1", State::Delivered, None).await.unwrap();
+        }
+        // A new process spools into segment 2 and may collect segment 1.
+        let store = store(&dir).await;
+        store
+            .insert(&large("m3", "k3", b'c'), retention)
+            .await
+            .unwrap();
+        assert_eq!(
+            segments(&dir),
+            ["0000000000000001.seg", "0000000000000002.seg"]
+        );
+        // m2 is still queued and points into segment 1: nothing is removed.
+        assert_eq!(store.purge_expired(Duration::ZERO).await.unwrap(), 1);
+        assert_eq!(
+            segments(&dir),
+            ["0000000000000001.seg", "0000000000000002.seg"]
+        );
+        assert_eq!(
+            store.message("m2").await.unwrap().unwrap().content,
+            large("m2", "k2", b'b').content
+        );
+        store.finish("m2", State::Delivered, None).await.unwrap();
+        assert_eq!(store.purge_expired(Duration::ZERO).await.unwrap(), 1);
+        // Segment 2 is still open (and m3 points into it): only segment 1 goes.
+        assert_eq!(segments(&dir), ["0000000000000002.seg"]);
+        assert_eq!(
+            store.message("m3").await.unwrap().unwrap().content,
+            large("m3", "k3", b'c').content
+        );
     }
 
     /// Claims `id` and settles one attempt with `outcome` into `settle`.

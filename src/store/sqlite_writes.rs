@@ -2,10 +2,12 @@
 //! (rusqlite, synchronous): inside one batch transaction, each under its own savepoint.
 //! Reads stay on sqlx's pool.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use super::spool::{Spool, SpoolReader, WithSpool, SPOOL_MIN};
 use super::{
     now_ms, requeue_refusal, retention_ms, rows, AttemptResult, Claimed, Insert, NewRecord,
     Requeue, Settle, State, StoreError,
@@ -14,13 +16,39 @@ use super::{
 const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
 
 /// Inserts a message row unless its (scope, key) is taken; returns the rows inserted. A
-/// queued record's delivery job comes with it (a trigger).
-fn insert_message(conn: &Connection, record: &NewRecord, now: i64) -> Result<usize, StoreError> {
+/// queued record's delivery job comes with it (a trigger). A large body goes to the spool
+/// (synced before the batch commits); a row that is not inserted leaves only unreferenced
+/// bytes there.
+fn insert_message(
+    conn: &Connection,
+    spool: &Mutex<Spool>,
+    record: &NewRecord,
+    now: i64,
+) -> Result<usize, StoreError> {
+    let (inline, spooled) = match record.content.as_deref() {
+        Some(body) if body.len() >= SPOOL_MIN => {
+            // A replay must not append its body again only to be refused by the conflict.
+            let taken = conn
+                .prepare_cached("SELECT 1 FROM messages WHERE scope = ? AND idem_key = ?")?
+                .exists(params![record.scope, record.key])?;
+            if taken {
+                return Ok(0);
+            }
+            let at = spool
+                .lock()
+                .expect("spool lock")
+                .append(body)
+                .map_err(|e| StoreError::Spool(format!("append: {e}")))?;
+            (None, Some(at))
+        }
+        body => (body, None),
+    };
     Ok(conn
         .prepare_cached(
             "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
-                rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
+                spool_segment, spool_offset)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (scope, idem_key) DO NOTHING",
         )?
         .execute(params![
@@ -34,11 +62,13 @@ fn insert_message(conn: &Connection, record: &NewRecord, now: i64) -> Result<usi
             record.envelope.body.as_str(),
             record.envelope.smtputf8,
             i64::try_from(record.size).unwrap_or(i64::MAX),
-            record.content.as_deref(),
+            inline,
             record.state.as_str(),
             record.reply,
             now,
             record.dsn_of,
+            spooled.map(|at| at.segment),
+            spooled.map(|at| at.offset),
         ])?)
 }
 
@@ -56,11 +86,12 @@ fn close_open_intents(conn: &Connection, id: &str, now: i64) -> Result<usize, St
 
 pub fn insert(
     conn: &Connection,
+    spool: &Mutex<Spool>,
     record: &NewRecord,
     retention: Duration,
 ) -> Result<Insert, StoreError> {
     let now = now_ms();
-    if insert_message(conn, record, now)? == 0 {
+    if insert_message(conn, spool, record, now)? == 0 {
         let key = record.key.as_deref().unwrap_or_default();
         let (existing, accepted_at) = conn
             .prepare_cached(
@@ -78,7 +109,7 @@ pub fn insert(
         }
         conn.prepare_cached("DELETE FROM messages WHERE id = ?")?
             .execute([&existing.id])?;
-        let inserted = insert_message(conn, record, now)?;
+        let inserted = insert_message(conn, spool, record, now)?;
         debug_assert_eq!(inserted, 1);
     }
     // The batch commits after this: the record is written but not durable.
@@ -113,7 +144,7 @@ pub fn purge_expired(conn: &Connection, retention: Duration) -> Result<u64, Stor
 }
 
 const CLAIM_DETAILS: &str = "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type,
-        m.smtputf8, m.content, m.accepted_at, j.first_attempt_at, j.lease_token,
+        m.smtputf8, m.content, m.spool_segment, m.spool_offset, m.size, m.accepted_at, j.first_attempt_at, j.lease_token,
         (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
         EXISTS (SELECT 1 FROM attempts a
                 WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown,
@@ -123,6 +154,7 @@ const CLAIM_DETAILS: &str = "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_t
 
 pub fn claim(
     conn: &Connection,
+    spool: &SpoolReader,
     owner: &str,
     lease: Duration,
 ) -> Result<Option<Claimed>, StoreError> {
@@ -165,7 +197,7 @@ pub fn claim(
         .prepare_cached(CLAIM_DETAILS)?
         .query_row([&id], |row| {
             Ok(rows::claimed(
-                row,
+                &WithSpool { row, spool },
                 id.clone(),
                 scope.clone(),
                 recovered,
@@ -195,6 +227,7 @@ pub fn begin_attempt(
 
 pub fn settle(
     conn: &Connection,
+    spool: &Mutex<Spool>,
     id: &str,
     token: i64,
     attempt: Option<(u32, &AttemptResult)>,
@@ -255,7 +288,7 @@ pub fn settle(
             finish(State::Failed, upstream_reply)?;
             if let Some(dsn) = dsn {
                 // An existing DSN under the same key is left as it is.
-                insert_message(conn, dsn, now)?;
+                insert_message(conn, spool, dsn, now)?;
             }
         }
     }
@@ -313,7 +346,10 @@ pub fn release(conn: &Connection, id: &str, token: i64, after: Duration) -> Resu
 
 pub fn requeue(conn: &Connection, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
     let found = conn
-        .prepare_cached("SELECT state, content IS NOT NULL, scope FROM messages WHERE id = ?")?
+        .prepare_cached(
+            "SELECT state, content IS NOT NULL OR spool_segment IS NOT NULL, scope
+             FROM messages WHERE id = ?",
+        )?
         .query_row([id], |row| {
             Ok((
                 row.get::<_, String>(0)?,
