@@ -7,15 +7,16 @@
 //! are not on disk.
 //!
 //! Segments only grow; the writer seals one at a batch boundary once it is large, and a new
-//! process starts a new one (so a torn tail is never appended to). A sealed segment that no
-//! committed row points at any more (retention purged them) is removed.
+//! process starts a new one (so a torn tail is never appended to). The writer holds an
+//! exclusive lock on the segment it appends to, released only after the batch that last
+//! appended has ended: a segment anyone else can lock has every row pointing into it
+//! committed, and gets no new ones. Such a segment that no committed row points at any more
+//! (retention purged them) is removed, by this process or another (`queue purge`).
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
 
 use super::rows::Columns;
 use super::StoreError;
@@ -46,17 +47,19 @@ struct Segment {
 pub struct Spool {
     dir: PathBuf,
     next_id: i64,
+    /// Locked (exclusively) for as long as it is open.
     current: Option<Segment>,
-    /// Segments below this id are sealed, and every row that points into them is committed.
-    sealed_below: Arc<AtomicI64>,
 }
 
 /// The readers' side, for any thread.
 #[derive(Clone)]
 pub struct SpoolReader {
     dir: PathBuf,
-    sealed_below: Arc<AtomicI64>,
 }
+
+/// Segments locked by the garbage collector: sealed, so whatever points into them is
+/// committed.
+pub struct Sealed(Vec<(i64, File)>);
 
 fn segment_path(dir: &Path, id: i64) -> PathBuf {
     dir.join(format!("{id:016}.seg"))
@@ -90,16 +93,13 @@ impl Spool {
             }
         }
         let next_id = segment_ids(dir)?.into_iter().max().map_or(1, |id| id + 1);
-        let sealed_below = Arc::new(AtomicI64::new(next_id));
         let reader = SpoolReader {
             dir: dir.to_path_buf(),
-            sealed_below: sealed_below.clone(),
         };
         let spool = Spool {
             dir: dir.to_path_buf(),
             next_id,
             current: None,
-            sealed_below,
         };
         Ok((spool, reader))
     }
@@ -114,6 +114,7 @@ impl Spool {
                 .write(true)
                 .create_new(true)
                 .open(&path)?;
+            file.lock()?;
             sync_dir(&self.dir)?;
             self.next_id += 1;
             self.current = Some(Segment {
@@ -153,19 +154,15 @@ impl Spool {
         Ok(())
     }
 
-    /// After a batch ended (committed or not): seals a full segment. Every row pointing into
-    /// it is committed by now, so the garbage collector may look at it from here on.
+    /// After a batch ended (committed or not): seals a full segment, which releases its lock.
+    /// Every row pointing into it is committed by now.
     pub fn after_batch(&mut self) {
-        let full = self
+        if self
             .current
             .as_ref()
-            .is_some_and(|s| s.len >= SEGMENT_MAX && !s.dirty);
-        let abandoned = self.current.is_none();
-        if full {
+            .is_some_and(|s| s.len >= SEGMENT_MAX && !s.dirty)
+        {
             self.current = None;
-        }
-        if full || abandoned {
-            self.sealed_below.store(self.next_id, Ordering::SeqCst);
         }
     }
 }
@@ -178,22 +175,35 @@ impl SpoolReader {
         Ok(body)
     }
 
-    /// Segments at or past this id may still be written to, or be pointed at by a row not yet
-    /// committed.
-    pub fn sealed_below(&self) -> i64 {
-        self.sealed_below.load(Ordering::SeqCst)
+    /// Locks every segment no writer holds. Ask which segments rows point at only after
+    /// this: a segment's last rows were committed before its writer let go of it.
+    pub fn lock_sealed(&self) -> std::io::Result<Sealed> {
+        let mut sealed = Vec::new();
+        for id in segment_ids(&self.dir)? {
+            let file = match File::open(segment_path(&self.dir, id)) {
+                Ok(file) => file,
+                // Removed meanwhile by another collector.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            match file.try_lock() {
+                Ok(()) => sealed.push((id, file)),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => return Err(e),
+            }
+        }
+        Ok(Sealed(sealed))
     }
 
-    /// Removes sealed segments below `sealed_below` (read before `referenced` was) that no
-    /// committed row points at; returns how many.
+    /// Removes the locked segments that no committed row points at; returns how many.
     pub fn remove_unreferenced(
         &self,
-        sealed_below: i64,
+        sealed: Sealed,
         referenced: &HashSet<i64>,
     ) -> std::io::Result<usize> {
         let mut removed = 0;
-        for id in segment_ids(&self.dir)? {
-            if id < sealed_below && !referenced.contains(&id) {
+        for (id, _lock) in sealed.0 {
+            if !referenced.contains(&id) {
                 std::fs::remove_file(segment_path(&self.dir, id))?;
                 removed += 1;
             }
@@ -253,6 +263,12 @@ impl<R: Columns> Columns for WithSpool<'_, R> {
 mod tests {
     use super::*;
 
+    fn ids(sealed: &Sealed) -> Vec<i64> {
+        let mut ids: Vec<i64> = sealed.0.iter().map(|(id, _)| *id).collect();
+        ids.sort();
+        ids
+    }
+
     #[test]
     fn bodies_read_back_exactly_and_a_new_process_starts_a_new_segment() {
         let dir = tempfile::tempdir().unwrap();
@@ -263,19 +279,19 @@ mod tests {
         assert_eq!((a.segment, a.offset, b.segment, b.offset), (1, 0, 1, 10));
         assert_eq!(reader.read(a, 10).unwrap(), b"first body");
         assert_eq!(reader.read(b, 100_000).unwrap(), vec![7u8; 100_000]);
-        // The open segment is not sealed: nothing may remove it.
-        assert_eq!(reader.sealed_below(), 1);
+        // The open segment is the writer's: no collector can lock it.
+        assert!(ids(&reader.lock_sealed().unwrap()).is_empty());
         drop(spool);
 
         let (mut again, reader) = Spool::open(&dir.path().join("spool")).unwrap();
-        assert_eq!(reader.sealed_below(), 2);
+        assert_eq!(ids(&reader.lock_sealed().unwrap()), [1]);
         let c = again.append(b"after restart").unwrap();
         assert_eq!((c.segment, c.offset), (2, 0));
         assert_eq!(reader.read(a, 10).unwrap(), b"first body");
     }
 
     #[test]
-    fn only_sealed_unreferenced_segments_are_removed() {
+    fn only_unlocked_unreferenced_segments_are_removed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool");
         for _ in 0..3 {
@@ -284,17 +300,15 @@ mod tests {
             spool.sync().unwrap();
         }
         let (mut spool, reader) = Spool::open(&path).unwrap();
-        let open = spool.append(b"y").unwrap();
-        assert_eq!(open.segment, 4);
-        let sealed_below = reader.sealed_below();
-        assert_eq!(sealed_below, 4);
+        assert_eq!(spool.append(b"y").unwrap().segment, 4);
+        // Another process's collector (`queue purge`) sees the same.
+        let (_, other) = Spool::open(&path).unwrap();
+        let sealed = other.lock_sealed().unwrap();
+        assert_eq!(ids(&sealed), [1, 2, 3]);
+        // While one collector holds them, another skips them.
+        assert!(ids(&reader.lock_sealed().unwrap()).is_empty());
         let referenced = HashSet::from([2]);
-        assert_eq!(
-            reader
-                .remove_unreferenced(sealed_below, &referenced)
-                .unwrap(),
-            2
-        );
+        assert_eq!(other.remove_unreferenced(sealed, &referenced).unwrap(), 2);
         let mut left = segment_ids(&path).unwrap();
         left.sort();
         assert_eq!(left, [2, 4]);
@@ -307,10 +321,10 @@ mod tests {
         spool.append(&vec![0u8; SEGMENT_MAX as usize]).unwrap();
         // Not synced yet: rows pointing here may still be uncommitted.
         spool.after_batch();
-        assert_eq!(reader.sealed_below(), 1);
+        assert!(ids(&reader.lock_sealed().unwrap()).is_empty());
         spool.sync().unwrap();
         spool.after_batch();
-        assert_eq!(reader.sealed_below(), 2);
+        assert_eq!(ids(&reader.lock_sealed().unwrap()), [1]);
         assert_eq!(spool.append(b"z").unwrap().segment, 2);
     }
 }

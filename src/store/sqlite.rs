@@ -67,11 +67,13 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Removes spool segments that no committed row points at any more. The seal mark is
-    /// read first: every row pointing below it was committed before it moved, and no new row
-    /// points there.
+    /// Removes spool segments that no committed row points at any more. The segments are
+    /// locked first (see the spool): what points into them is committed by then.
     async fn remove_unused_segments(&self) -> Result<usize, StoreError> {
-        let sealed_below = self.spool_reader.sealed_below();
+        let sealed = self
+            .spool_reader
+            .lock_sealed()
+            .map_err(|e| StoreError::Spool(format!("locking sealed segments: {e}")))?;
         let referenced: HashSet<i64> = sqlx::query_scalar(
             "SELECT DISTINCT spool_segment FROM messages WHERE spool_segment IS NOT NULL",
         )
@@ -80,7 +82,7 @@ impl SqliteStore {
         .into_iter()
         .collect();
         self.spool_reader
-            .remove_unreferenced(sealed_below, &referenced)
+            .remove_unreferenced(sealed, &referenced)
             .map_err(|e| StoreError::Spool(format!("removing unused segments: {e}")))
     }
 }
