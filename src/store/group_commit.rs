@@ -220,11 +220,18 @@ mod tests {
     }
 
     fn writer(dir: &tempfile::TempDir) -> (Writer, Connection) {
+        writer_with(dir, None)
+    }
+
+    fn writer_with(
+        dir: &tempfile::TempDir,
+        hooks: Option<Box<dyn BatchHooks>>,
+    ) -> (Writer, Connection) {
         let reader = open(dir);
         reader
             .execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")
             .unwrap();
-        (Writer::start(open(dir), None).unwrap(), reader)
+        (Writer::start(open(dir), hooks).unwrap(), reader)
     }
 
     fn insert(v: i64) -> impl FnOnce(&Connection) -> Result<usize, StoreError> + Send + 'static {
@@ -290,11 +297,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_hook_before_commit_fails_the_whole_batch() {
         let dir = tempfile::tempdir().unwrap();
-        let reader = open(&dir);
-        reader
-            .execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")
-            .unwrap();
-        let w = Writer::start(open(&dir), Some(Box::new(FailingSync))).unwrap();
+        let (w, reader) = writer_with(&dir, Some(Box::new(FailingSync)));
         let (one, two) = tokio::join!(w.write(insert(1)), w.write(insert(2)));
         for result in [one, two] {
             assert!(matches!(result, Err(StoreError::CommitFailed(why)) if why.contains("EIO")));
