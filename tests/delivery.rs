@@ -55,6 +55,15 @@ async fn a_large_message_is_delivered_with_identical_bytes_on_every_attempt() {
         "bytes differ at the sink"
     );
     assert_eq!(sink.messages().len(), 1);
+    if relay.settings.store.0.starts_with("sqlite:") {
+        // The body went to the spool, not into the database's pages.
+        let spool = relay.dir.path().join("relay.db.spool");
+        let spooled: u64 = std::fs::read_dir(&spool)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        assert_eq!(spooled, stored.len() as u64);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -294,7 +294,7 @@ impl UpstreamClient {
         data_by: Option<Instant>,
     ) -> Outcome {
         let reused = self.take_idle().await;
-        let (mut conn, sent): (Connection, usize) = match reused {
+        let (mut conn, sent) = match reused {
             Some(idle) => (idle.conn, idle.sent),
             None => match self.open().await {
                 Ok(conn) => (conn, 0),

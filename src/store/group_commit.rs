@@ -182,14 +182,12 @@ fn commit_batch(
         }
         ran.push(done);
     }
-    let before = match hooks {
-        Some(hooks) if broken.is_none() => hooks.before_commit(),
-        _ => Ok(()),
+    let ready = match (broken, hooks) {
+        (Some(why), _) => Err(why),
+        (None, Some(hooks)) => hooks.before_commit(),
+        (None, None) => Ok(()),
     };
-    let commit = match broken.map_or(before, Err) {
-        Err(why) => Err(why),
-        Ok(()) => conn.execute_batch("COMMIT").map_err(|err| err.to_string()),
-    };
+    let commit = ready.and_then(|()| conn.execute_batch("COMMIT").map_err(|err| err.to_string()));
     if commit.is_err() {
         // End the transaction (a failed COMMIT may leave it open) so the next batch starts
         // clean; harmless when there is none.
@@ -234,6 +232,16 @@ mod tests {
         (Writer::start(open(dir), hooks).unwrap(), reader)
     }
 
+    /// Holds the writer's first batch open for 200 ms, so that everything queued meanwhile
+    /// shares the next one.
+    async fn hold_first_batch(w: &Writer) -> Result<(), StoreError> {
+        w.write(|_: &Connection| {
+            std::thread::sleep(Duration::from_millis(200));
+            Ok(())
+        })
+        .await
+    }
+
     fn insert(v: i64) -> impl FnOnce(&Connection) -> Result<usize, StoreError> + Send + 'static {
         move |conn: &Connection| Ok(conn.execute("INSERT INTO t (v) VALUES (?)", [v])?)
     }
@@ -248,11 +256,7 @@ mod tests {
     async fn a_failed_operation_is_rolled_back_alone_within_its_batch() {
         let dir = tempfile::tempdir().unwrap();
         let (w, reader) = writer(&dir);
-        // The first batch is held open, so everything queued meanwhile shares the next one.
-        let slow = w.write(|_: &Connection| {
-            std::thread::sleep(Duration::from_millis(200));
-            Ok(())
-        });
+        let slow = hold_first_batch(&w);
         let (slow, one, duplicate, two) = tokio::join!(
             slow,
             async {
@@ -325,10 +329,7 @@ mod tests {
     async fn a_panicking_operation_fails_its_batch_but_not_the_writer() {
         let dir = tempfile::tempdir().unwrap();
         let (w, reader) = writer(&dir);
-        let slow = w.write(|_: &Connection| {
-            std::thread::sleep(Duration::from_millis(200));
-            Ok(())
-        });
+        let slow = hold_first_batch(&w);
         let (slow, one, boom) = tokio::join!(
             slow,
             async {
