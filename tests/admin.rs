@@ -230,6 +230,7 @@ async fn an_unresolved_record_is_requeued_only_with_the_confirmation() {
     assert_eq!(relay.stored(&id).await.state, State::Unresolved);
     assert_eq!(relay.store().attempts(&id).await.unwrap().len(), before);
 
+    common::wait_out_held_replies(&relay, &id).await;
     let confirmed = request(
         admin,
         "POST",

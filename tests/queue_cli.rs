@@ -203,6 +203,7 @@ async fn an_unresolved_message_is_retried_only_with_confirmation() {
     assert_eq!(relay.stored(&id).await.state, State::Unresolved);
     assert_eq!(relay.store().attempts(&id).await.unwrap().len(), before);
 
+    common::wait_out_held_replies(&relay, &id).await;
     let retry = ok(&relay, &["retry", &id, "--confirm-duplicate-risk"]).await;
     assert!(
         retry.stdout.contains(&format!("requeued {id}")),
@@ -211,8 +212,8 @@ async fn an_unresolved_message_is_retried_only_with_confirmation() {
     );
     wait_state(&relay, &id, State::Delivered).await;
     let show = ok(&relay, &["show", &id, "--json"]).await.json();
-    // The old ledger stays; new attempts continue its numbering (the upstream may answer
-    // "still in progress" for the earlier transactions first) and the last one is accepted.
+    // The old ledger stays; new attempts continue its numbering and the last one is accepted
+    // (the upstream's replay of the transaction it held).
     let attempts = show["attempts"].as_array().unwrap();
     assert!(attempts.len() > before, "{show}");
     for (i, a) in attempts.iter().enumerate() {

@@ -378,7 +378,7 @@ pub async fn relay_whose_attempts_end_unknown() -> (idemrelay::sink::SinkHandle,
     let sink = start_sink().await;
     sink.set_faults(vec![idemrelay::sink::FaultRule::delay(
         idemrelay::sink::Phase::Dot,
-        Duration::from_secs(3),
+        HELD_DOT_REPLY,
     )])
     .unwrap();
     let relay = relay_for(&sink, |s| {
@@ -388,6 +388,35 @@ pub async fn relay_whose_attempts_end_unknown() -> (idemrelay::sink::SinkHandle,
     })
     .await;
     (sink, relay)
+}
+
+/// How long the sink of `relay_whose_attempts_end_unknown` holds each reply to the final dot:
+/// longer than the relay's whole (2 s) window, so every attempt in it ends UNKNOWN.
+pub const HELD_DOT_REPLY: Duration = Duration::from_secs(3);
+
+/// Waits until the sink of `relay_whose_attempts_end_unknown` has sent (or given up) every
+/// reply it held for `id`'s attempts. Until then it answers the key with E01004 "in progress",
+/// and a retry's fresh 2 s window could run out on those answers on a loaded machine.
+pub async fn wait_out_held_replies(relay: &TestRelay, id: &str) {
+    let last_dot = relay
+        .store()
+        .attempts(id)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.finished_at_ms)
+        .max()
+        .expect("a finished attempt");
+    // The sink reads each dot before the relay gives up waiting for its reply, unless the
+    // machine is so loaded that the sink is late by more than the slack.
+    let released = last_dot + HELD_DOT_REPLY.as_millis() as i64 + 1000;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    if released > now {
+        tokio::time::sleep(Duration::from_millis((released - now) as u64)).await;
+    }
 }
 
 /// One submission on a fresh connection; panics unless it is queued, returns the queue id.
