@@ -133,6 +133,12 @@ fn run(
     }
 }
 
+/// The statements every batch and operation runs, prepared once: `execute_batch` would parse
+/// them again each time, on the one writer thread.
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 fn commit_batch(
     conn: &Connection,
     batch: Vec<Box<dyn Queued>>,
@@ -140,7 +146,7 @@ fn commit_batch(
 ) {
     let started = std::time::Instant::now();
     let ops = batch.len();
-    if let Err(err) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(err) = run_cached(conn, "BEGIN IMMEDIATE") {
         let why = err.to_string();
         for op in batch {
             op.fail(StoreError::CommitFailed(why.clone()));
@@ -156,7 +162,7 @@ fn commit_batch(
             ));
             continue;
         }
-        if let Err(err) = conn.execute_batch("SAVEPOINT op") {
+        if let Err(err) = run_cached(conn, "SAVEPOINT op") {
             broken = Some(err.to_string());
             op.fail(err.into());
             continue;
@@ -170,12 +176,12 @@ fn commit_batch(
                 continue;
             }
         };
-        let close = if done.succeeded() {
-            "RELEASE op"
+        let closed = if done.succeeded() {
+            run_cached(conn, "RELEASE op")
         } else {
-            "ROLLBACK TO op; RELEASE op"
+            conn.execute_batch("ROLLBACK TO op; RELEASE op")
         };
-        if let Err(err) = conn.execute_batch(close) {
+        if let Err(err) = closed {
             // The savepoint cannot be closed: the transaction's state is unknown, so nothing
             // in it may be reported as committed.
             broken = Some(err.to_string());
@@ -187,7 +193,7 @@ fn commit_batch(
         (None, Some(hooks)) => hooks.before_commit(),
         (None, None) => Ok(()),
     };
-    let commit = ready.and_then(|()| conn.execute_batch("COMMIT").map_err(|err| err.to_string()));
+    let commit = ready.and_then(|()| run_cached(conn, "COMMIT").map_err(|err| err.to_string()));
     if commit.is_err() {
         // End the transaction (a failed COMMIT may leave it open) so the next batch starts
         // clean; harmless when there is none.

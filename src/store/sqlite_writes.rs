@@ -188,23 +188,31 @@ pub fn claim(
     let Some((id, scope)) = leased else {
         return Ok(None);
     };
-    let open_intent: bool = conn
-        .prepare_cached(CLAIM_DETAILS)?
-        .query_row([&id], |row| row.get("open_intent"))?;
-    // Rare: a worker lost this lease with its attempt open.
-    let recovered = open_intent && close_open_intents(conn, &id, now)? > 0;
-    let claimed = conn
-        .prepare_cached(CLAIM_DETAILS)?
-        .query_row([&id], |row| {
-            Ok(rows::claimed(
-                &WithSpool { row, spool },
-                id.clone(),
-                scope.clone(),
-                recovered,
-                now,
-            ))
-        })??;
-    Ok(Some(claimed))
+    let details = |recovered: bool| {
+        conn.prepare_cached(CLAIM_DETAILS)?
+            .query_row([&id], |row| {
+                Ok((
+                    row.get::<_, bool>("open_intent")?,
+                    rows::claimed(
+                        &WithSpool { row, spool },
+                        id.clone(),
+                        scope.clone(),
+                        recovered,
+                        now,
+                    ),
+                ))
+            })
+            .map_err(StoreError::from)
+    };
+    let (open_intent, claimed) = details(false)?;
+    if !open_intent {
+        return Ok(Some(claimed?));
+    }
+    // Rare: a worker lost this lease with its attempt open. Closing it as UNKNOWN changes the
+    // ledger just read, so it is read again.
+    let recovered = close_open_intents(conn, &id, now)? > 0;
+    let (_, claimed) = details(recovered)?;
+    Ok(Some(claimed?))
 }
 
 pub fn begin_attempt(
