@@ -30,19 +30,21 @@ async fn wait_terminal(relay: &TestRelay, id: &str, limit: Duration) -> State {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_attempt_renews_its_lease_instead_of_being_sent_twice() {
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    // 100 RCPTs at 200 ms each (20 s) outlast the lease: the worst-case attempt (7 phases at
+    // 500 ms, 4 RCPTs at 600 ms, the dot at 1 s: 6.9 s) plus 10 s. Each RCPT keeps 400 ms to
+    // spare for a loaded machine.
     sink.set_faults(vec![FaultRule::delay(
         SinkPhase::Rcpt,
-        Duration::from_millis(170),
+        Duration::from_millis(200),
     )])
     .unwrap();
     let addr = sink.smtp_addr();
     let relay = TestRelay::start_with(|s| {
         fast_delivery(s, addr);
         let t = &mut s.delivery.timeouts;
-        let d = Duration::from_millis(200);
-        (
-            t.connect, t.greeting, t.starttls, t.auth, t.mail, t.rcpt, t.data,
-        ) = (d, d, d, d, d, d, d);
+        let d = Duration::from_millis(500);
+        (t.connect, t.greeting, t.starttls, t.auth, t.mail, t.data) = (d, d, d, d, d, d);
+        t.rcpt = Duration::from_millis(600);
         t.dot = Duration::from_secs(1);
     })
     .await;
@@ -79,7 +81,14 @@ async fn an_unknown_retry_never_reaches_data_after_the_window() {
     })
     .await
     .unwrap();
-    sink.set_faults(vec![FaultRule::drop_after_dot().with_times(1)])
+    // The first attempt ends UNKNOWN by the relay's 1 s dot timeout; the sink counts the
+    // transaction at the dot, so the test has that second (and the retry's backoff) to slow
+    // the sink down before the retry connects.
+    sink.set_faults(vec![FaultRule::delay(
+        SinkPhase::Dot,
+        Duration::from_secs(3),
+    )
+    .with_times(1)])
         .unwrap();
     let addr = sink.smtp_addr();
     let relay = TestRelay::start_with(|s| {
