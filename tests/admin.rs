@@ -447,10 +447,24 @@ async fn metrics_count_a_scripted_run_exactly() {
     .await;
     assert!(dsn.iter().any(|m| m["id"] == a.as_str()));
 
-    let page = common::eventually(LIMIT, "no open connections", || async {
-        let page = get(admin, "/metrics", None).await.body;
-        (sample(&page, "idemrelay_connections_open") == Some(0.0)).then_some(page)
-    })
+    // A worker counts its attempt just after writing the outcome the waits above saw.
+    let page = common::eventually(
+        LIMIT,
+        "no open connections, every decision counted",
+        || async {
+            let page = get(admin, "/metrics", None).await.body;
+            (sample(&page, "idemrelay_connections_open") == Some(0.0)
+                && sample(
+                    &page,
+                    "idemrelay_delivery_decisions_total{decision=\"delivered\"}",
+                ) == Some(2.0)
+                && sample(
+                    &page,
+                    "idemrelay_delivery_decisions_total{decision=\"failed\"}",
+                ) == Some(1.0))
+            .then_some(page)
+        },
+    )
     .await;
     let expected: &[(&str, f64)] = &[
         ("idemrelay_submissions_total{result=\"accepted\"}", 2.0),

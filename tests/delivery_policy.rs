@@ -134,10 +134,17 @@ async fn a_backlog_in_one_scope_does_not_hold_back_another_scope() {
     bulk.store().resume().await.unwrap();
     sink.wait_for_messages(3, LIMIT).await.unwrap();
 
+    // Paused while the urgent mail is queued: on a loaded machine the submissions (each
+    // waiting for a commit beside the bulk relay's) could otherwise let the backlog drain.
+    bulk.store()
+        .pause("test: queue the urgent mail", false)
+        .await
+        .unwrap();
     let at_submit = sink.stats().messages;
     let urgent_keys = keys("urgent", 2);
     let urgent_ids = submit_keys(&urgent, "rcpt@example.com", &urgent_keys).await;
     let queued = sink.stats().messages;
+    bulk.store().resume().await.unwrap();
     assert!(
         queued <= 12,
         "the backlog drained too fast for this test to mean anything: {queued} of {BACKLOG} \
@@ -199,10 +206,10 @@ async fn all_attempts(relay: &TestRelay, ids: &[String]) -> Vec<(String, Attempt
 /// failed probe buying a fresh cooldown; once the upstream is back everything is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_breaker_stops_attempts_for_the_cooldown_then_probes() {
-    const COOLDOWN_MS: i64 = 1000;
-    // Between the breaker's decision and the ledger's timestamp: one store write and
-    // millisecond rounding.
-    const SLACK_MS: i64 = 100;
+    const COOLDOWN_MS: i64 = 2000;
+    // Between the breaker's decision and the ledger's timestamp: one store write (slow on a
+    // loaded machine) and millisecond rounding.
+    const SLACK_MS: i64 = 300;
     const CONNECTIONS: usize = 2;
     let sink = start_sink().await;
     // Greet421 keeps the port: a refused port could be handed to another test's sink.
@@ -482,8 +489,10 @@ async fn the_rate_limit_holds_across_connections() {
     let starts: Vec<i64> = attempts.iter().map(|(_, a)| a.started_at_ms).collect();
     let span = starts[N - 1] - starts[0];
     let least = ((N as f64 - BURST) / RATE * 1000.0) as i64;
+    // The bound allows for the first intent's write landing late (a loaded machine); a limit
+    // kept per connection would give a span of about 500 ms.
     assert!(
-        span >= least - 150,
+        span >= least - 700,
         "{N} attempts within {span} ms at {RATE}/s (burst {BURST}) need at least {least} ms; \
          starts (ms after the first): {:?}",
         starts.iter().map(|s| s - starts[0]).collect::<Vec<_>>()

@@ -255,8 +255,9 @@ async fn an_unwritable_store_is_e01033_and_nothing_is_accepted() {
     .await;
     let keyed = message(Some("down-1"), "hello", "body");
     let unkeyed = message(None, "hello", "no key");
-    let lock = hold_write_lock(&relay).await;
+    // Greeted first: the store probe may find the lock and refuse new connections (below).
     let mut c = Client::ready(relay.addr).await;
+    let lock = hold_write_lock(&relay).await;
     assert_eq!(
         c.submit("sender@example.com", &["rcpt@example.com"], &keyed)
             .await

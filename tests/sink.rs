@@ -543,7 +543,7 @@ async fn disconnect_faults_accept_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delayed_reply_commits_first_and_holds_the_key_until_answered() {
-    let delay = Duration::from_millis(800);
+    let delay = Duration::from_secs(3);
     let sink = start(SinkConfig {
         faults: vec![
             FaultRule::delay(Phase::Ehlo, Duration::from_millis(200)).with_times(1),

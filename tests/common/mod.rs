@@ -349,7 +349,8 @@ pub fn fast_delivery(settings: &mut Settings, upstream: SocketAddr) {
     t.mail = Duration::from_secs(2);
     t.rcpt = Duration::from_secs(2);
     t.data = Duration::from_secs(2);
-    t.dot = Duration::from_millis(800);
+    // Tests that want UNKNOWN set a shorter one; here a slow machine must not produce one.
+    t.dot = Duration::from_secs(3);
 }
 
 /// An in-process `idemrelay sink` on 127.0.0.1:0.
@@ -372,7 +373,7 @@ pub async fn relay_for(
     .await
 }
 
-/// A sink whose every final reply comes later than the relay waits, and a relay with a 2 s
+/// A sink whose every final reply comes later than the relay waits, and a relay with a short
 /// upstream window: each attempt ends UNKNOWN, and a message is soon parked `unresolved`.
 pub async fn relay_whose_attempts_end_unknown() -> (idemrelay::sink::SinkHandle, TestRelay) {
     let sink = start_sink().await;
@@ -382,21 +383,28 @@ pub async fn relay_whose_attempts_end_unknown() -> (idemrelay::sink::SinkHandle,
     )])
     .unwrap();
     let relay = relay_for(&sink, |s| {
-        s.delivery.timeouts.dot = Duration::from_millis(300);
-        s.delivery.upstream_window = Duration::from_secs(2);
-        s.delivery.window_margin = Duration::from_millis(500);
+        // A second for a reply that should come at once: a loaded machine does not turn a
+        // retry's replay into one more UNKNOWN.
+        s.delivery.timeouts.dot = Duration::from_secs(1);
+        s.delivery.upstream_window = UNKNOWN_WINDOW;
+        s.delivery.window_margin = UNKNOWN_WINDOW_MARGIN;
     })
     .await;
     (sink, relay)
 }
 
+/// The upstream window of `relay_whose_attempts_end_unknown`, and its margin: no attempt
+/// starts once the first is older than the difference (3 s).
+pub const UNKNOWN_WINDOW: Duration = Duration::from_secs(4);
+pub const UNKNOWN_WINDOW_MARGIN: Duration = Duration::from_secs(1);
+
 /// How long the sink of `relay_whose_attempts_end_unknown` holds each reply to the final dot:
-/// longer than the relay's whole (2 s) window, so every attempt in it ends UNKNOWN.
-pub const HELD_DOT_REPLY: Duration = Duration::from_secs(3);
+/// longer than the relay keeps trying, so every attempt ends UNKNOWN.
+pub const HELD_DOT_REPLY: Duration = Duration::from_secs(5);
 
 /// Waits until the sink of `relay_whose_attempts_end_unknown` has sent (or given up) every
 /// reply it held for `id`'s attempts. Until then it answers the key with E01004 "in progress",
-/// and a retry's fresh 2 s window could run out on those answers on a loaded machine.
+/// and a retry's fresh window could run out on those answers on a loaded machine.
 pub async fn wait_out_held_replies(relay: &TestRelay, id: &str) {
     let last_dot = relay
         .store()
