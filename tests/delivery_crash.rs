@@ -146,10 +146,7 @@ async fn jobs_dump(db: &Path) -> String {
 /// Jobs held under a lease that has not run out.
 async fn leased_jobs(db: &Path) -> i64 {
     let pool = pool(db).await;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let now = common::now_ms();
     let n = sqlx::query_scalar("SELECT COUNT(*) FROM delivery_jobs WHERE lease_until > ?")
         .bind(now)
         .fetch_one(&pool)

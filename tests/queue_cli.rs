@@ -351,12 +351,7 @@ async fn report_counts_each_scope_and_day() {
     })
     .await;
 
-    let today = idemrelay::store::utc_day(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64,
-    );
+    let today = idemrelay::store::utc_day(common::now_ms());
     let rows = report(&relay, &["--json"]).await;
     assert!(rows.ok, "{}", rows.stderr);
     assert_eq!(

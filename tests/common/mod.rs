@@ -402,6 +402,14 @@ pub const UNKNOWN_WINDOW_MARGIN: Duration = Duration::from_secs(1);
 /// longer than the relay keeps trying, so every attempt ends UNKNOWN.
 pub const HELD_DOT_REPLY: Duration = Duration::from_secs(5);
 
+/// Wall-clock milliseconds since the epoch, the clock the ledger's timestamps use.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 /// Waits until the sink of `relay_whose_attempts_end_unknown` has sent (or given up) every
 /// reply it held for `id`'s attempts. Until then it answers the key with E01004 "in progress",
 /// and a retry's fresh window could run out on those answers on a loaded machine.
@@ -418,10 +426,7 @@ pub async fn wait_out_held_replies(relay: &TestRelay, id: &str) {
     // The sink reads each dot before the relay gives up waiting for its reply, unless the
     // machine is so loaded that the sink is late by more than the slack.
     let released = last_dot + HELD_DOT_REPLY.as_millis() as i64 + 1000;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let now = now_ms();
     if released > now {
         tokio::time::sleep(Duration::from_millis((released - now) as u64)).await;
     }
