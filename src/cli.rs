@@ -543,6 +543,9 @@ fn show_text(m: &StoredMessage, attempts: &[AttemptRow]) -> String {
         }
         .to_string(),
     );
+    if let Some(damage) = &m.damage {
+        field("damage", damage.clone());
+    }
     out.push_str(&format!("attempts        {}\n", attempts.len()));
     if !attempts.is_empty() {
         let rows: Vec<Vec<String>> = attempts

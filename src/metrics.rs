@@ -52,6 +52,7 @@ pub struct Metrics {
     attempt_latency: Family<Labels, Histogram>,
     queue_depth: Family<Labels, Gauge>,
     oldest_queued: Gauge<f64, AtomicU64>,
+    damaged: Gauge,
     breaker: Family<Labels, Gauge>,
     connections_open: Gauge,
     delivery_paused: Gauge,
@@ -87,6 +88,7 @@ impl Metrics {
             Family::<Labels, Histogram>::new_with_constructor(|| Histogram::new(ATTEMPT_BUCKETS));
         let queue_depth = Family::<Labels, Gauge>::default();
         let oldest_queued = Gauge::<f64, AtomicU64>::default();
+        let damaged = Gauge::default();
         let breaker = Family::<Labels, Gauge>::default();
         let connections_open = Gauge::default();
         let delivery_paused = Gauge::default();
@@ -134,6 +136,11 @@ impl Metrics {
             oldest_queued.clone(),
         );
         registry.register(
+            "damaged_records",
+            "Records whose stored body was unreadable or failed its checksum: failed, not forwarded, waiting for an operator",
+            damaged.clone(),
+        );
+        registry.register(
             "circuit_breaker_state",
             "1 for the upstream circuit breaker's current state (closed, open, half_open)",
             breaker.clone(),
@@ -166,6 +173,7 @@ impl Metrics {
             attempt_latency,
             queue_depth,
             oldest_queued,
+            damaged,
             breaker,
             connections_open,
             delivery_paused,
@@ -257,6 +265,8 @@ impl Metrics {
             .oldest_queued_at_ms
             .map_or(0, |at| now_ms.saturating_sub(at).max(0));
         self.oldest_queued.set(age_ms as f64 / 1000.0);
+        self.damaged
+            .set(i64::try_from(stats.damaged).unwrap_or(i64::MAX));
         self.connections_open
             .set(i64::try_from(connections_open).unwrap_or(i64::MAX));
         self.delivery_paused.set(i64::from(paused));
@@ -311,6 +321,7 @@ mod tests {
         let stats = QueueStats {
             by_state: vec![(State::Queued, 3), (State::Failed, 1)],
             oldest_queued_at_ms: Some(10_000),
+            damaged: 1,
         };
         let text = m.render(&stats, 12_500, 7, true);
         let v = |series: &str| sample(&text, series).unwrap_or_else(|| panic!("{series}\n{text}"));
@@ -339,6 +350,7 @@ mod tests {
         assert_eq!(v("idemrelay_intake_commit_duration_seconds_count"), 1.0);
         assert_eq!(v("idemrelay_queue_depth{state=\"queued\"}"), 3.0);
         assert_eq!(v("idemrelay_oldest_queued_age_seconds"), 2.5);
+        assert_eq!(v("idemrelay_damaged_records"), 1.0);
         assert_eq!(v("idemrelay_circuit_breaker_state{state=\"open\"}"), 1.0);
         assert_eq!(v("idemrelay_circuit_breaker_state{state=\"closed\"}"), 0.0);
         assert_eq!(v("idemrelay_connections_open"), 7.0);

@@ -752,3 +752,47 @@ async fn json_logs_have_one_event_per_attempt_and_no_secrets() {
         page.body
     );
 }
+
+// --- a newcomer's first run ------------------------------------------------------------
+
+/// The README's first command (`serve` with no `--store`) in an empty working directory: the
+/// default store `sqlite://idemrelay.db` is a bare file name, whose parent is the empty path.
+/// Every other test passes absolute paths, which never see that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_the_default_relative_store_in_an_empty_directory_queues_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = idemrelay();
+    cmd.current_dir(dir.path());
+    let args: Vec<String> = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
+        .map(String::from)
+        .to_vec();
+    let relay = RelayProcess::spawn_command(cmd, &args).ready().await;
+    let mut client = Client::ready(relay.addr).await;
+    // Large enough to go to the spool, whose directory the first start creates.
+    let big = "spooled line of a large body\r\n".repeat(2000);
+    for (key, body) in [
+        ("first-run-small", "small"),
+        ("first-run-large", big.as_str()),
+    ] {
+        let msg = message(Some(key), "first run", body);
+        let answer = client
+            .submit("sender@example.com", &["rcpt@example.com"], &msg)
+            .await;
+        let id = answer
+            .queue_id()
+            .unwrap_or_else(|| panic!("not queued: {answer:?}; stderr:\n{}", relay.log()));
+        assert_eq!(answer.line(), queued_line(&id));
+    }
+    client.quit().await;
+    assert!(dir.path().join("idemrelay.db").is_file());
+    assert!(dir.path().join("idemrelay.db.spool").is_dir());
+    // An operator's command with the same relative default finds the same store.
+    let listed = idemrelay()
+        .current_dir(dir.path())
+        .args(["queue", "list"])
+        .output()
+        .unwrap();
+    let out = text(&listed.stdout);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    assert_eq!(out.matches("queued").count(), 2, "{out}");
+}

@@ -144,6 +144,23 @@ async fn same_key_different_request_is_e01005() {
     assert_eq!(relay.count("messages").await, 1);
 }
 
+/// A stored reply that cannot be read says nothing about what the client was told: the
+/// retry is refused as the store being unavailable, never answered 250 by default.
+#[tokio::test]
+async fn a_stored_reply_that_cannot_be_read_fails_closed() {
+    let relay = TestRelay::start().await;
+    let msg = message(Some("order-unreadable-reply"), "hello", "body");
+    let first = submit_once(&relay, &["rcpt@example.com"], &msg).await;
+    first.queue_id().expect("queued");
+    common::backend::execute(
+        relay.settings.store.expose(),
+        "UPDATE messages SET reply = 'garbled' WHERE idem_key = 'order-unreadable-reply'",
+    )
+    .await;
+    let retry = submit_once(&relay, &["rcpt@example.com"], &msg).await;
+    assert_eq!(retry.line(), E01033);
+}
+
 #[tokio::test]
 async fn a_stored_permanent_rejection_is_replayed() {
     let relay = TestRelay::start().await;

@@ -39,6 +39,17 @@ fn record(id: &str, key: &str, fp: u8) -> NewRecord {
 
 /// Two handles on one fresh store: (name, first, second).
 async fn instances(dir: &tempfile::TempDir) -> Vec<(&'static str, Arc<dyn Store>, Arc<dyn Store>)> {
+    instances_with_urls(dir)
+        .await
+        .into_iter()
+        .map(|(name, a, b, _)| (name, a, b))
+        .collect()
+}
+
+type Instances = Vec<(&'static str, Arc<dyn Store>, Arc<dyn Store>, String)>;
+
+/// `instances`, with the store's URL for SQL from outside.
+async fn instances_with_urls(dir: &tempfile::TempDir) -> Instances {
     let timeout = Duration::from_secs(5);
     let mut out = Vec::new();
     let sqlite = format!("sqlite://{}", dir.path().join("s.db").display());
@@ -46,6 +57,7 @@ async fn instances(dir: &tempfile::TempDir) -> Vec<(&'static str, Arc<dyn Store>
         "sqlite",
         store::open(&sqlite, timeout).await.unwrap(),
         store::open(&sqlite, timeout).await.unwrap(),
+        sqlite.clone(),
     ));
     if let Some(base) = backend::postgres_or_skip("store_contract (postgres half)") {
         let url = backend::fresh_schema(&base).await;
@@ -53,6 +65,7 @@ async fn instances(dir: &tempfile::TempDir) -> Vec<(&'static str, Arc<dyn Store>
             "postgres",
             store::open(&url, timeout).await.unwrap(),
             store::open(&url, timeout).await.unwrap(),
+            url,
         ));
     }
     out
@@ -241,5 +254,41 @@ async fn an_expired_terminal_record_is_replaced_and_a_live_one_is_not() {
             a.lookup("s", "k", RETENTION).await.unwrap().unwrap().id,
             "r3"
         );
+    }
+}
+
+/// A body changed after its commit (a bit flip, a torn write) fails its checksum: the record
+/// is failed as damaged and never handed to a worker, and the claim goes on to the next job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_that_fails_its_checksum_is_failed_as_damaged_and_the_queue_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b, url) in instances_with_urls(&dir).await {
+        a.insert(&record("bad", "k-bad", 1), RETENTION)
+            .await
+            .unwrap();
+        a.insert(&record("good", "k-good", 2), RETENTION)
+            .await
+            .unwrap();
+        let flip = if name == "postgres" {
+            "UPDATE messages SET content = overlay(content placing 'X'::bytea from 16) WHERE id = 'bad'"
+        } else {
+            "UPDATE messages SET content = CAST(replace(CAST(content AS TEXT), 'body', 'bodX') AS BLOB) WHERE id = 'bad'"
+        };
+        backend::execute(&url, flip).await;
+        let job = b.claim("w", LONG_LEASE).await.unwrap().expect("a job");
+        assert_eq!(job.id, "good", "{name}");
+        assert!(b.claim("w", LONG_LEASE).await.unwrap().is_none(), "{name}");
+        let bad = a.message("bad").await.unwrap().unwrap();
+        assert_eq!(bad.state, State::Failed, "{name}");
+        assert!(!bad.has_job, "{name}");
+        assert!(
+            bad.damage
+                .as_deref()
+                .unwrap_or_default()
+                .contains("checksum"),
+            "{name}: {:?}",
+            bad.damage
+        );
+        assert_eq!(a.queue_stats().await.unwrap().damaged, 1, "{name}");
     }
 }

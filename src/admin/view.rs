@@ -58,6 +58,7 @@ pub fn show_json(m: &StoredMessage, attempts: &[AttemptRow]) -> serde_json::Valu
         "upstream_reply": m.upstream_reply,
         "queued_job": m.has_job,
         "content_stored": m.content.is_some(),
+        "damage": m.damage,
         "attempts": attempts.iter().map(attempt_json).collect::<Vec<_>>(),
     })
 }

@@ -122,6 +122,22 @@ pub struct ReceivedLine<'a> {
     pub unix_time: i64,
 }
 
+/// A HELO name longer than any domain (RFC 1035: 255 octets) is cut to this in the trace
+/// line, so that the line stays far below the 998-octet limit of RFC 5322 §2.1.1.
+const TRACE_HELO_MAX: usize = 255;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn truncated(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 impl ReceivedLine<'_> {
     pub fn render(&self) -> String {
         let date = mail_parser::DateTime::from_timestamp(self.unix_time).to_rfc822();
@@ -132,7 +148,12 @@ impl ReceivedLine<'_> {
         };
         format!(
             "Received: from {} ([{}])\r\n\tby {} (idemrelay) with {} id {};\r\n\t{}\r\n",
-            self.helo, literal, self.hostname, self.protocol, self.id, date
+            truncated(self.helo, TRACE_HELO_MAX),
+            literal,
+            self.hostname,
+            self.protocol,
+            self.id,
+            date
         )
     }
 }
@@ -204,6 +225,24 @@ mod tests {
         }
         .render();
         assert!(line.starts_with("Received: from h ([IPv6:::1])"), "{line}");
+    }
+
+    #[test]
+    fn a_long_helo_is_cut_so_every_trace_line_fits_998_octets() {
+        let helo = format!("{}.example", "é".repeat(1000));
+        let line = ReceivedLine {
+            helo: &helo,
+            peer: "192.0.2.1".parse().unwrap(),
+            hostname: "relay.example",
+            protocol: "ESMTP",
+            id: "I",
+            unix_time: 0,
+        }
+        .render();
+        for part in line.split("\r\n") {
+            assert!(part.len() <= 998, "{} octets", part.len());
+        }
+        assert!(line.starts_with(&format!("Received: from {} ", "é".repeat(127))));
     }
 
     #[test]

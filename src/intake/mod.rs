@@ -375,8 +375,13 @@ impl Intake {
 
     fn answer_existing(&self, record: &NewRecord, key: &IdemKey, existing: &Existing) -> Decision {
         if existing.fingerprint == record.fingerprint {
+            let Some(original) = Reply::from_line(&existing.reply) else {
+                // What the client was first told is not known: fail closed, never a 250.
+                tracing::error!(target: "idemrelay::store", id = %existing.id, "stored reply unreadable; retry refused as store unavailable");
+                return Decision::refused(Reply::store_unavailable(), Outcome::Unavailable);
+            };
             Decision {
-                reply: stored_reply(&existing.reply).replayed(),
+                reply: original.replayed(),
                 outcome: Outcome::Replayed,
                 id: Some(existing.id.clone()),
             }
@@ -406,20 +411,18 @@ impl Decision {
     }
 
     fn inserted(record: &NewRecord) -> Self {
+        let (reply, outcome) = if record.state == State::Rejected {
+            (Reply::no_from_header(), Outcome::Rejected)
+        } else {
+            (Reply::queued(&record.id), Outcome::Accepted)
+        };
+        debug_assert_eq!(reply.line(), record.reply);
         Decision {
-            reply: stored_reply(&record.reply),
-            outcome: if record.state == State::Rejected {
-                Outcome::Rejected
-            } else {
-                Outcome::Accepted
-            },
+            reply,
+            outcome,
             id: Some(record.id.clone()),
         }
     }
-}
-
-fn stored_reply(line: &str) -> Reply {
-    Reply::from_line(line).unwrap_or_else(|| Reply::new(250, line.to_string()))
 }
 
 fn unavailable(err: &crate::store::StoreError) -> Decision {

@@ -114,6 +114,9 @@ pub struct StoredMessage {
     pub finished_at_ms: Option<i64>,
     /// The upstream's reply (or the relay's reason) for a terminal record.
     pub upstream_reply: Option<String>,
+    /// Why the stored body cannot be used (unreadable, or not matching its checksum): as
+    /// recorded when a claim found it, or as found by this read.
+    pub damage: Option<String>,
 }
 
 /// One record as listed by `queue list`.
@@ -241,6 +244,9 @@ pub enum StoreError {
     /// A spooled message body could not be written, synced or read.
     #[error("store spool: {0}")]
     Spool(String),
+    /// A stored body that cannot be forwarded: unreadable, or not matching its checksum.
+    #[error("stored body of {id} is damaged: {reason}")]
+    Damaged { id: String, reason: String },
 }
 
 #[async_trait]
@@ -359,6 +365,8 @@ pub struct QueueStats {
     /// Every state, zero included.
     pub by_state: Vec<(State, u64)>,
     pub oldest_queued_at_ms: Option<i64>,
+    /// Records failed because their stored body was damaged (each needs an operator).
+    pub damaged: u64,
 }
 
 /// The UTC calendar day of a Unix time in milliseconds, as `YYYY-MM-DD`.
@@ -412,6 +420,7 @@ pub async fn open(url: &str, busy_timeout: Duration) -> Result<Arc<dyn Store>, S
 pub(crate) fn queue_stats(
     counts: impl IntoIterator<Item = (String, i64)>,
     oldest_queued_at_ms: Option<i64>,
+    damaged: i64,
 ) -> QueueStats {
     let mut by_state: Vec<(State, u64)> = [State::Queued]
         .into_iter()
@@ -426,7 +435,25 @@ pub(crate) fn queue_stats(
     QueueStats {
         by_state,
         oldest_queued_at_ms,
+        damaged: damaged.max(0) as u64,
     }
+}
+
+/// The checksum stored with every body and checked on every read before a byte of it goes
+/// upstream.
+pub(crate) fn body_checksum(body: &[u8]) -> [u8; 32] {
+    *blake3::hash(body).as_bytes()
+}
+
+/// The reply a damaged record keeps as its outcome, and the ALERT an operator acts on.
+pub(crate) fn report_damage(id: &str, reason: &str) -> String {
+    tracing::error!(
+        target: "idemrelay::store",
+        id,
+        reason,
+        "ALERT stored body damaged; record failed, not forwarded (see README: damaged records)"
+    );
+    format!("stored body damaged ({reason}); not forwarded")
 }
 
 /// Why a record cannot be requeued, if it cannot: only `failed`, and `unresolved` with the

@@ -39,6 +39,11 @@ const MIGRATIONS: Steps = &[
         "claim_by_scope",
         include_str!("../../migrations/postgres/0004_claim_by_scope.sql"),
     ),
+    (
+        5,
+        "body_integrity",
+        include_str!("../../migrations/postgres/0005_body_integrity.sql"),
+    ),
 ];
 
 const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
@@ -75,15 +80,89 @@ impl PostgresStore {
 }
 
 /// A commit must be on disk before its 250: `synchronous_commit=off` would acknowledge
-/// commits a crash can still lose. Stronger settings (remote_write, remote_apply, which
-/// wait for synchronous replicas) are kept as the operator set them.
+/// commits a crash can still lose, and `local` does not wait for synchronous replicas. The
+/// level is set on every connection, even when the server's is already durable: a session's
+/// own setting outlives a later reload of the server's configuration, which would otherwise
+/// apply to this session too. Stronger settings (remote_write, remote_apply) are kept.
 async fn durable_commits(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     let mode: String = sqlx::query_scalar("SHOW synchronous_commit")
         .fetch_one(&mut *conn)
         .await?;
-    if mode == "off" {
-        conn.execute("SET synchronous_commit = on").await?;
+    conn.execute(durable_commit_statement(&mode)).await?;
+    Ok(())
+}
+
+/// The `SET` for a connection whose server-side level is `mode`.
+fn durable_commit_statement(mode: &str) -> &'static str {
+    match mode {
+        "remote_apply" => "SET synchronous_commit = remote_apply",
+        "remote_write" => "SET synchronous_commit = remote_write",
+        _ => "SET synchronous_commit = on",
     }
+}
+
+/// A claim that finds damaged bodies marks them and goes on, up to this many per claim.
+const DAMAGED_PER_CLAIM: usize = 16;
+
+/// Leases the head of the first scope in turn order with a due job (see migration 4) and
+/// sends that scope to the back of the turns.
+async fn lease_next(
+    conn: &mut PgConnection,
+    owner: &str,
+    lease: Duration,
+    now: i64,
+) -> Result<Option<(String, String)>, StoreError> {
+    let row = sqlx::query("SELECT job_id, job_scope FROM idemrelay_claim_head($1)")
+        .bind(now)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let id: String = row.try_get("job_id")?;
+    let scope: String = row.try_get("job_scope")?;
+    sqlx::query(
+        "INSERT INTO scope_turns (scope, turn) VALUES ($1, nextval('scope_turn_seq'))
+         ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
+    )
+    .bind(&scope)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE delivery_jobs
+         SET lease_owner = $1, lease_until = $2, lease_token = lease_token + 1
+         WHERE message_id = $3",
+    )
+    .bind(owner)
+    .bind(now.saturating_add(retention_ms(lease)))
+    .bind(&id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(Some((id, scope)))
+}
+
+/// A record whose body cannot be used is failed with the reason, so that it is never
+/// forwarded; an open intent stays on record as UNKNOWN (closed by the claim before this).
+async fn mark_damaged(
+    conn: &mut PgConnection,
+    id: &str,
+    reason: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE messages SET state = 'failed', damage = $1, upstream_reply = $2, finished_at = $3
+         WHERE id = $4",
+    )
+    .bind(reason)
+    .bind(super::report_damage(id, reason))
+    .bind(now)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM delivery_jobs WHERE message_id = $1")
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -101,8 +180,9 @@ async fn insert_message(
 ) -> Result<u64, StoreError> {
     Ok(sqlx::query(
         "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
-            rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+            rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
+            content_hash)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
          ON CONFLICT (scope, idem_key) DO NOTHING",
     )
     .bind(&record.id)
@@ -120,6 +200,12 @@ async fn insert_message(
     .bind(&record.reply)
     .bind(now)
     .bind(&record.dsn_of)
+    .bind(
+        record
+            .content
+            .as_deref()
+            .map(|body| super::body_checksum(body).to_vec()),
+    )
     .execute(&mut *conn)
     .await?
     .rows_affected())
@@ -287,50 +373,40 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let now = db_now(&mut tx).await?;
-        // The head of the first scope in turn order with a due job, locked (see migration 4).
-        let row = sqlx::query("SELECT job_id, job_scope FROM idemrelay_claim_head($1)")
-            .bind(now)
-            .fetch_optional(&mut *tx)
+        // A damaged body is marked in a commit of its own and the claim goes on to the next
+        // job, so one bad record never blocks the queue.
+        for _ in 0..DAMAGED_PER_CLAIM {
+            let mut tx = self.pool.begin().await?;
+            let now = db_now(&mut tx).await?;
+            let Some((id, scope)) = lease_next(&mut tx, owner, lease, now).await? else {
+                tx.rollback().await?;
+                return Ok(None);
+            };
+            let recovered = close_open_intents(&mut tx, &id, now).await? > 0;
+            let m = sqlx::query(
+                "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
+                        m.content_hash, m.accepted_at, j.first_attempt_at, j.lease_token,
+                        (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
+                        EXISTS (SELECT 1 FROM attempts a
+                                WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
+                 FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = $1",
+            )
+            .bind(&id)
+            .fetch_one(&mut *tx)
             .await?;
-        let Some(row) = row else {
-            tx.rollback().await?;
-            return Ok(None);
-        };
-        let id: String = row.try_get("job_id")?;
-        let scope: String = row.try_get("job_scope")?;
-        sqlx::query(
-            "INSERT INTO scope_turns (scope, turn) VALUES ($1, nextval('scope_turn_seq'))
-             ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
-        )
-        .bind(&scope)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE delivery_jobs
-             SET lease_owner = $1, lease_until = $2, lease_token = lease_token + 1
-             WHERE message_id = $3",
-        )
-        .bind(owner)
-        .bind(now.saturating_add(retention_ms(lease)))
-        .bind(&id)
-        .execute(&mut *tx)
-        .await?;
-        let recovered = close_open_intents(&mut tx, &id, now).await? > 0;
-        let m = sqlx::query(
-            "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
-                    m.accepted_at, j.first_attempt_at, j.lease_token,
-                    (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
-                    EXISTS (SELECT 1 FROM attempts a
-                            WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
-             FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = $1",
-        )
-        .bind(&id)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(Some(rows::claimed(&m, id, scope, recovered, now)?))
+            match rows::claimed(&m, id, scope, recovered, now) {
+                Err(StoreError::Damaged { id, reason }) => {
+                    mark_damaged(&mut tx, &id, &reason, now).await?;
+                    tx.commit().await?;
+                }
+                claimed => {
+                    let claimed = claimed?;
+                    tx.commit().await?;
+                    return Ok(Some(claimed));
+                }
+            }
+        }
+        Ok(None)
     }
 
     async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError> {
@@ -568,7 +644,8 @@ impl Store for PostgresStore {
             return Ok(refusal);
         }
         sqlx::query(
-            "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL
+            "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL,
+                damage = NULL
              WHERE id = $1",
         )
         .bind(id)
@@ -694,7 +771,11 @@ impl Store for PostgresStore {
             sqlx::query_scalar("SELECT MIN(accepted_at) FROM messages WHERE state = 'queued'")
                 .fetch_one(&self.pool)
                 .await?;
-        Ok(super::queue_stats(counts, oldest))
+        let damaged: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE damage IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(super::queue_stats(counts, oldest, damaged))
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
@@ -705,5 +786,65 @@ impl Store for PostgresStore {
                 .fetch_optional(&self.pool)
                 .await?,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_levels_are_at_least_on_and_stronger_ones_are_kept() {
+        for (server, set) in [
+            ("off", "SET synchronous_commit = on"),
+            ("local", "SET synchronous_commit = on"),
+            ("on", "SET synchronous_commit = on"),
+            ("remote_write", "SET synchronous_commit = remote_write"),
+            ("remote_apply", "SET synchronous_commit = remote_apply"),
+        ] {
+            assert_eq!(durable_commit_statement(server), set, "{server}");
+        }
+    }
+
+    /// A level the session set itself is not changed by a later reload of the server's
+    /// configuration; one it only inherited is.
+    #[tokio::test]
+    async fn every_connection_sets_its_commit_level_itself() {
+        let Some(base) = std::env::var("IDEMRELAY_TEST_POSTGRES")
+            .ok()
+            .filter(|u| !u.is_empty())
+        else {
+            eprintln!("SKIPPED every_connection_sets_its_commit_level_itself: set IDEMRELAY_TEST_POSTGRES");
+            return;
+        };
+        let schema = format!("t_commit_level_{}", fastrand::u32(..));
+        let mut admin = PgConnection::connect(&base).await.unwrap();
+        admin
+            .execute(format!("CREATE SCHEMA {schema}").as_str())
+            .await
+            .unwrap();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options[search_path]={schema}");
+        let store = PostgresStore::open(&url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let mut conn = store.pool.acquire().await.unwrap();
+            let (setting, source): (String, String) = sqlx::query_as(
+                "SELECT setting, source FROM pg_settings WHERE name = 'synchronous_commit'",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+            assert_eq!((setting.as_str(), source.as_str()), ("on", "session"));
+            held.push(conn);
+        }
+        drop(held);
+        store.pool.close().await;
+        admin
+            .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+            .await
+            .unwrap();
     }
 }

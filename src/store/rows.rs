@@ -90,9 +90,42 @@ pub(crate) fn existing(row: &impl Columns) -> Result<Existing, StoreError> {
     })
 }
 
+/// The body, read (from the spool, when it is there) and checked against its checksum.
+/// Columns: content, content_hash (and what `WithSpool` needs).
+pub(crate) fn content(row: &impl Columns, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    let damaged = |reason: String| StoreError::Damaged {
+        id: id.to_string(),
+        reason,
+    };
+    let body = match row.opt_bytes("content") {
+        Ok(body) => body,
+        Err(StoreError::Spool(reason)) => return Err(damaged(reason)),
+        Err(err) => return Err(err),
+    };
+    let Some(body) = body else {
+        return Ok(None);
+    };
+    let Some(stored) = row.opt_bytes("content_hash")? else {
+        // A row from before checksums were kept.
+        return Ok(Some(body));
+    };
+    if stored.as_slice() != super::body_checksum(&body) {
+        return Err(damaged(format!(
+            "checksum mismatch over {} bytes",
+            body.len()
+        )));
+    }
+    Ok(Some(body))
+}
+
 /// Columns: every column of `messages`, plus has_job.
 pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreError> {
     let existing = existing(row)?;
+    let (content, damage) = match content(row, &existing.id) {
+        Ok(content) => (content, row.opt_text("damage")?),
+        Err(StoreError::Damaged { reason, .. }) => (None, Some(reason)),
+        Err(err) => return Err(err),
+    };
     Ok(StoredMessage {
         id: existing.id,
         scope: row.text("scope")?,
@@ -101,7 +134,8 @@ pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreE
         fingerprint: existing.fingerprint,
         mail_from: row.text("mail_from")?,
         rcpt_to: recipients(row)?,
-        content: row.opt_bytes("content")?,
+        content,
+        damage,
         state: existing.state,
         reply: existing.reply,
         accepted_at_ms: row.int("accepted_at")?,
@@ -111,7 +145,7 @@ pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreE
     })
 }
 
-/// Columns: idem_key, mail_from, rcpt_to, body_type, smtputf8, content, accepted_at,
+/// Columns: idem_key, mail_from, rcpt_to, body_type, smtputf8, content, content_hash, accepted_at,
 /// first_attempt_at, lease_token, attempts, any_unknown.
 pub(crate) fn claimed(
     row: &impl Columns,
@@ -121,7 +155,7 @@ pub(crate) fn claimed(
     now_ms: i64,
 ) -> Result<Claimed, StoreError> {
     Ok(Claimed {
-        content: row.opt_bytes("content")?.ok_or(StoreError::Corrupt {
+        content: content(row, &id)?.ok_or(StoreError::Corrupt {
             id: id.clone(),
             what: "queued message without content",
         })?,

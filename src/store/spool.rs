@@ -4,7 +4,8 @@
 //! checksum, all on the one writer thread: at 100 KB that thread and the disk were the limit.
 //! A spooled body is written once, in one write, and made durable by one `fdatasync` of its
 //! segment per batch, before the batch's COMMIT: a committed row never points at bytes that
-//! are not on disk.
+//! are not on disk. Every row also carries the body's blake3 checksum (see `rows`), checked
+//! before a byte of it is forwarded.
 //!
 //! Segments only grow; the writer seals one at a batch boundary once it is large, and a new
 //! process starts a new one (so a torn tail is never appended to). The writer holds an
@@ -12,10 +13,17 @@
 //! appended has ended: a segment anyone else can lock has every row pointing into it
 //! committed, and gets no new ones. Such a segment that no committed row points at any more
 //! (retention purged them) is removed, by this process or another (`queue purge`).
+//!
+//! A segment gets its name only once its writer holds it: it is created under a temporary
+//! name of its own, locked, and then linked to the first free segment id (`link` fails on a
+//! taken name, so processes sharing a store never share a segment), and the temporary name
+//! is dropped. A collector therefore never sees an unlocked segment that is about to receive
+//! bodies, and a failed step leaves nothing that blocks the next try.
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::rows::Columns;
@@ -27,6 +35,15 @@ pub const SPOOL_MIN: usize = 32 * 1024;
 
 /// A segment is sealed (and a new one begun) once it holds this much.
 const SEGMENT_MAX: u64 = 64 * 1024 * 1024;
+
+/// Creating a segment gives up after this many lost races (another process took the id, or
+/// a collector removed the temporary file): each one means someone else made progress.
+const CREATE_TRIES: usize = 64;
+
+const SEGMENT_SUFFIX: &str = ".seg";
+/// Temporary files: `.new-<nonce>.tmp`, never parsed as segments.
+const TEMP_PREFIX: &str = ".new-";
+const TEMP_SUFFIX: &str = ".tmp";
 
 /// Where a spooled body is: segment and byte offset (its length is the record's size).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,12 +60,18 @@ struct Segment {
     dirty: bool,
 }
 
+/// A test's step between creating a temporary file and locking it; an error fails the step.
+#[cfg(test)]
+type CreateHook = Box<dyn FnMut(&Path) -> std::io::Result<()> + Send>;
+
 /// The writer's side: appends, syncs before each commit, seals after one.
 pub struct Spool {
     dir: PathBuf,
-    next_id: i64,
     /// Locked (exclusively) for as long as it is open.
     current: Option<Segment>,
+    /// Runs between creating a segment's temporary file and locking it (tests only).
+    #[cfg(test)]
+    after_create: Option<CreateHook>,
 }
 
 /// The readers' side, for any thread.
@@ -57,12 +80,15 @@ pub struct SpoolReader {
     dir: PathBuf,
 }
 
-/// Segments locked by the garbage collector: sealed, so whatever points into them is
-/// committed.
-pub struct Sealed(Vec<(i64, File)>);
+/// Files locked by the garbage collector: sealed segments (whatever points into them is
+/// committed) and temporary files no writer holds.
+pub struct Sealed {
+    segments: Vec<(i64, File)>,
+    temporaries: Vec<(PathBuf, File)>,
+}
 
 fn segment_path(dir: &Path, id: i64) -> PathBuf {
-    dir.join(format!("{id:016}.seg"))
+    dir.join(format!("{id:016}{SEGMENT_SUFFIX}"))
 }
 
 fn segment_ids(dir: &Path) -> std::io::Result<Vec<i64>> {
@@ -70,16 +96,53 @@ fn segment_ids(dir: &Path) -> std::io::Result<Vec<i64>> {
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name();
         let name = name.to_string_lossy();
-        if let Some(id) = name.strip_suffix(".seg").and_then(|n| n.parse().ok()) {
+        if let Some(id) = name
+            .strip_suffix(SEGMENT_SUFFIX)
+            .and_then(|n| n.parse().ok())
+        {
             ids.push(id);
         }
     }
     Ok(ids)
 }
 
+fn temporaries(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(TEMP_PREFIX) && name.ends_with(TEMP_SUFFIX) {
+            found.push(entry.path());
+        }
+    }
+    Ok(found)
+}
+
+/// The directory holding `path`; a bare file name's parent is the empty path, which names no
+/// directory: it is the working directory.
+pub fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
+}
+
 /// Makes a directory entry (a new file, or the directory itself) durable.
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// Whether `path` still names the file open as `file`: only then may a collector holding
+/// `file`'s lock unlink the name (another collector may have removed it, and a writer given
+/// the id since).
+fn names_same_file(path: &Path, file: &File) -> std::io::Result<bool> {
+    let held = file.metadata()?;
+    match std::fs::metadata(path) {
+        Ok(named) => Ok(named.dev() == held.dev() && named.ino() == held.ino()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 impl Spool {
@@ -88,41 +151,106 @@ impl Spool {
     pub fn open(dir: &Path) -> std::io::Result<(Spool, SpoolReader)> {
         if !dir.exists() {
             std::fs::create_dir_all(dir)?;
-            if let Some(parent) = dir.parent() {
-                sync_dir(parent)?;
-            }
+            sync_dir(parent_dir(dir))?;
         }
-        let next_id = segment_ids(dir)?.into_iter().max().map_or(1, |id| id + 1);
         let reader = SpoolReader {
             dir: dir.to_path_buf(),
         };
         let spool = Spool {
             dir: dir.to_path_buf(),
-            next_id,
             current: None,
+            #[cfg(test)]
+            after_create: None,
         };
         Ok((spool, reader))
+    }
+
+    /// A new segment after every existing one, locked before it has its name (see the
+    /// module's comment). On an error nothing of it is left behind.
+    fn create_segment(&mut self) -> std::io::Result<Segment> {
+        for _ in 0..CREATE_TRIES {
+            let temp = self.dir.join(format!(
+                "{TEMP_PREFIX}{}-{:016x}{TEMP_SUFFIX}",
+                std::process::id(),
+                fastrand::u64(..)
+            ));
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&temp)?;
+            #[cfg(test)]
+            if let Some(hook) = self.after_create.as_mut() {
+                if let Err(e) = hook(&temp) {
+                    let _ = std::fs::remove_file(&temp);
+                    return Err(e);
+                }
+            }
+            match file.try_lock() {
+                Ok(()) => {}
+                // A collector took the unnamed file for a stale one; it removes it.
+                Err(std::fs::TryLockError::WouldBlock) => continue,
+                Err(std::fs::TryLockError::Error(e)) => {
+                    let _ = std::fs::remove_file(&temp);
+                    return Err(e);
+                }
+            }
+            match self.name_segment(&temp) {
+                Ok(Some(id)) => {
+                    return Ok(Segment {
+                        id,
+                        file,
+                        len: 0,
+                        dirty: false,
+                    })
+                }
+                // The temporary file was removed by a collector before the lock: start over.
+                Ok(None) => continue,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&temp);
+                    return Err(e);
+                }
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "no segment could be created in {} after {CREATE_TRIES} tries",
+            self.dir.display()
+        )))
+    }
+
+    /// Links the locked temporary file to the first free id and makes that durable. `None`
+    /// when the temporary file is gone.
+    fn name_segment(&self, temp: &Path) -> std::io::Result<Option<i64>> {
+        let mut id = segment_ids(&self.dir)?
+            .into_iter()
+            .max()
+            .map_or(1, |id| id + 1);
+        loop {
+            let path = segment_path(&self.dir, id);
+            match std::fs::hard_link(temp, &path) {
+                Ok(()) => {}
+                // Taken by another process meanwhile.
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    id += 1;
+                    continue;
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            }
+            let durable = std::fs::remove_file(temp).and_then(|()| sync_dir(&self.dir));
+            if let Err(e) = durable {
+                // Nothing points into it yet and we hold its lock: the name can go.
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+            return Ok(Some(id));
+        }
     }
 
     /// Appends a body; durable only after the next `sync`.
     pub fn append(&mut self, body: &[u8]) -> std::io::Result<Location> {
         if self.current.is_none() {
-            let id = self.next_id;
-            let path = segment_path(&self.dir, id);
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&path)?;
-            file.lock()?;
-            sync_dir(&self.dir)?;
-            self.next_id += 1;
-            self.current = Some(Segment {
-                id,
-                file,
-                len: 0,
-                dirty: false,
-            });
+            self.current = Some(self.create_segment()?);
         }
         let segment = self.current.as_mut().expect("a segment is open");
         // At the recorded length, not the file's end: a failed earlier append may have left
@@ -175,40 +303,65 @@ impl SpoolReader {
         Ok(body)
     }
 
-    /// Locks every segment no writer holds. Ask which segments rows point at only after
-    /// this: a segment's last rows were committed before its writer let go of it.
+    /// Locks every segment no writer holds, and every temporary file no writer holds (left
+    /// by a writer that died between creating and naming a segment). Ask which segments rows
+    /// point at only after this: a segment's last rows were committed before its writer let
+    /// go of it.
     pub fn lock_sealed(&self) -> std::io::Result<Sealed> {
-        let mut sealed = Vec::new();
+        let mut sealed = Sealed {
+            segments: Vec::new(),
+            temporaries: Vec::new(),
+        };
         for id in segment_ids(&self.dir)? {
-            let file = match File::open(segment_path(&self.dir, id)) {
-                Ok(file) => file,
-                // Removed meanwhile by another collector.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            match file.try_lock() {
-                Ok(()) => sealed.push((id, file)),
-                Err(std::fs::TryLockError::WouldBlock) => {}
-                Err(std::fs::TryLockError::Error(e)) => return Err(e),
+            if let Some(file) = try_lock_path(&segment_path(&self.dir, id))? {
+                sealed.segments.push((id, file));
             }
         }
-        Ok(Sealed(sealed))
+        for path in temporaries(&self.dir)? {
+            if let Some(file) = try_lock_path(&path)? {
+                sealed.temporaries.push((path, file));
+            }
+        }
+        Ok(sealed)
     }
 
-    /// Removes the locked segments that no committed row points at; returns how many.
+    /// Removes the locked segments that no committed row points at, and the locked
+    /// temporary files; returns how many segments.
     pub fn remove_unreferenced(
         &self,
         sealed: Sealed,
         referenced: &HashSet<i64>,
     ) -> std::io::Result<usize> {
         let mut removed = 0;
-        for (id, _lock) in sealed.0 {
-            if !referenced.contains(&id) {
-                std::fs::remove_file(segment_path(&self.dir, id))?;
+        for (id, lock) in sealed.segments {
+            let path = segment_path(&self.dir, id);
+            if !referenced.contains(&id) && names_same_file(&path, &lock)? {
+                std::fs::remove_file(path)?;
                 removed += 1;
             }
         }
+        for (path, lock) in sealed.temporaries {
+            // A writer that finds its temporary file gone starts over.
+            if names_same_file(&path, &lock)? {
+                std::fs::remove_file(path)?;
+            }
+        }
         Ok(removed)
+    }
+}
+
+/// The file at `path`, locked, or `None` when someone else holds it or it is gone.
+fn try_lock_path(path: &Path) -> std::io::Result<Option<File>> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        // Removed meanwhile by another collector.
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
     }
 }
 
@@ -264,7 +417,7 @@ mod tests {
     use super::*;
 
     fn ids(sealed: &Sealed) -> Vec<i64> {
-        let mut ids: Vec<i64> = sealed.0.iter().map(|(id, _)| *id).collect();
+        let mut ids: Vec<i64> = sealed.segments.iter().map(|(id, _)| *id).collect();
         ids.sort();
         ids
     }
@@ -326,5 +479,118 @@ mod tests {
         spool.after_batch();
         assert_eq!(ids(&reader.lock_sealed().unwrap()), [1]);
         assert_eq!(spool.append(b"z").unwrap().segment, 2);
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A collector that lists the directory between the writer's create and its lock.
+    #[test]
+    fn a_collector_between_create_and_lock_cannot_take_the_new_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spool");
+        let (mut spool, reader) = Spool::open(&path).unwrap();
+        let (_, collector) = Spool::open(&path).unwrap();
+        let mut once = Some(collector);
+        spool.after_create = Some(Box::new(move |_| {
+            if let Some(collector) = once.take() {
+                let sealed = collector.lock_sealed().unwrap();
+                collector
+                    .remove_unreferenced(sealed, &HashSet::new())
+                    .unwrap();
+            }
+            Ok(())
+        }));
+        let at = spool.append(b"acknowledged body").unwrap();
+        spool.sync().unwrap();
+        assert_eq!(names(&path), ["0000000000000001.seg"]);
+        // The writer holds it: a collector now can neither lock nor remove it.
+        assert!(ids(&reader.lock_sealed().unwrap()).is_empty());
+        assert_eq!(reader.read(at, 17).unwrap(), b"acknowledged body");
+        drop(spool);
+        let (_, after_restart) = Spool::open(&path).unwrap();
+        assert_eq!(after_restart.read(at, 17).unwrap(), b"acknowledged body");
+    }
+
+    /// A collector that locked the unnamed file first: the writer starts over with another.
+    #[test]
+    fn a_temporary_file_held_by_a_collector_is_given_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spool");
+        let (mut spool, reader) = Spool::open(&path).unwrap();
+        let held = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let slot = held.clone();
+        spool.after_create = Some(Box::new(move |_| {
+            let mut slot = slot.lock().unwrap();
+            if slot.is_none() {
+                *slot = Some(reader.lock_sealed().unwrap());
+            }
+            Ok(())
+        }));
+        let at = spool.append(b"body").unwrap();
+        spool.sync().unwrap();
+        let sealed = held.lock().unwrap().take().unwrap();
+        assert_eq!(sealed.temporaries.len(), 1);
+        let (_, collector) = Spool::open(&path).unwrap();
+        collector
+            .remove_unreferenced(sealed, &HashSet::new())
+            .unwrap();
+        assert_eq!(names(&path), ["0000000000000001.seg"]);
+        assert_eq!(collector.read(at, 4).unwrap(), b"body");
+    }
+
+    /// Two processes (the relay and `queue` or `sendmail`) on one store.
+    #[test]
+    fn two_writers_on_one_directory_never_share_a_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spool");
+        let (mut first, reader) = Spool::open(&path).unwrap();
+        let (mut second, _) = Spool::open(&path).unwrap();
+        let a = first.append(b"from the first").unwrap();
+        let b = second.append(b"from the second").unwrap();
+        first.sync().unwrap();
+        second.sync().unwrap();
+        assert_ne!(a.segment, b.segment);
+        assert_eq!(reader.read(a, 14).unwrap(), b"from the first");
+        assert_eq!(reader.read(b, 15).unwrap(), b"from the second");
+    }
+
+    /// Another process takes the id the writer computed, and one creation fails outright:
+    /// neither blocks the next append.
+    #[test]
+    fn a_taken_id_or_a_failed_step_does_not_block_later_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spool");
+        let (mut spool, reader) = Spool::open(&path).unwrap();
+        let mut step = 0;
+        let spool_dir = path.clone();
+        spool.after_create = Some(Box::new(move |_| {
+            step += 1;
+            match step {
+                1 => Err(std::io::Error::other("injected lock failure")),
+                // Someone names segment 1 between our scan and our link.
+                2 => std::fs::write(segment_path(&spool_dir, 1), b"").map(|_| ()),
+                _ => Ok(()),
+            }
+        }));
+        assert!(spool.append(b"refused").is_err());
+        assert_eq!(names(&path), Vec::<String>::new(), "nothing left behind");
+        let at = spool.append(b"accepted").unwrap();
+        spool.sync().unwrap();
+        assert_eq!(at.segment, 2);
+        assert_eq!(reader.read(at, 8).unwrap(), b"accepted");
+    }
+
+    #[test]
+    fn a_bare_file_name_lives_in_the_working_directory() {
+        assert_eq!(parent_dir(Path::new("idemrelay.db.spool")), Path::new("."));
+        assert_eq!(parent_dir(Path::new("data/x.db")), Path::new("data"));
+        assert_eq!(parent_dir(Path::new("/x.db")), Path::new("/"));
     }
 }

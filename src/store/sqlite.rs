@@ -54,6 +54,11 @@ const MIGRATIONS: Steps = &[
         "spool",
         include_str!("../../migrations/sqlite/0006_spool.sql"),
     ),
+    (
+        7,
+        "body_integrity",
+        include_str!("../../migrations/sqlite/0007_body_integrity.sql"),
+    ),
 ];
 
 pub struct SqliteStore {
@@ -429,7 +434,11 @@ impl Store for SqliteStore {
             sqlx::query_scalar("SELECT MIN(accepted_at) FROM messages WHERE state = 'queued'")
                 .fetch_one(&self.pool)
                 .await?;
-        Ok(super::queue_stats(counts, oldest))
+        let damaged: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE damage IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(super::queue_stats(counts, oldest, damaged))
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
@@ -597,6 +606,106 @@ mod tests {
             store.message("m3").await.unwrap().unwrap().content,
             large("m3", "k3", b'c').content
         );
+    }
+
+    /// Flips one byte of a stored body where it lives: in its spool segment or inline.
+    async fn flip_a_byte(store: &SqliteStore, dir: &tempfile::TempDir, id: &str) {
+        let (segment, offset): (Option<i64>, Option<i64>) =
+            sqlx::query_as("SELECT spool_segment, spool_offset FROM messages WHERE id = ?")
+                .bind(id)
+                .fetch_one(&store.pool)
+                .await
+                .unwrap();
+        match (segment, offset) {
+            (Some(segment), Some(offset)) => {
+                use std::os::unix::fs::FileExt;
+                let path = dir.path().join(format!("t.db.spool/{segment:016}.seg"));
+                let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                file.write_all_at(b"X", offset as u64 + 100).unwrap();
+            }
+            _ => {
+                sqlx::query(
+                    "UPDATE messages SET content = CAST(replace(CAST(content AS TEXT), 'body', 'bodY') AS BLOB) WHERE id = ?",
+                )
+                .bind(id)
+                .execute(&store.pool)
+                .await
+                .unwrap();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_damaged_body_is_marked_failed_never_handed_out_and_the_queue_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        let retention = Duration::from_secs(3600);
+        store
+            .insert(&large("torn", "k1", b'a'), retention)
+            .await
+            .unwrap();
+        store
+            .insert(&record("flipped", "k2"), retention)
+            .await
+            .unwrap();
+        store
+            .insert(&large("gone", "k3", b'c'), retention)
+            .await
+            .unwrap();
+        store
+            .insert(&record("good", "k4"), retention)
+            .await
+            .unwrap();
+        flip_a_byte(&store, &dir, "torn").await;
+        flip_a_byte(&store, &dir, "flipped").await;
+        // A body that points past the end of its segment (a torn tail) cannot be read.
+        let offset: i64 = sqlx::query_scalar("SELECT spool_offset FROM messages WHERE id = 'gone'")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE messages SET spool_offset = 1000000 WHERE id = 'gone'")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+
+        let job = store.claim("w", LEASE).await.unwrap().unwrap();
+        assert_eq!(
+            job.id, "good",
+            "the damaged records are skipped, not blocking"
+        );
+        assert!(store.claim("w", LEASE).await.unwrap().is_none());
+        for (id, reason) in [
+            ("torn", "checksum mismatch"),
+            ("flipped", "checksum mismatch"),
+            ("gone", "segment 1 at 1000000"),
+        ] {
+            let m = store.message(id).await.unwrap().unwrap();
+            assert_eq!(m.state, State::Failed, "{id}");
+            assert!(!m.has_job, "{id}");
+            let damage = m.damage.unwrap_or_default();
+            assert!(damage.contains(reason), "{id}: {damage}");
+            assert!(
+                m.upstream_reply
+                    .unwrap_or_default()
+                    .contains("not forwarded"),
+                "{id}"
+            );
+        }
+        assert_eq!(store.queue_stats().await.unwrap().damaged, 3);
+        // Once an operator has restored the body, a requeue clears the mark.
+        sqlx::query("UPDATE messages SET spool_offset = ? WHERE id = 'gone'")
+            .bind(offset)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.requeue("gone", false).await.unwrap(),
+            Requeue::Requeued
+        );
+        let again = store.claim("w", LEASE).await.unwrap().unwrap();
+        assert_eq!(again.id, "gone");
+        assert_eq!(Some(again.content), large("gone", "k3", b'c').content);
+        assert_eq!(store.message("gone").await.unwrap().unwrap().damage, None);
     }
 
     /// Claims `id` and settles one attempt with `outcome` into `settle`.

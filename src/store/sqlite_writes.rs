@@ -9,9 +9,13 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::spool::{Spool, SpoolReader, WithSpool, SPOOL_MIN};
 use super::{
-    now_ms, requeue_refusal, retention_ms, rows, AttemptResult, Claimed, Insert, NewRecord,
-    Requeue, Settle, State, StoreError,
+    body_checksum, now_ms, report_damage, requeue_refusal, retention_ms, rows, AttemptResult,
+    Claimed, Insert, NewRecord, Requeue, Settle, State, StoreError,
 };
+
+/// A claim that finds damaged bodies marks them and goes on to the next job, up to this many
+/// per claim (the next claim continues).
+const DAMAGED_PER_CLAIM: usize = 16;
 
 const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
 
@@ -43,12 +47,13 @@ fn insert_message(
         }
         body => (body, None),
     };
+    let checksum = record.content.as_deref().map(body_checksum);
     Ok(conn
         .prepare_cached(
             "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                 rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
-                spool_segment, spool_offset)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                spool_segment, spool_offset, content_hash)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (scope, idem_key) DO NOTHING",
         )?
         .execute(params![
@@ -69,6 +74,7 @@ fn insert_message(
             record.dsn_of,
             spooled.map(|at| at.segment),
             spooled.map(|at| at.offset),
+            checksum.as_ref().map(|c| &c[..]),
         ])?)
 }
 
@@ -144,7 +150,7 @@ pub fn purge_expired(conn: &Connection, retention: Duration) -> Result<u64, Stor
 }
 
 const CLAIM_DETAILS: &str = "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type,
-        m.smtputf8, m.content, m.spool_segment, m.spool_offset, m.size, m.accepted_at, j.first_attempt_at, j.lease_token,
+        m.smtputf8, m.content, m.content_hash, m.spool_segment, m.spool_offset, m.size, m.accepted_at, j.first_attempt_at, j.lease_token,
         (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
         EXISTS (SELECT 1 FROM attempts a
                 WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown,
@@ -159,9 +165,27 @@ pub fn claim(
     lease: Duration,
 ) -> Result<Option<Claimed>, StoreError> {
     let now = now_ms();
-    // One statement finds the head of the next scope's queue (an index probe per scope) and
-    // leases it; a trigger moves that scope to the back of the turns.
-    let leased = conn
+    for _ in 0..DAMAGED_PER_CLAIM {
+        let Some((id, scope)) = lease_next(conn, owner, lease, now)? else {
+            return Ok(None);
+        };
+        match claim_details(conn, spool, id, scope, now) {
+            Err(StoreError::Damaged { id, reason }) => mark_damaged(conn, &id, &reason, now)?,
+            claimed => return claimed.map(Some),
+        }
+    }
+    Ok(None)
+}
+
+/// Leases the head of the next scope's queue: one statement (an index probe per scope); a
+/// trigger moves that scope to the back of the turns.
+fn lease_next(
+    conn: &Connection,
+    owner: &str,
+    lease: Duration,
+    now: i64,
+) -> Result<Option<(String, String)>, StoreError> {
+    Ok(conn
         .prepare_cached(
             "UPDATE delivery_jobs
              SET lease_owner = ?2, lease_until = ?3, lease_token = lease_token + 1
@@ -184,10 +208,17 @@ pub fn claim(
             params![now, owner, now.saturating_add(retention_ms(lease))],
             |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
         )
-        .optional()?;
-    let Some((id, scope)) = leased else {
-        return Ok(None);
-    };
+        .optional()?)
+}
+
+/// The leased job's message, its body checked, and the facts of its ledger.
+fn claim_details(
+    conn: &Connection,
+    spool: &SpoolReader,
+    id: String,
+    scope: String,
+    now: i64,
+) -> Result<Claimed, StoreError> {
     let details = |recovered: bool| {
         conn.prepare_cached(CLAIM_DETAILS)?
             .query_row([&id], |row| {
@@ -206,13 +237,26 @@ pub fn claim(
     };
     let (open_intent, claimed) = details(false)?;
     if !open_intent {
-        return Ok(Some(claimed?));
+        return claimed;
     }
     // Rare: a worker lost this lease with its attempt open. Closing it as UNKNOWN changes the
     // ledger just read, so it is read again.
     let recovered = close_open_intents(conn, &id, now)? > 0;
-    let (_, claimed) = details(recovered)?;
-    Ok(Some(claimed?))
+    details(recovered)?.1
+}
+
+/// A record whose body cannot be used is failed with the reason, in this commit, so that it
+/// never blocks the queue and is never forwarded; an open intent stays on record as UNKNOWN.
+fn mark_damaged(conn: &Connection, id: &str, reason: &str, now: i64) -> Result<(), StoreError> {
+    close_open_intents(conn, id, now)?;
+    conn.prepare_cached(
+        "UPDATE messages SET state = 'failed', damage = ?, upstream_reply = ?, finished_at = ?
+         WHERE id = ?",
+    )?
+    .execute(params![reason, report_damage(id, reason), now, id])?;
+    conn.prepare_cached("DELETE FROM delivery_jobs WHERE message_id = ?")?
+        .execute([id])?;
+    Ok(())
 }
 
 pub fn begin_attempt(
@@ -377,7 +421,8 @@ pub fn requeue(conn: &Connection, id: &str, allow_unresolved: bool) -> Result<Re
         return Ok(refusal);
     }
     conn.prepare_cached(
-        "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL
+        "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL,
+            damage = NULL
          WHERE id = ?",
     )?
     .execute([id])?;
