@@ -218,7 +218,7 @@ pub fn message(key: Option<&str>, subject: &str, body: &str) -> Vec<u8> {
 pub fn corpus_dir() -> PathBuf {
     std::env::var_os("IDEMRELAY_CORPUS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus"))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/corpus"))
 }
 
 /// Every corpus message, as (name, CRLF bytes).
