@@ -248,6 +248,47 @@ async fn unknown_past_the_window_is_unresolved_and_not_resent() {
     );
 }
 
+/// The 354 may take up to the DATA timeout: a retry that passed the window check before DATA
+/// must not begin its body once the window has closed while it waited (DESIGN §2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_body_byte_leaves_after_the_window_even_when_the_354_is_slow() {
+    const WINDOW: Duration = Duration::from_secs(10);
+    const MARGIN: Duration = Duration::from_secs(1);
+    // The first attempt starts at t0, waits this for its 354 and loses its reply (UNKNOWN);
+    // the retry starts its DATA well before t0 + WINDOW - MARGIN, and its 354 comes after.
+    const SLOW_354: Duration = Duration::from_secs(5);
+    let sink = start_sink().await;
+    sink.set_faults(vec![
+        FaultRule::drop_after_dot().with_times(1),
+        FaultRule::delay(SinkPhase::Data, SLOW_354),
+    ])
+    .unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.delivery.upstream_window = WINDOW;
+        s.delivery.window_margin = MARGIN;
+        s.delivery.timeouts.data = Duration::from_secs(8);
+    })
+    .await;
+    let msg = message(Some("slow-354-1"), "s", "body");
+    let id = submit(&relay, "sender@example.com", &["rcpt@example.com"], &msg).await;
+    wait_state(&relay, &id, State::Unresolved).await;
+    let ledger = relay.store().attempts(&id).await.unwrap();
+    let second = &ledger[1];
+    assert_eq!(
+        (second.outcome.as_deref(), second.phase.as_deref()),
+        (Some("transient"), Some("data")),
+        "{ledger:?}"
+    );
+    let limit = ledger[0].started_at_ms + (WINDOW - MARGIN).as_millis() as i64;
+    assert!(second.started_at_ms < limit, "the retry began in time: {ledger:?}");
+    assert_eq!(
+        sink.transactions().len(),
+        1,
+        "a body was sent after the window: {:?}",
+        sink.transactions()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_without_a_key_is_not_retried_after_unknown() {
     let sink = start_sink().await;

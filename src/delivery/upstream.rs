@@ -285,8 +285,9 @@ impl UpstreamClient {
     }
 
     /// Sends one message and classifies what happened. With `data_by`, the message is not
-    /// sent if DATA would start after that instant (the upstream's idempotency window for an
-    /// earlier UNKNOWN attempt is closing): the attempt ends transient, before the dot.
+    /// sent if DATA would start, or its body would begin, after that instant (the upstream's
+    /// idempotency window for an earlier UNKNOWN attempt is closing): the attempt ends
+    /// transient, before the dot.
     pub async fn send(
         &mut self,
         envelope: &Envelope<'_>,
@@ -484,17 +485,13 @@ impl UpstreamClient {
             .await?;
             expect(Phase::Rcpt, &r, |c| (200..300).contains(&c))?;
         }
-        if data_by.is_some_and(|by| Instant::now() >= by) {
-            return Err(PhaseError {
-                phase: Phase::Data,
-                failure: Failure::Other(
-                    "not sent: the upstream idempotency window for an earlier unknown attempt is closing"
-                        .into(),
-                ),
-            });
-        }
+        window_open(data_by)?;
         let go = phase(Phase::Data, t.data, conn.command(Line("DATA".into()))).await?;
         expect(Phase::Data, &go, |c| c == 354)?;
+        // The 354 may take up to the DATA timeout: checked again before the first body byte.
+        // Failing here drops the connection in the middle of DATA, which the upstream takes
+        // as no message (there was no final dot).
+        window_open(data_by)?;
         // lettre appends CRLF.CRLF itself: hand it the message without its own final CRLF
         // so that the upstream receives the stored bytes, not an extra empty line.
         let body = message.strip_suffix(b"\r\n").unwrap_or(message);
@@ -503,6 +500,21 @@ impl UpstreamClient {
         let reply = phase(Phase::Dot, t.dot, conn.message(body)).await?;
         Ok(code_and_text(&reply))
     }
+}
+
+/// With `data_by`, no body byte may leave after it (an earlier attempt's outcome is unknown
+/// and the upstream's idempotency window is closing).
+fn window_open(data_by: Option<Instant>) -> Result<(), PhaseError> {
+    if data_by.is_some_and(|by| Instant::now() >= by) {
+        return Err(PhaseError {
+            phase: Phase::Data,
+            failure: Failure::Other(
+                "not sent: the upstream idempotency window for an earlier unknown attempt is closing"
+                    .into(),
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn code_and_text(reply: &lettre::transport::smtp::response::Response) -> (u16, String) {
