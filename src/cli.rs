@@ -363,10 +363,9 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
                     "{id} is {}: only failed or unresolved records can be retried",
                     state.as_str()
                 ),
-                Requeue::NeedsConfirmation => anyhow::bail!(
-                    "{id} is unresolved: the upstream may already have accepted it (its reply \
-                     after the final dot was lost), so a retry may deliver a second copy; check \
-                     with the upstream first, then rerun with --confirm-duplicate-risk"
+                Requeue::NeedsConfirmation(state) => anyhow::bail!(
+                    "{}, then rerun with --confirm-duplicate-risk",
+                    crate::store::confirmation_reason(&id, state)
                 ),
                 Requeue::ContentGone => {
                     anyhow::bail!("{id} can not be retried: its content is no longer stored")

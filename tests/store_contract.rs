@@ -292,3 +292,81 @@ async fn a_body_that_fails_its_checksum_is_failed_as_damaged_and_the_queue_goes_
         assert_eq!(a.queue_stats().await.unwrap().damaged, 1, "{name}");
     }
 }
+
+/// A dead worker's open intent, closed as UNKNOWN by an operator's cancel, makes the record
+/// `failed` with an UNKNOWN in its ledger: retrying it may send a second copy, so it needs
+/// the confirmation like an `unresolved` record. Without one (a ledger of definite outcomes),
+/// the upstream window keeps counting from the first attempt ever made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b) in instances(&dir).await {
+        a.insert(&record("open", "k-open", 1), RETENTION)
+            .await
+            .unwrap();
+        let job = a
+            .claim("dead-worker", Duration::from_millis(200))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(a.begin_attempt("open", job.token, 1).await.unwrap());
+        // The worker dies; its lease runs out; an operator cancels the record.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(b.cancel("open").await.unwrap(), "{name}");
+        let ledger = b.attempts("open").await.unwrap();
+        assert_eq!(ledger[0].outcome.as_deref(), Some("unknown"), "{name}");
+        assert_eq!(
+            b.requeue("open", false).await.unwrap(),
+            store::Requeue::NeedsConfirmation(State::Failed),
+            "{name}"
+        );
+        assert_eq!(
+            b.message("open").await.unwrap().unwrap().state,
+            State::Failed,
+            "{name}"
+        );
+        assert_eq!(
+            b.requeue("open", true).await.unwrap(),
+            store::Requeue::Requeued,
+            "{name}"
+        );
+        let again = a.claim("w", LONG_LEASE).await.unwrap().unwrap();
+        assert_eq!(
+            (again.id.as_str(), again.first_attempt_at_ms),
+            ("open", None),
+            "{name}: a confirmed retry starts a new window"
+        );
+        let failed = Settle::Failed {
+            upstream_reply: "550 no".into(),
+            dsn: None,
+        };
+        assert!(a.settle("open", again.token, None, &failed).await.unwrap());
+
+        // A ledger without UNKNOWN: no confirmation, and the window's start is kept.
+        a.insert(&record("plain", "k-plain", 2), RETENTION)
+            .await
+            .unwrap();
+        let job = a.claim("w", LONG_LEASE).await.unwrap().unwrap();
+        assert_eq!(job.id, "plain");
+        assert!(a.begin_attempt("plain", job.token, 1).await.unwrap());
+        let permanent = AttemptResult {
+            outcome: "permanent",
+            phase: Some("rcpt"),
+            code: Some(550),
+            reply: "550 no".into(),
+        };
+        assert!(a
+            .settle("plain", job.token, Some((1, &permanent)), &failed)
+            .await
+            .unwrap());
+        let started = b.attempts("plain").await.unwrap()[0].started_at_ms;
+        assert_eq!(
+            b.requeue("plain", false).await.unwrap(),
+            store::Requeue::Requeued,
+            "{name}"
+        );
+        let again = a.claim("w", LONG_LEASE).await.unwrap().unwrap();
+        assert_eq!(again.id, "plain", "{name}");
+        assert_eq!(again.first_attempt_at_ms, Some(started), "{name}");
+    }
+}

@@ -150,13 +150,12 @@ pub async fn retry(
                 s.as_str()
             ),
         ),
-        Ok(Requeue::NeedsConfirmation) => error(
+        Ok(Requeue::NeedsConfirmation(state)) => error(
             StatusCode::CONFLICT,
             "confirmation_required",
             format!(
-                "{id} is unresolved: the upstream may already have accepted it (its reply after \
-                 the final dot was lost), so a retry may deliver a second copy; check with the \
-                 upstream first, then POST again with ?confirm=duplicate-risk"
+                "{}, then POST again with ?confirm=duplicate-risk",
+                crate::store::confirmation_reason(&id, state)
             ),
         ),
         Ok(Requeue::ContentGone) => error(

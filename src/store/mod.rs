@@ -142,8 +142,9 @@ pub enum Requeue {
     NotFound,
     /// Only `failed` and `unresolved` records can be requeued.
     WrongState(State),
-    /// The record is `unresolved`: a requeue may send a second copy, so it needs confirming.
-    NeedsConfirmation,
+    /// The ledger holds an UNKNOWN attempt (always so for `unresolved`): a requeue may send a
+    /// second copy, so it needs confirming. The record's state.
+    NeedsConfirmation(State),
     /// The record's bytes are no longer stored, so there is nothing to resend.
     ContentGone,
 }
@@ -320,9 +321,11 @@ pub trait Store: Send + Sync {
         after_id: Option<&str>,
     ) -> Result<Vec<MessageSummary>, StoreError>;
 
-    /// Puts a `failed` (or, with `allow_unresolved`, an `unresolved`) record back in the queue
-    /// with a job due now; its ledger is kept and later attempts continue its numbering.
-    async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError>;
+    /// Puts a `failed` or `unresolved` record back in the queue with a job due now; its
+    /// ledger is kept and later attempts continue its numbering. `confirmed`: the operator
+    /// accepts that a retry may deliver a second copy, required whenever the ledger holds an
+    /// UNKNOWN attempt (see `requeue_refusal`).
+    async fn requeue(&self, id: &str, confirmed: bool) -> Result<Requeue, StoreError>;
 
     /// Fails a queued record whose job is not leased right now (no DSN). False otherwise.
     async fn cancel(&self, id: &str) -> Result<bool, StoreError>;
@@ -456,20 +459,57 @@ pub(crate) fn report_damage(id: &str, reason: &str) -> String {
     format!("stored body damaged ({reason}); not forwarded")
 }
 
-/// Why a record cannot be requeued, if it cannot: only `failed`, and `unresolved` with the
-/// operator's confirmation, and only while its bytes are kept.
+/// Why a record cannot be requeued, if it cannot: only `failed` and `unresolved` records,
+/// only while their bytes are kept, and only with the operator's confirmation of the
+/// duplicate risk whenever the ledger holds an UNKNOWN attempt (an `unresolved` record always
+/// does; a `failed` one may, e.g. cancelled with a dead worker's intent open).
 pub(crate) fn requeue_refusal(
     state: State,
-    allow_unresolved: bool,
+    confirmed: bool,
     has_content: bool,
+    any_unknown: bool,
 ) -> Option<Requeue> {
     let refusal = match state {
-        State::Failed => None,
-        State::Unresolved if allow_unresolved => None,
-        State::Unresolved => Some(Requeue::NeedsConfirmation),
+        State::Failed | State::Unresolved => {
+            let risky = any_unknown || state == State::Unresolved;
+            (risky && !confirmed).then_some(Requeue::NeedsConfirmation(state))
+        }
         other => Some(Requeue::WrongState(other)),
     };
     refusal.or((!has_content).then_some(Requeue::ContentGone))
+}
+
+/// The first-attempt time a requeued job starts with. A confirmed duplicate risk starts a new
+/// upstream window (the operator accepted a second copy); otherwise the window still counts
+/// from the first attempt ever made, so that an UNKNOWN in the new round is not retried past
+/// the upstream's window.
+/// Why a requeue needs the operator's confirmation, for the CLI and the admin API.
+pub fn confirmation_reason(id: &str, state: State) -> String {
+    let what = if state == State::Unresolved {
+        format!("{id} is unresolved")
+    } else {
+        format!(
+            "{id} is {} with an attempt whose outcome is unknown",
+            state.as_str()
+        )
+    };
+    format!(
+        "{what}: the upstream may already have accepted it (its reply after the final dot was \
+         lost), so a retry may deliver a second copy; check with the upstream first"
+    )
+}
+
+pub(crate) fn requeued_first_attempt(
+    state: State,
+    any_unknown: bool,
+    first_attempt_at_ms: Option<i64>,
+) -> Option<i64> {
+    let confirmed_risk = any_unknown || state == State::Unresolved;
+    if confirmed_risk {
+        None
+    } else {
+        first_attempt_at_ms
+    }
 }
 
 pub(crate) fn now_ms() -> i64 {

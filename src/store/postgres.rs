@@ -619,11 +619,15 @@ impl Store for PostgresStore {
         found.iter().map(rows::summary).collect()
     }
 
-    async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
+    async fn requeue(&self, id: &str, confirmed: bool) -> Result<Requeue, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
-            "SELECT state, content IS NOT NULL AS has_content FROM messages
-             WHERE id = $1 FOR UPDATE",
+            "SELECT state, content IS NOT NULL AS has_content,
+                EXISTS (SELECT 1 FROM attempts a
+                        WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown,
+                (SELECT MIN(started_at) FROM attempts a WHERE a.message_id = m.id)
+                    AS first_attempt_at
+             FROM messages m WHERE id = $1 FOR UPDATE",
         )
         .bind(id)
         .fetch_optional(&mut *tx)
@@ -638,7 +642,8 @@ impl Store for PostgresStore {
             what: "state",
         })?;
         let has_content = row.try_get::<bool, _>("has_content")?;
-        let refusal = super::requeue_refusal(state, allow_unresolved, has_content);
+        let any_unknown = row.try_get::<bool, _>("any_unknown")?;
+        let refusal = super::requeue_refusal(state, confirmed, has_content, any_unknown);
         if let Some(refusal) = refusal {
             tx.rollback().await?;
             return Ok(refusal);
@@ -655,6 +660,13 @@ impl Store for PostgresStore {
         delete_job(&mut tx, id).await?;
         let now = db_now(&mut tx).await?;
         insert_job(&mut tx, id, now).await?;
+        let first_attempt =
+            super::requeued_first_attempt(state, any_unknown, row.try_get("first_attempt_at")?);
+        sqlx::query("UPDATE delivery_jobs SET first_attempt_at = $1 WHERE message_id = $2")
+            .bind(first_attempt)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(Requeue::Requeued)
     }

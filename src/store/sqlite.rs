@@ -362,10 +362,10 @@ impl Store for SqliteStore {
         found.iter().map(rows::summary).collect()
     }
 
-    async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
+    async fn requeue(&self, id: &str, confirmed: bool) -> Result<Requeue, StoreError> {
         let id = id.to_string();
         self.writer
-            .write(move |conn| writes::requeue(conn, &id, allow_unresolved))
+            .write(move |conn| writes::requeue(conn, &id, confirmed))
             .await
     }
 
@@ -775,7 +775,7 @@ mod tests {
         attempt(&store, "m1", "unknown", unresolved).await;
         assert_eq!(
             store.requeue("m1", false).await.unwrap(),
-            Requeue::NeedsConfirmation
+            Requeue::NeedsConfirmation(State::Unresolved)
         );
         assert_eq!(
             store.message("m1").await.unwrap().unwrap().state,

@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::spool::{Spool, SpoolReader, WithSpool, SPOOL_MIN};
 use super::{
-    body_checksum, now_ms, report_damage, requeue_refusal, retention_ms, rows, AttemptResult,
-    Claimed, Insert, NewRecord, Requeue, Settle, State, StoreError,
+    body_checksum, now_ms, report_damage, requeue_refusal, requeued_first_attempt, retention_ms,
+    rows, AttemptResult, Claimed, Insert, NewRecord, Requeue, Settle, State, StoreError,
 };
 
 /// A claim that finds damaged bodies marks them and goes on to the next job, up to this many
@@ -396,28 +396,32 @@ pub fn release(conn: &Connection, id: &str, token: i64, after: Duration) -> Resu
     Ok(())
 }
 
-pub fn requeue(conn: &Connection, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
+pub fn requeue(conn: &Connection, id: &str, confirmed: bool) -> Result<Requeue, StoreError> {
     let found = conn
         .prepare_cached(
-            "SELECT state, content IS NOT NULL OR spool_segment IS NOT NULL, scope
-             FROM messages WHERE id = ?",
+            "SELECT state, content IS NOT NULL OR spool_segment IS NOT NULL, scope,
+                EXISTS (SELECT 1 FROM attempts a WHERE a.message_id = m.id AND a.outcome = 'unknown'),
+                (SELECT MIN(started_at) FROM attempts a WHERE a.message_id = m.id)
+             FROM messages m WHERE id = ?",
         )?
         .query_row([id], |row| {
             Ok((
                 row.get::<_, String>(0)?,
                 row.get::<_, bool>(1)?,
                 row.get::<_, String>(2)?,
+                row.get::<_, bool>(3)?,
+                row.get::<_, Option<i64>>(4)?,
             ))
         })
         .optional()?;
-    let Some((state, has_content, scope)) = found else {
+    let Some((state, has_content, scope, any_unknown, first_attempt)) = found else {
         return Ok(Requeue::NotFound);
     };
     let state = State::parse(&state).ok_or(StoreError::Corrupt {
         id: id.to_string(),
         what: "state",
     })?;
-    if let Some(refusal) = requeue_refusal(state, allow_unresolved, has_content) {
+    if let Some(refusal) = requeue_refusal(state, confirmed, has_content, any_unknown) {
         return Ok(refusal);
     }
     conn.prepare_cached(
@@ -426,12 +430,19 @@ pub fn requeue(conn: &Connection, id: &str, allow_unresolved: bool) -> Result<Re
          WHERE id = ?",
     )?
     .execute([id])?;
-    // A terminal record has no job; a stray one would make the insert fail. The new job is
-    // due now, with a fresh upstream window (first_attempt_at starts empty).
+    // A terminal record has no job; a stray one would make the insert fail.
     conn.prepare_cached("DELETE FROM delivery_jobs WHERE message_id = ?")?
         .execute([id])?;
-    conn.prepare_cached("INSERT INTO delivery_jobs (message_id, scope, due_at) VALUES (?, ?, ?)")?
-        .execute(params![id, scope, now_ms()])?;
+    conn.prepare_cached(
+        "INSERT INTO delivery_jobs (message_id, scope, due_at, first_attempt_at)
+         VALUES (?, ?, ?, ?)",
+    )?
+    .execute(params![
+        id,
+        scope,
+        now_ms(),
+        requeued_first_attempt(state, any_unknown, first_attempt)
+    ])?;
     Ok(Requeue::Requeued)
 }
 
