@@ -499,6 +499,46 @@ async fn the_rate_limit_holds_across_connections() {
     );
 }
 
+/// A worker waits for its rate-limit token before it claims a job, never while holding a
+/// lease: a lease is the time an attempt may take, and a wait spent inside it could let the
+/// lease pass to another worker mid-attempt. With one token at a time, at most one job is
+/// leased at any moment, however many workers are waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_wait_for_the_rate_limit_without_holding_a_lease() {
+    const N: usize = 6;
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |s| {
+        s.delivery.connections = 3;
+        s.delivery.rate = 2.0;
+        s.delivery.burst = 1.0;
+    })
+    .await;
+    relay
+        .store()
+        .pause("test: queue first", false)
+        .await
+        .unwrap();
+    let ids = submit_keys(&relay, "rcpt@example.com", &keys("lease-wait", N)).await;
+    relay.store().resume().await.unwrap();
+    let store = relay.settings.store.expose().to_string();
+    let mut most = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        let leased = common::backend::scalar(
+            &store,
+            "SELECT COUNT(*) FROM delivery_jobs WHERE lease_owner IS NOT NULL",
+        )
+        .await;
+        most = most.max(leased);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        most <= 1,
+        "{most} jobs leased at once while waiting for tokens"
+    );
+    wait_delivered(&relay, &ids).await;
+}
+
 /// A pooled connection that the upstream closed while it sat idle (a restart, the server's
 /// idle timeout, which Postfix and others announce with an unsolicited 421) is found out
 /// before it is used: the next message does not pay an attempt, a backoff and a breaker

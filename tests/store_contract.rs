@@ -370,3 +370,26 @@ async fn a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown() {
         assert_eq!(again.first_attempt_at_ms, Some(started), "{name}");
     }
 }
+
+/// A worker whose lease ran out (its process stalled between the claim and the intent) may
+/// not begin an attempt: the job may be another worker's at any moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_intent_is_written_under_an_expired_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, _) in instances(&dir).await {
+        a.insert(&record("late", "k-late", 1), RETENTION)
+            .await
+            .unwrap();
+        let job = a
+            .claim("stalled", Duration::from_millis(200))
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(
+            !a.begin_attempt("late", job.token, 1).await.unwrap(),
+            "{name}"
+        );
+        assert!(a.attempts("late").await.unwrap().is_empty(), "{name}");
+    }
+}

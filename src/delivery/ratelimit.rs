@@ -100,6 +100,14 @@ impl TokenBucket {
         self.rate = (self.rate + self.configured * RECOVERY_STEP).min(self.configured);
     }
 
+    /// Returns a token taken for work that did not happen (nothing was due).
+    pub fn give_back(&mut self) {
+        if self.unlimited() {
+            return;
+        }
+        self.tokens = (self.tokens + 1.0).min(self.burst);
+    }
+
     pub fn current_rate(&self) -> f64 {
         self.rate
     }

@@ -147,9 +147,14 @@ impl Worker {
     /// One unit of work; true when something was done and the worker should look again.
     async fn step(&mut self) -> anyhow::Result<bool> {
         let store = self.shared.store.clone();
+        // The token is taken before the claim: waited for under a lease, the wait would eat
+        // into the time the lease grants the attempt.
+        self.take_token().await;
         // The claim itself takes nothing while delivery is paused; the pause is read only when
         // nothing was claimed, to probe the upstream if the relay paused itself.
-        let Some(job) = store.claim(&self.owner, self.shared.lease).await? else {
+        let claimed = store.claim(&self.owner, self.shared.lease).await;
+        let Some(job) = claimed.inspect_err(|_| self.give_back_token())? else {
+            self.give_back_token();
             if let Some(pause) = store.paused().await? {
                 if pause.probe {
                     self.probe_while_paused(&pause.reason).await?;
@@ -168,12 +173,18 @@ impl Worker {
             allowed
         };
         if !allowed {
+            self.give_back_token();
             store
                 .release(&job.id, job.token, self.shared.settings.breaker_cooldown)
                 .await?;
             return Ok(false);
         }
-        // Wait for a token, then take it: other workers may take the one we waited for.
+        self.deliver(job).await?;
+        Ok(true)
+    }
+
+    /// Waits for a token, then takes it: other workers may take the one we waited for.
+    async fn take_token(&self) {
         loop {
             let taken = self
                 .shared
@@ -182,12 +193,14 @@ impl Worker {
                 .expect("bucket lock")
                 .try_take(Instant::now());
             match taken {
-                Ok(()) => break,
+                Ok(()) => return,
                 Err(wait) => tokio::time::sleep(wait).await,
             }
         }
-        self.deliver(job).await?;
-        Ok(true)
+    }
+
+    fn give_back_token(&self) {
+        self.shared.bucket.lock().expect("bucket lock").give_back();
     }
 
     async fn probe_while_paused(&mut self, reason: &str) -> anyhow::Result<()> {
@@ -292,18 +305,26 @@ impl Worker {
         // The lease is renewed while the attempt runs: a slow upstream (a tarpit on every
         // RCPT) must not let a second worker take the job and send it again meanwhile.
         let lease = self.shared.lease;
+        let mut held = HeldLease::new(claimed_at, lease);
         let outcome = {
             let send = self.client.send(&envelope, &job.content, data_by);
             tokio::pin!(send);
             let mut renew = tokio::time::interval(lease / 3);
             renew.tick().await;
             loop {
+                let expiry = tokio::time::Instant::from_std(held.abandon_at());
                 tokio::select! {
                     outcome = &mut send => break Some(outcome),
+                    // Renewals kept failing: the lease may pass to another worker now.
+                    _ = tokio::time::sleep_until(expiry) => break None,
                     _ = renew.tick() => {
                         self.shared.settings.metrics.delivery_heartbeat();
-                        if !store.renew_lease(&job.id, job.token, lease).await.unwrap_or(true) {
-                            break None;
+                        let asked = Instant::now();
+                        match store.renew_lease(&job.id, job.token, lease).await {
+                            Ok(true) => held.renewed(asked),
+                            Ok(false) => break None,
+                            // Not known to be held: kept only as long as the last renewal lasts.
+                            Err(err) => tracing::warn!(target: "idemrelay::store", error = %err, id = %job.id, "cannot renew the delivery lease; the attempt stops before it could expire"),
                         }
                     }
                 }
@@ -475,6 +496,35 @@ impl Worker {
     }
 }
 
+/// How long this worker may still act under its lease, by its own clock: from the moment a
+/// claim or renewal was asked for (the store's lease starts no earlier), less a margin for
+/// the store's clock and the write in flight.
+#[derive(Debug, Clone, Copy)]
+struct HeldLease {
+    until: Instant,
+    lease: Duration,
+}
+
+impl HeldLease {
+    fn new(claimed_at: Instant, lease: Duration) -> Self {
+        HeldLease {
+            until: claimed_at + lease,
+            lease,
+        }
+    }
+
+    fn renewed(&mut self, asked_at: Instant) {
+        self.until = self.until.max(asked_at + self.lease);
+    }
+
+    /// When the attempt is given up if no renewal lands: a tenth of the lease (at least a
+    /// second) before it could expire.
+    fn abandon_at(&self) -> Instant {
+        let margin = (self.lease / 10).max(Duration::from_secs(1));
+        self.until.checked_sub(margin).unwrap_or(self.until)
+    }
+}
+
 /// A lease owner names its process: `host/pid/nonce`. On one host, a relay that finds leases of
 /// a process that no longer exists takes them over at once instead of waiting for expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -624,7 +674,24 @@ fn settle_name(settle: &Settle) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::ProcessId;
+    use super::{HeldLease, ProcessId};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_lease_is_given_up_before_it_could_expire_when_renewals_fail() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut held = HeldLease::new(t0, s(30));
+        assert_eq!(held.abandon_at(), t0 + s(27));
+        // A renewal asked at +10 s extends from then, not from its answer.
+        held.renewed(t0 + s(10));
+        assert_eq!(held.abandon_at(), t0 + s(37));
+        // A renewal that was asked earlier than the one in force changes nothing.
+        held.renewed(t0 + s(5));
+        assert_eq!(held.abandon_at(), t0 + s(37));
+        // Short leases keep at least a second of margin.
+        assert_eq!(HeldLease::new(t0, s(5)).abandon_at(), t0 + s(4));
+    }
 
     #[test]
     fn only_certainly_dead_owners_are_reclaimed() {

@@ -412,9 +412,11 @@ impl Store for PostgresStore {
     async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let now = db_now(&mut tx).await?;
+        // Only under an unexpired lease: once expired it may be another worker's any moment.
         let held = sqlx::query(
             "UPDATE delivery_jobs SET first_attempt_at = COALESCE(first_attempt_at, $1)
-             WHERE message_id = $2 AND lease_token = $3 AND lease_owner IS NOT NULL",
+             WHERE message_id = $2 AND lease_token = $3 AND lease_owner IS NOT NULL
+               AND lease_until > $1",
         )
         .bind(now)
         .bind(id)

@@ -267,13 +267,16 @@ pub fn begin_attempt(
 ) -> Result<bool, StoreError> {
     // The intent is written only under the lease; a trigger records the first attempt's time
     // on the job.
+    // ... and only while the lease lasts: once expired it may be another worker's any moment.
+    let now = now_ms();
     let written = conn
         .prepare_cached(
             "INSERT INTO attempts (message_id, attempt, owner, started_at)
-             SELECT message_id, ?, lease_owner, ? FROM delivery_jobs
-             WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
+             SELECT message_id, ?1, lease_owner, ?2 FROM delivery_jobs
+             WHERE message_id = ?3 AND lease_token = ?4 AND lease_owner IS NOT NULL
+               AND lease_until > ?2",
         )?
-        .execute(params![i64::from(attempt), now_ms(), id, token])?;
+        .execute(params![i64::from(attempt), now, id, token])?;
     Ok(written == 1)
 }
 

@@ -71,15 +71,19 @@ pub async fn fresh_schema(base: &str) -> String {
 
 /// Number of rows in a table, read through a separate connection.
 pub async fn count(store: &str, table: &str) -> i64 {
-    let sql = format!("SELECT COUNT(*) FROM {table}");
+    scalar(store, &format!("SELECT COUNT(*) FROM {table}")).await
+}
+
+/// The one integer a query returns, read through a separate connection.
+pub async fn scalar(store: &str, sql: &str) -> i64 {
     if store.starts_with("postgres") {
         let mut conn = sqlx::PgConnection::connect(store).await.unwrap();
-        let n = sqlx::query_scalar(&sql).fetch_one(&mut conn).await.unwrap();
+        let n = sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap();
         conn.close().await.unwrap();
         n
     } else {
         let mut conn = sqlx::SqliteConnection::connect(store).await.unwrap();
-        let n = sqlx::query_scalar(&sql).fetch_one(&mut conn).await.unwrap();
+        let n = sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap();
         conn.close().await.unwrap();
         n
     }
