@@ -32,6 +32,8 @@
 #![cfg(feature = "failpoints")]
 
 mod common;
+#[path = "chaos/power_loss.rs"]
+mod power_loss;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
