@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
+use crate::auth::throttle::{ThrottleLimits, DEFAULT_MAX_ENTRIES};
 use crate::auth::Users;
 use crate::config::Settings;
 use crate::delivery::upstream::UpstreamTarget;
@@ -118,13 +119,13 @@ impl Relay {
             Some(path) => Some(Arc::new(Users::load(path)?)),
             None => None,
         };
-        // A client gets ten AUTH failures per quarter hour, whatever it reconnects with.
-        let auth_throttle = Arc::new(AuthThrottle::new(
-            (settings.max_auth_failures as u32)
-                .saturating_mul(3)
-                .max(10),
-            Duration::from_secs(15 * 60),
-        ));
+        // Counted per (client, user name), with a looser cap per client (DESIGN §3).
+        let auth_throttle = Arc::new(AuthThrottle::new(ThrottleLimits {
+            per_user: settings.max_auth_failures_per_user,
+            per_address: settings.max_auth_failures_per_ip,
+            window: settings.auth_failure_window,
+            max_entries: DEFAULT_MAX_ENTRIES,
+        }));
         let limits = Arc::new(ConnectionLimits::new(
             settings.max_connections,
             settings.max_connections_per_ip,

@@ -218,6 +218,16 @@ pub struct Settings {
     pub max_auth_failures: usize,
     #[serde(with = "human_duration")]
     pub auth_failure_delay: Duration,
+    /// Failed AUTHs for one user name from one client (IPv4 address, IPv6 /64), across
+    /// reconnects, before that name is refused at AUTH from that client (421 4.7.0).
+    pub max_auth_failures_per_user: u32,
+    /// Failed AUTHs from one client across all user names before every AUTH from it is
+    /// refused (stops a client cycling through names); at least `max_auth_failures_per_user`.
+    pub max_auth_failures_per_ip: u32,
+    /// A failure count is forgotten after this long without a new failure, so a lockout lasts
+    /// this long after the last failed password.
+    #[serde(with = "human_duration")]
+    pub auth_failure_window: Duration,
     /// Admin HTTP API (health, metrics, the ledger); `off` disables it.
     pub admin: AdminListen,
     /// Bearer token required by `/metrics` and `/api/` when set (health checks stay open).
@@ -351,6 +361,9 @@ impl Default for Settings {
             data_rate_grace: Duration::from_secs(30),
             max_auth_failures: 3,
             auth_failure_delay: Duration::from_secs(1),
+            max_auth_failures_per_user: 10,
+            max_auth_failures_per_ip: 50,
+            auth_failure_window: Duration::from_secs(15 * 60),
             admin: AdminListen(Some(SocketAddr::from(([127, 0, 0, 1], 8025)))),
             admin_token: None,
             delivery: DeliveryConfig::default(),
@@ -555,6 +568,12 @@ impl Settings {
         {
             bail!("max_connections, max_connections_per_ip and max_auth_failures must be positive");
         }
+        if self.max_auth_failures_per_user == 0 || self.auth_failure_window.is_zero() {
+            bail!("max_auth_failures_per_user and auth_failure_window must be positive");
+        }
+        if self.max_auth_failures_per_ip < self.max_auth_failures_per_user {
+            bail!("max_auth_failures_per_ip must be at least max_auth_failures_per_user (it counts the failures of all user names together)");
+        }
         let store = self.store.expose();
         if !["sqlite:", "postgres:", "postgresql:"]
             .iter()
@@ -686,6 +705,40 @@ mod tests {
         assert!(Settings::from_toml("retention = \"soon\"").is_err());
         let s = Settings::from_toml("store = \"mysql://x\"").unwrap();
         assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn auth_lockout_settings() {
+        let s = Settings::default();
+        assert_eq!(
+            (
+                s.max_auth_failures,
+                s.max_auth_failures_per_user,
+                s.max_auth_failures_per_ip,
+                s.auth_failure_window
+            ),
+            (3, 10, 50, Duration::from_secs(900))
+        );
+        let s = Settings::from_toml(
+            "max_auth_failures = 2\nmax_auth_failures_per_user = 4\nmax_auth_failures_per_ip = 4\nauth_failure_window = \"1h\"\n",
+        )
+        .unwrap();
+        s.validate().unwrap();
+        assert_eq!(s.max_auth_failures, 2);
+        assert_eq!(s.max_auth_failures_per_user, 4);
+        assert_eq!(s.max_auth_failures_per_ip, 4);
+        assert_eq!(s.auth_failure_window, Duration::from_secs(3600));
+        for bad in [
+            "max_auth_failures = 0",
+            "max_auth_failures_per_user = 0",
+            "max_auth_failures_per_user = 0\nmax_auth_failures_per_ip = 0",
+            "auth_failure_window = \"0s\"",
+            "max_auth_failures_per_user = 20\nmax_auth_failures_per_ip = 19",
+        ] {
+            let s = Settings::from_toml(bad).unwrap();
+            assert!(s.validate().is_err(), "{bad}");
+        }
+        assert!(Settings::from_toml("max_auth_failures_per_ip = -1").is_err());
     }
 
     #[test]

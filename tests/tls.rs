@@ -419,3 +419,148 @@ async fn failed_logins_are_limited_across_reconnects() {
     );
     assert!(c.is_closed().await);
 }
+
+/// `AUTH PLAIN` with an initial response for `user` and `password`.
+fn auth_plain(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    let response =
+        base64::engine::general_purpose::STANDARD.encode(format!("\0{user}\0{password}"));
+    format!("AUTH PLAIN {response}")
+}
+
+const AUTH_FAILED: &str = "535 5.7.8 Authentication credentials invalid";
+const LOCKED_OUT: &str = "421 4.7.0 Too many authentication failures; closing connection";
+
+/// A relay on the plain listener (allow-listed loopback may AUTH in cleartext) with users
+/// alice and bob; `tune` adjusts the settings.
+async fn relay_with_alice_and_bob(
+    tune: impl FnOnce(&mut idemrelay::config::Settings),
+) -> TestRelay {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[]).unwrap();
+    Users::add_user(&users, "bob", "battery staple", "tenant-bob", &[]).unwrap();
+    let mut settings = common::test_settings(dir.path());
+    settings.users_file = Some(users);
+    settings.auth_failure_delay = std::time::Duration::from_millis(10);
+    tune(&mut settings);
+    TestRelay::start_in(dir, settings).await
+}
+
+/// Wrong passwords for `user`, on as many connections as the per-connection limit makes
+/// necessary, until an AUTH is refused before its password is checked; returns the failures
+/// counted before that. A `421` is a failure when it ends a connection at `max_auth_failures`
+/// attempts (the session's own limit), and the lockout when it comes earlier.
+async fn fail_until_locked_out(relay: &TestRelay, user: &str) -> usize {
+    let per_connection = relay.settings.max_auth_failures;
+    let wrong = auth_plain(user, "wrong password");
+    let mut failures = 0;
+    for _ in 0..100 {
+        let mut c = Client::ready(relay.addr).await;
+        for attempt in 1..=per_connection {
+            let line = c.cmd(&wrong).await.line();
+            if line == AUTH_FAILED {
+                failures += 1;
+                continue;
+            }
+            assert_eq!(line, LOCKED_OUT, "{user} after {failures} failures");
+            assert!(c.is_closed().await);
+            if attempt < per_connection {
+                return failures;
+            }
+            failures += 1;
+        }
+    }
+    panic!("{user} was never locked out");
+}
+
+/// Issue 12 point 8: one program with a wrong password must not lock out every other program on
+/// its host. Failures count per (client address, user name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_out_user_does_not_lock_out_other_users_on_the_same_host() {
+    // The defaults: 3 failures per connection, 10 per (client, name), 50 per client.
+    let relay = relay_with_alice_and_bob(|_| {}).await;
+    assert_eq!(fail_until_locked_out(&relay, "alice").await, 10);
+
+    // bob, from the same address, on a new connection, logs in and submits.
+    let mut c = Client::ready(relay.addr).await;
+    assert_eq!(
+        c.cmd(&auth_plain("bob", "battery staple")).await.line(),
+        "235 2.7.0 Authentication successful"
+    );
+    let reply = c
+        .submit(
+            "bob@example.com",
+            &["user@example.net"],
+            &common::message(Some("lockout-bob-1"), "from bob", "bob still gets through"),
+        )
+        .await;
+    assert_eq!(reply.code, 250, "{reply:?}");
+    let id = reply.queue_id().expect("queue id");
+    c.quit().await;
+    assert_eq!(relay.stored(&id).await.scope, "tenant-bob");
+
+    // alice is still refused, even with the right password, and bob's success changed nothing
+    // for her.
+    let mut c = Client::ready(relay.addr).await;
+    assert_eq!(
+        c.cmd(&auth_plain("alice", "correct horse")).await.line(),
+        LOCKED_OUT
+    );
+    assert!(c.is_closed().await);
+
+    // bob's own wrong password now and then does not lock him out either.
+    let mut c = Client::ready(relay.addr).await;
+    assert_eq!(c.cmd(&auth_plain("bob", "typo")).await.line(), AUTH_FAILED);
+    assert_eq!(
+        c.cmd(&auth_plain("bob", "battery staple")).await.line(),
+        "235 2.7.0 Authentication successful"
+    );
+    c.quit().await;
+}
+
+/// The looser per-address cap: a client trying many user names (each a few times, never
+/// reaching the per-name limit) is still stopped, for every name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cycling_through_user_names_is_stopped_by_the_per_address_cap() {
+    let relay = relay_with_alice_and_bob(|s| {
+        s.max_auth_failures_per_user = 3;
+        s.max_auth_failures_per_ip = 8;
+    })
+    .await;
+    // Two failures per name (under the per-name limit of 3), a new name every time.
+    let mut failures = 0;
+    let mut names = (0..).map(|i| format!("guess{i}"));
+    let stopped_at = loop {
+        let name = names.next().unwrap();
+        let mut c = Client::ready(relay.addr).await;
+        let mut refused = false;
+        for _ in 0..2 {
+            let line = c.cmd(&auth_plain(&name, "password1")).await.line();
+            if line == LOCKED_OUT {
+                refused = true;
+                break;
+            }
+            assert_eq!(line, AUTH_FAILED, "{name} after {failures} failures");
+            failures += 1;
+        }
+        if refused {
+            assert!(c.is_closed().await);
+            break failures;
+        }
+        c.quit().await;
+        assert!(failures < 100, "never stopped");
+    };
+    assert_eq!(stopped_at, 8, "stopped after the per-address cap");
+    // A name never tried before, and a real user with the right password: refused too, since
+    // the client as a whole is over its cap.
+    for (user, password) in [("fresh-name", "x"), ("bob", "battery staple")] {
+        let mut c = Client::ready(relay.addr).await;
+        assert_eq!(
+            c.cmd(&auth_plain(user, password)).await.line(),
+            LOCKED_OUT,
+            "{user}"
+        );
+        assert!(c.is_closed().await);
+    }
+}

@@ -4,6 +4,7 @@
 //! `file.rs` for its exact rules. Passwords are stored only as argon2id PHC strings.
 
 mod file;
+pub mod throttle;
 
 use std::collections::BTreeMap;
 use std::path::Path;

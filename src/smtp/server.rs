@@ -16,6 +16,7 @@ use super::reply::Reply;
 use super::session::{Output, Session, SessionConfig};
 use super::tls::TlsCerts;
 use crate::app::stopped;
+use crate::auth::throttle::{AuthFailures, ThrottleLimits, Verdict};
 use crate::auth::Users;
 use crate::intake::{Intake, Origin};
 
@@ -71,56 +72,44 @@ pub fn client_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Password checks are argon2 (tens of MB and ~100 ms each): at most a few run at once, and a
-/// client that keeps failing is turned away for a while, across reconnects.
+/// Password checks are argon2 (tens of MB and ~100 ms each): at most a few run at once, and
+/// failures are counted across reconnects per (client, user name) and per client, so that a
+/// client that keeps failing is turned away for a while (see `auth::throttle`).
 pub struct AuthThrottle {
     running: tokio::sync::Semaphore,
-    failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
-    max_failures: u32,
-    window: Duration,
+    failures: Mutex<AuthFailures>,
 }
 
 impl AuthThrottle {
-    pub fn new(max_failures: u32, window: Duration) -> Self {
+    pub fn new(limits: ThrottleLimits) -> Self {
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         AuthThrottle {
             running: tokio::sync::Semaphore::new(cpus),
-            failures: Mutex::new(HashMap::new()),
-            max_failures,
-            window,
+            failures: Mutex::new(AuthFailures::new(limits)),
         }
     }
 
-    pub fn blocked(&self, ip: IpAddr) -> bool {
-        let failures = self.failures.lock().expect("auth failures");
-        failures
-            .get(&client_key(ip))
-            .is_some_and(|(n, since)| *n >= self.max_failures && since.elapsed() < self.window)
-    }
-
-    pub fn record_failure(&self, ip: IpAddr) {
-        let mut failures = self.failures.lock().expect("auth failures");
-        if failures.len() > 100_000 {
-            // Bounded memory: forget expired entries, and everything if that is not enough.
-            failures.retain(|_, (_, since)| since.elapsed() < self.window);
-            if failures.len() > 100_000 {
-                failures.clear();
-            }
-        }
-        let entry = failures
-            .entry(client_key(ip))
-            .or_insert((0, Instant::now()));
-        if entry.1.elapsed() >= self.window {
-            *entry = (0, Instant::now());
-        }
-        entry.0 += 1;
-    }
-
-    pub fn record_success(&self, ip: IpAddr) {
+    pub fn check(&self, ip: IpAddr, user: &str) -> Verdict {
         self.failures
             .lock()
             .expect("auth failures")
-            .remove(&client_key(ip));
+            .check(client_key(ip), user, Instant::now())
+    }
+
+    pub fn record_failure(&self, ip: IpAddr, user: &str) {
+        self.failures.lock().expect("auth failures").record_failure(
+            client_key(ip),
+            user,
+            Instant::now(),
+        );
+    }
+
+    pub fn record_success(&self, ip: IpAddr, user: &str) {
+        self.failures.lock().expect("auth failures").record_success(
+            client_key(ip),
+            user,
+            Instant::now(),
+        );
     }
 }
 
@@ -475,11 +464,26 @@ impl Conversation<'_> {
                 Some(Output::Authenticate(presented)) => {
                     let throttle = &self.ctx.auth_throttle;
                     let peer = self.origin.peer;
-                    if throttle.blocked(peer) {
-                        tracing::warn!(target: "idemrelay::auth", %peer, "too many failed logins from this client; refused");
-                        let out = session.close_now(Reply::too_many_auth_failures());
-                        outputs = out;
-                        continue;
+                    // Only names of existing users reach the log: a failed name may be a
+                    // password typed into the wrong field.
+                    let name = presented.user.clone();
+                    let known = self
+                        .ctx
+                        .users
+                        .as_ref()
+                        .is_some_and(|users| users.get(&name).is_some());
+                    let shown = if known { name.as_str() } else { "<unknown>" };
+                    match throttle.check(peer, &name) {
+                        Verdict::Allowed => {}
+                        verdict => {
+                            let what = match verdict {
+                                Verdict::UserLocked => "too many failed logins for this user from this client; refused",
+                                _ => "too many failed logins from this client, across user names; refused",
+                            };
+                            tracing::warn!(target: "idemrelay::auth", %peer, user = shown, "{what}");
+                            outputs = session.close_now(Reply::too_many_auth_failures());
+                            continue;
+                        }
                     }
                     let user = match self.ctx.users.clone() {
                         Some(users) => {
@@ -493,16 +497,14 @@ impl Conversation<'_> {
                         }
                         None => None,
                     };
-                    match user {
-                        Some(_) => throttle.record_success(peer),
-                        None => throttle.record_failure(peer),
-                    }
                     match &user {
                         Some(user) => {
-                            tracing::info!(target: "idemrelay::auth", user = %user.name, peer = %self.origin.peer, "authenticated")
+                            throttle.record_success(peer, &name);
+                            tracing::info!(target: "idemrelay::auth", user = %user.name, %peer, "authenticated")
                         }
                         None => {
-                            tracing::warn!(target: "idemrelay::auth", peer = %self.origin.peer, "authentication failed");
+                            throttle.record_failure(peer, &name);
+                            tracing::warn!(target: "idemrelay::auth", %peer, user = shown, "authentication failed");
                             tokio::time::sleep(self.ctx.auth_failure_delay).await;
                         }
                     }
