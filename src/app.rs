@@ -104,7 +104,7 @@ impl Relay {
                 IntakeSettings {
                     hostname: settings.hostname.clone(),
                     missing_key: settings.missing_key,
-                    retention: settings.retention,
+                    retention: settings.retention_policy(),
                     in_progress_wait: settings.in_progress_wait,
                 },
                 hint.clone(),
@@ -229,7 +229,7 @@ impl Relay {
         }
         tasks.push(tokio::spawn(purge_loop(
             store.clone(),
-            settings.retention,
+            settings.retention_policy(),
             settings.purge_interval,
             stop_rx.clone(),
         )));
@@ -361,7 +361,7 @@ async fn store_health_loop(intake: Arc<Intake>, every: Duration, mut stop: watch
 
 async fn purge_loop(
     store: Arc<dyn Store>,
-    retention: Duration,
+    retention: crate::store::Retention,
     every: Duration,
     mut stop: watch::Receiver<bool>,
 ) {

@@ -333,7 +333,7 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
                     Some(message) => Some(message),
                     None => {
                         let scope = scope.as_deref().unwrap_or(&settings.scope);
-                        match store.lookup(scope, &id_or_key, settings.retention).await? {
+                        match store.lookup(scope, &id_or_key, settings.retention_policy()).await? {
                             Some(found) => store.message(&found.id).await?,
                             None => None,
                         }
@@ -390,10 +390,12 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
             }
             QueueCommand::Purge { expired } => {
                 debug_assert!(expired);
-                let n = store.purge_expired(settings.retention).await?;
+                let n = store.purge_expired(settings.retention_policy()).await?;
                 println!(
-                    "purged {n} expired record(s) (retention {})",
-                    humantime::format_duration(settings.retention)
+                    "purged {n} expired record(s) (retention {}, parked {}, upstream window {})",
+                    humantime::format_duration(settings.retention),
+                    humantime::format_duration(settings.parked_retention),
+                    humantime::format_duration(settings.delivery.upstream_window)
                 );
             }
         }

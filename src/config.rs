@@ -174,9 +174,13 @@ pub struct Settings {
     /// Networks allowed to submit without authentication.
     pub allow_networks: Vec<IpNet>,
     pub missing_key: MissingKey,
-    /// How long a record replays after acceptance (terminal records only expire).
+    /// How long a delivered or rejected record replays after acceptance. Every record also
+    /// keeps its key until the upstream window has closed on its last attempt.
     #[serde(with = "human_duration")]
     pub retention: Duration,
+    /// How long `failed` and `unresolved` records wait for an operator after they were parked.
+    #[serde(with = "human_duration")]
+    pub parked_retention: Duration,
     /// How long a submission waits for a concurrent one with the same key (then E01004).
     #[serde(with = "human_duration")]
     pub in_progress_wait: Duration,
@@ -343,6 +347,7 @@ impl Default for Settings {
             allow_networks: vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()],
             missing_key: MissingKey::Derive,
             retention: Duration::from_secs(3 * 3600),
+            parked_retention: Duration::from_secs(30 * 24 * 3600),
             in_progress_wait: Duration::from_secs(2),
             max_message_size: 25 * 1024 * 1024,
             max_recipients: 100,
@@ -414,6 +419,8 @@ pub struct ConfigArgs {
     pub missing_key: Option<MissingKey>,
     #[arg(long, env = "IDEMRELAY_RETENTION", value_parser = humantime::parse_duration)]
     pub retention: Option<Duration>,
+    #[arg(long, env = "IDEMRELAY_PARKED_RETENTION", value_parser = humantime::parse_duration)]
+    pub parked_retention: Option<Duration>,
     #[arg(long, env = "IDEMRELAY_IN_PROGRESS_WAIT", value_parser = humantime::parse_duration)]
     pub in_progress_wait: Option<Duration>,
     #[arg(long, env = "IDEMRELAY_MAX_MESSAGE_SIZE")]
@@ -513,6 +520,7 @@ impl Settings {
             scope,
             missing_key,
             retention,
+            parked_retention,
             in_progress_wait,
             max_message_size,
             max_recipients,
@@ -629,12 +637,31 @@ impl Settings {
             bail!("max_message_size and max_recipients must be positive");
         }
         if self.retention.is_zero()
+            || self.parked_retention.is_zero()
             || self.purge_interval.is_zero()
             || self.store_probe_interval.is_zero()
         {
-            bail!("retention, purge_interval and store_probe_interval must be positive");
+            bail!("retention, parked_retention, purge_interval and store_probe_interval must be positive");
+        }
+        // A key must stay taken while the upstream may still hold it (DESIGN §1 Retention).
+        if self.retention < d.upstream_window || self.parked_retention < d.upstream_window {
+            bail!(
+                "retention ({}) and parked_retention ({}) may not be shorter than delivery.upstream_window ({})",
+                humantime::format_duration(self.retention),
+                humantime::format_duration(self.parked_retention),
+                humantime::format_duration(d.upstream_window)
+            );
         }
         Ok(())
+    }
+
+    /// How long records keep their keys, for the store.
+    pub fn retention_policy(&self) -> crate::store::Retention {
+        crate::store::Retention {
+            replay: self.retention,
+            upstream_window: self.delivery.upstream_window,
+            parked: self.parked_retention,
+        }
     }
 
     /// The effective settings as TOML, secrets redacted.
@@ -653,7 +680,7 @@ mod tests {
         let path = dir.path().join("c.toml");
         std::fs::write(
             &path,
-            "listen = [\"127.0.0.1:2600\"]\nretention = \"10m\"\nscope = \"file\"\nmissing_key = \"pass\"\n",
+            "listen = [\"127.0.0.1:2600\"]\nretention = \"5h\"\nscope = \"file\"\nmissing_key = \"pass\"\n",
         )
         .unwrap();
         let args = ConfigArgs {
@@ -663,9 +690,24 @@ mod tests {
         };
         let s = Settings::load(&args).unwrap();
         assert_eq!(s.listen, vec!["127.0.0.1:2600".parse().unwrap()]);
-        assert_eq!(s.retention, Duration::from_secs(600));
+        assert_eq!(s.retention, Duration::from_secs(5 * 3600));
         assert_eq!(s.scope, "flag");
         assert_eq!(s.missing_key, MissingKey::Pass);
+    }
+
+    /// A key given up while the upstream may still hold it would make a new operation under
+    /// it look like a reuse there (DESIGN §1 Retention).
+    #[test]
+    fn retention_may_not_be_shorter_than_the_upstream_window() {
+        let mut s = Settings::default();
+        s.validate().unwrap();
+        s.retention = Duration::from_secs(3600);
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains("upstream_window"), "{err}");
+        s.delivery.upstream_window = Duration::from_secs(3600);
+        s.validate().unwrap();
+        s.parked_retention = Duration::from_secs(600);
+        assert!(s.validate().is_err());
     }
 
     #[test]

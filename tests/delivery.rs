@@ -280,7 +280,10 @@ async fn no_body_byte_leaves_after_the_window_even_when_the_354_is_slow() {
         "{ledger:?}"
     );
     let limit = ledger[0].started_at_ms + (WINDOW - MARGIN).as_millis() as i64;
-    assert!(second.started_at_ms < limit, "the retry began in time: {ledger:?}");
+    assert!(
+        second.started_at_ms < limit,
+        "the retry began in time: {ledger:?}"
+    );
     assert_eq!(
         sink.transactions().len(),
         1,

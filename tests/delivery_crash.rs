@@ -795,8 +795,8 @@ async fn sigkill_while_the_upstream_withholds_the_reply_recovers_unknown_and_rep
 
 /// A restarted relay does not wait for the dead relay's leases to run out (the worst-case
 /// attempt time plus a margin: 42 s with this test's timeouts, about half an hour with the
-/// defaults): it sees that their owner is gone, takes them over at start, and retries the
-/// in-flight mail at once.
+/// defaults): it sees in the store that their owner's heartbeat has stopped, takes them over
+/// within seconds, and retries the in-flight mail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_takes_over_the_leases_of_the_killed_relay_at_once() {
     let sink = Sink::start(SinkConfig::default()).await.expect("sink");
@@ -844,7 +844,7 @@ async fn a_restart_takes_over_the_leases_of_the_killed_relay_at_once() {
     assert_exactly_once(&h, &ledger, &accepted);
     let log = h.relay.as_ref().unwrap().log();
     assert!(
-        log.contains("took over leases of a relay process that is gone"),
+        log.contains("took over leases of a relay process whose heartbeat stopped"),
         "{}",
         h.context()
     );

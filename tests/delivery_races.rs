@@ -14,7 +14,8 @@ use idemrelay::sink::{FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandl
 use idemrelay::smtp::server::ListenerKind;
 use idemrelay::store::{
     self, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Insert, MessageSummary,
-    NewRecord, Pause, QueueStats, Requeue, Settle, State, Store, StoreError, StoredMessage,
+    NewRecord, Pause, QueueStats, Requeue, Retention, Settle, State, Store, StoreError,
+    StoredMessage,
 };
 
 async fn wait_terminal(relay: &TestRelay, id: &str, limit: Duration) -> State {
@@ -148,7 +149,12 @@ async fn each_failure_under_a_reused_key_gets_its_own_dsn() {
     let addr = sink.smtp_addr();
     let relay = TestRelay::start_with(|s| {
         fast_delivery(s, addr);
+        // Failed records are parked and keep their key until the upstream window closed on
+        // their last attempt: all three short here, so that the key is soon free again.
         s.retention = Duration::from_secs(1);
+        s.parked_retention = Duration::from_secs(1);
+        s.delivery.upstream_window = Duration::from_secs(1);
+        s.delivery.window_margin = Duration::from_millis(500);
         s.purge_interval = Duration::from_secs(3600);
     })
     .await;
@@ -247,14 +253,14 @@ struct FlakyIntent {
 
 #[async_trait]
 impl Store for FlakyIntent {
-    async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError> {
+    async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError> {
         self.inner.insert(record, retention).await
     }
     async fn lookup(
         &self,
         scope: &str,
         key: &str,
-        retention: Duration,
+        retention: Retention,
     ) -> Result<Option<Existing>, StoreError> {
         self.inner.lookup(scope, key, retention).await
     }
@@ -272,7 +278,7 @@ impl Store for FlakyIntent {
     async fn probe(&self) -> Result<(), StoreError> {
         self.inner.probe().await
     }
-    async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, retention: Retention) -> Result<u64, StoreError> {
         self.inner.purge_expired(retention).await
     }
     async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
@@ -303,11 +309,11 @@ impl Store for FlakyIntent {
     async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
         self.inner.renew_lease(id, token, lease).await
     }
-    async fn lease_owners(&self) -> Result<Vec<String>, StoreError> {
-        self.inner.lease_owners().await
+    async fn heartbeat(&self, process: &str) -> Result<(), StoreError> {
+        self.inner.heartbeat(process).await
     }
-    async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError> {
-        self.inner.reclaim_leases(owners).await
+    async fn reclaim_dead_leases(&self, stale_after: Duration) -> Result<u64, StoreError> {
+        self.inner.reclaim_dead_leases(stale_after).await
     }
     async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
         self.inner.release(id, token, after).await

@@ -270,3 +270,193 @@ fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
+
+// --- liveness: containers that share a host name and PID 1 ---------------------------------
+
+/// How long the sink holds every reply to the final dot: attempts stay in flight that long.
+const HELD_DOT: Duration = Duration::from_secs(6);
+
+fn liveness_config(path: &std::path::Path) {
+    // A long final-dot timeout makes the lease long (the worst-case attempt plus 10 s, here
+    // over 40 s): a takeover within seconds can only come from the heartbeat.
+    let text = r#"
+[delivery]
+connections = 2
+scan_interval = "50ms"
+retry_base = "50ms"
+retry_cap = "300ms"
+max_attempts = 200
+breaker_threshold = 1000
+
+[delivery.timeouts]
+connect = "2s"
+greeting = "2s"
+starttls = "2s"
+auth = "2s"
+mail = "2s"
+rcpt = "2s"
+data = "2s"
+dot = "25s"
+"#;
+    std::fs::write(path, text).unwrap();
+}
+
+/// `idemrelay serve` as PID 1 of a PID namespace of its own (as in a container), on this
+/// host's name; `--kill-child` makes a SIGKILL of the `unshare` process reach the relay.
+fn serve_in_pid_namespace(
+    store: &str,
+    config: &std::path::Path,
+    upstream: SocketAddr,
+) -> RelayProcess {
+    let mut cmd = std::process::Command::new("unshare");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("IDEMRELAY_") {
+            cmd.env_remove(name);
+        }
+    }
+    let args: Vec<String> = [
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--kill-child",
+        common::process::BIN,
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--hostname",
+        "relay.test",
+        "--store",
+        store,
+        "--config",
+        &config.display().to_string(),
+        "--upstream",
+        &format!("smtp://{upstream}?tls=none"),
+        "--admin",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    RelayProcess::spawn_command(cmd, &args)
+}
+
+fn pid_namespaces_available() -> bool {
+    std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+async fn ledgers(
+    store: &dyn store::Store,
+    ids: &[String],
+) -> BTreeMap<String, Vec<store::AttemptRow>> {
+    let mut out = BTreeMap::new();
+    for id in ids {
+        out.insert(id.clone(), store.attempts(id).await.unwrap());
+    }
+    out
+}
+
+async fn wait_all_delivered(store: &dyn store::Store, ids: &[String], within: Duration) {
+    let deadline = Instant::now() + within;
+    for id in ids {
+        loop {
+            let m = store.message(id).await.unwrap().unwrap();
+            if m.state == State::Delivered {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{id} not delivered: {m:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// DESIGN §2 "Liveness": two relays, each PID 1 in its own PID namespace with the same host
+/// name (containers with host networking), share one Postgres. While both live, neither takes
+/// the other's leases (each attempt is the only one of its message); once one is SIGKILLed,
+/// the other takes over its jobs within seconds, long before their leases would expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_in_their_own_pid_namespaces_take_over_only_a_dead_sibling() {
+    let Some(base) = backend::postgres_or_skip("liveness in PID namespaces") else {
+        return;
+    };
+    if !pid_namespaces_available() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "unshare --pid cannot run here, and CI must run this test"
+        );
+        eprintln!("SKIPPED liveness in PID namespaces: `unshare --pid --fork --mount-proc` fails (needs root)");
+        return;
+    }
+    let url = backend::fresh_schema(&base).await;
+    let reader = store::open(&url, Duration::from_secs(5)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    liveness_config(&config);
+    let sink = Sink::start(SinkConfig::default()).await.expect("sink");
+    sink.set_faults(vec![FaultRule::delay(Phase::Dot, HELD_DOT)])
+        .unwrap();
+    let first = serve_in_pid_namespace(&url, &config, sink.smtp_addr())
+        .ready()
+        .await;
+    let second = serve_in_pid_namespace(&url, &config, sink.smtp_addr())
+        .ready()
+        .await;
+    let addrs = vec![first.addr, second.addr];
+
+    // Both alive: four attempts in flight at once (two per relay), each held for seconds.
+    let mut calm = Vec::new();
+    for n in 0..4 {
+        calm.push(submit_until_accepted(addrs.clone(), n, format!("calm-{n}")).await);
+    }
+    wait_all_delivered(reader.as_ref(), &calm, LIMIT).await;
+    for (id, ledger) in ledgers(reader.as_ref(), &calm).await {
+        assert_eq!(
+            ledger.len(),
+            1,
+            "{id}: a live sibling's lease was taken over: {ledger:?}\nfirst:\n{}\nsecond:\n{}",
+            tail(&first.log()),
+            tail(&second.log())
+        );
+    }
+
+    // Four more in flight, then one relay dies mid-attempt.
+    let mut orphaned = Vec::new();
+    for n in 0..4 {
+        orphaned.push(submit_until_accepted(addrs.clone(), n, format!("orphan-{n}")).await);
+    }
+    sink.wait_until(LIMIT, |s| s.transactions >= 8)
+        .await
+        .expect("all four in flight");
+    let killed_at = common::now_ms();
+    first.kill();
+    wait_all_delivered(reader.as_ref(), &orphaned, LIMIT).await;
+    let mut taken_over = 0;
+    for (id, ledger) in ledgers(reader.as_ref(), &orphaned).await {
+        if ledger.len() < 2 {
+            continue;
+        }
+        taken_over += 1;
+        assert_eq!(
+            ledger[0].outcome.as_deref(),
+            Some("unknown"),
+            "{id}: {ledger:?}"
+        );
+        let after = ledger[1].started_at_ms - killed_at;
+        eprintln!("{id}: taken over {after} ms after the SIGKILL");
+        assert!(
+            after < 20_000,
+            "{id}: taken over {after} ms after the kill (the lease is over 40 s): {ledger:?}"
+        );
+    }
+    assert!(
+        taken_over > 0,
+        "the killed relay held none of the jobs in flight\n{}",
+        tail(&second.log())
+    );
+    // One copy per key at the sink, after its dedup.
+    let stats = sink.stats();
+    for key in (0..4).flat_map(|n| [format!("calm-{n}"), format!("orphan-{n}")]) {
+        assert_eq!(stats.keys[&key].accepted, 1, "{key}");
+    }
+}

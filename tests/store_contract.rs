@@ -11,9 +11,13 @@ use std::time::Duration;
 use common::backend;
 use idemrelay::intake::fingerprint::Fingerprint;
 use idemrelay::smtp::session::{BodyType, Envelope};
-use idemrelay::store::{self, AttemptResult, Insert, NewRecord, Settle, State, Store};
+use idemrelay::store::{self, AttemptResult, Insert, NewRecord, Retention, Settle, State, Store};
 
-const RETENTION: Duration = Duration::from_secs(3600);
+const RETENTION: Retention = Retention {
+    replay: Duration::from_secs(3600),
+    upstream_window: Duration::from_secs(3600),
+    parked: Duration::from_secs(3600),
+};
 const LONG_LEASE: Duration = Duration::from_secs(600);
 
 fn record(id: &str, key: &str, fp: u8) -> NewRecord {
@@ -243,7 +247,7 @@ async fn an_expired_terminal_record_is_replaced_and_a_live_one_is_not() {
             other => panic!("{name}: {other:?}"),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let short = Duration::from_millis(10);
+        let short = Retention::flat(Duration::from_millis(10));
         assert!(b.lookup("s", "k", short).await.unwrap().is_none(), "{name}");
         assert_eq!(
             b.insert(&record("r3", "k", 3), short).await.unwrap(),
@@ -391,5 +395,79 @@ async fn no_intent_is_written_under_an_expired_lease() {
             "{name}"
         );
         assert!(a.attempts("late").await.unwrap().is_empty(), "{name}");
+    }
+}
+
+/// DESIGN §1 "Retention": a parked record (`unresolved`, `failed`) keeps its key, bytes and
+/// ledger until `parked` has passed since it was parked, whatever `replay` says; and no record
+/// gives up its key while the upstream window is open on its last attempt. Both the purge and
+/// an insert under the key follow the same rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parked_records_and_keys_inside_the_upstream_window_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let ms = Duration::from_millis;
+    for (name, a, b) in instances(&dir).await {
+        // Replay is over at once; parked records wait 1.5 s; the window is 1.5 s.
+        let retention = Retention {
+            replay: ms(1),
+            upstream_window: ms(1500),
+            parked: ms(1500),
+        };
+        a.insert(&record("parked", "k-parked", 1), retention)
+            .await
+            .unwrap();
+        a.insert(&record("sent", "k-sent", 2), retention)
+            .await
+            .unwrap();
+        let parked = Settle::Unresolved {
+            upstream_reply: "unknown".into(),
+        };
+        let sent = Settle::Delivered {
+            upstream_reply: "250 ok".into(),
+        };
+        // Claims take a scope's jobs in insertion order.
+        for (id, outcome, settle) in [("parked", "unknown", parked), ("sent", "accepted", sent)] {
+            let job = a.claim("w", LONG_LEASE).await.unwrap().unwrap();
+            assert_eq!(job.id, id, "{name}");
+            assert!(a.begin_attempt(id, job.token, 1).await.unwrap());
+            let result = AttemptResult {
+                outcome,
+                phase: Some("dot"),
+                code: None,
+                reply: "r".into(),
+            };
+            assert!(a
+                .settle(id, job.token, Some((1, &result)), &settle)
+                .await
+                .unwrap());
+        }
+        tokio::time::sleep(ms(300)).await;
+        assert_eq!(b.purge_expired(retention).await.unwrap(), 0, "{name}");
+        for (id, key) in [("parked", "k-parked"), ("sent", "k-sent")] {
+            assert_eq!(
+                b.lookup("s", key, retention)
+                    .await
+                    .unwrap()
+                    .map(|e| e.id)
+                    .as_deref(),
+                Some(id),
+                "{name}: {key} still taken"
+            );
+            let again = record("new", key, 9);
+            match b.insert(&again, retention).await.unwrap() {
+                Insert::Existing(e) => assert_eq!(e.id, id, "{name}"),
+                other => panic!("{name}: {key} given away: {other:?}"),
+            }
+        }
+        let parked = b.message("parked").await.unwrap().unwrap();
+        assert!(parked.content.is_some(), "{name}: bytes kept");
+        assert_eq!(b.attempts("parked").await.unwrap().len(), 1, "{name}");
+        tokio::time::sleep(ms(1500)).await;
+        assert_eq!(b.purge_expired(retention).await.unwrap(), 2, "{name}");
+        assert!(b
+            .lookup("s", "k-parked", retention)
+            .await
+            .unwrap()
+            .is_none());
     }
 }

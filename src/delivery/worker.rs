@@ -50,7 +50,20 @@ struct Shared {
     bucket: Mutex<TokenBucket>,
     hint: Arc<Notify>,
     lease: Duration,
+    /// Until when this process's last heartbeat keeps it alive in the store's eyes (its
+    /// siblings take over its leases once the heartbeat is stale).
+    alive_until: Mutex<Instant>,
 }
+
+/// How often each relay process writes its heartbeat (DESIGN §2 "Liveness").
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+/// A process whose heartbeat is older than this is dead: its leases are taken over.
+pub const STALE_AFTER: Duration = Duration::from_secs(10);
+/// A process stops acting under its leases this long before its own heartbeat could be
+/// judged stale (clock rates differ a little, and a write may be in flight).
+const ALIVE_MARGIN: Duration = Duration::from_secs(2);
+/// How often leases of dead processes are looked for.
+const DEAD_OWNER_CHECK: Duration = Duration::from_secs(2);
 
 /// Starts the workers; they stop when `stop` flips. `hint` wakes them when intake commits.
 pub fn start(
@@ -74,10 +87,12 @@ pub fn start(
         hint,
         lease,
         settings,
+        // Not alive until the first heartbeat is written: no claim before it.
+        alive_until: Mutex::new(Instant::now()),
     });
     let process = ProcessId::current();
-    let mut tasks = vec![tokio::spawn(watch_for_dead_lease_owners(
-        shared.store.clone(),
+    let mut tasks = vec![tokio::spawn(keep_alive(
+        shared.clone(),
         process.clone(),
         stop.clone(),
     ))];
@@ -147,6 +162,10 @@ impl Worker {
     /// One unit of work; true when something was done and the worker should look again.
     async fn step(&mut self) -> anyhow::Result<bool> {
         let store = self.shared.store.clone();
+        if self.shared.alive_deadline() <= Instant::now() {
+            // Our heartbeat is not known to be fresh: what we claimed could be taken over.
+            return Ok(false);
+        }
         // The token is taken before the claim: waited for under a lease, the wait would eat
         // into the time the lease grants the attempt.
         self.take_token().await;
@@ -312,11 +331,16 @@ impl Worker {
             let mut renew = tokio::time::interval(lease / 3);
             renew.tick().await;
             loop {
-                let expiry = tokio::time::Instant::from_std(held.abandon_at());
+                let deadline = held.abandon_at().min(self.shared.alive_deadline());
                 tokio::select! {
                     outcome = &mut send => break Some(outcome),
-                    // Renewals kept failing: the lease may pass to another worker now.
-                    _ = tokio::time::sleep_until(expiry) => break None,
+                    // Renewals or heartbeats kept failing: the lease may pass to another
+                    // worker or process now (a heartbeat that landed meanwhile moves it).
+                    _ = tokio::time::sleep_until(deadline.into()) => {
+                        if held.abandon_at().min(self.shared.alive_deadline()) <= Instant::now() {
+                            break None;
+                        }
+                    }
                     _ = renew.tick() => {
                         self.shared.settings.metrics.delivery_heartbeat();
                         let asked = Instant::now();
@@ -525,41 +549,27 @@ impl HeldLease {
     }
 }
 
-/// A lease owner names its process: `host/pid/nonce`. On one host, a relay that finds leases of
-/// a process that no longer exists takes them over at once instead of waiting for expiry.
+impl Shared {
+    /// When this process must stop acting under its leases, lacking a newer heartbeat.
+    fn alive_deadline(&self) -> Instant {
+        let until = *self.alive_until.lock().expect("liveness lock");
+        until.checked_sub(ALIVE_MARGIN).unwrap_or(until)
+    }
+}
+
+/// A lease owner names its process: `host/pid/nonce`, for people reading the ledger. Only
+/// the nonce makes it unique; whether the process lives is told by its heartbeat alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ProcessId(String);
 
 impl ProcessId {
     fn current() -> Self {
         ProcessId(format!(
-            "{}/{}/{:08x}",
+            "{}/{}/{:016x}",
             host_name(),
             std::process::id(),
-            fastrand::u32(..)
+            fastrand::u64(..)
         ))
-    }
-
-    /// True only when the owner is certainly dead: same host, and either its pid is gone or
-    /// it is our own pid with another nonce (a previous incarnation, e.g. PID 1 in a
-    /// container). Anything else might be alive and keeps its lease until expiry.
-    fn owner_is_dead(&self, owner: &str) -> bool {
-        let ours: Vec<&str> = self.0.splitn(3, '/').collect();
-        let process = owner.rsplit_once('-').map_or(owner, |(p, _)| p);
-        let theirs: Vec<&str> = process.splitn(3, '/').collect();
-        let ([host, pid, nonce], [their_host, their_pid, their_nonce]) =
-            (ours.as_slice(), theirs.as_slice())
-        else {
-            return false;
-        };
-        if host != their_host {
-            return false;
-        }
-        if pid == their_pid {
-            return nonce != their_nonce;
-        }
-        their_pid.parse::<u32>().is_ok()
-            && !std::path::Path::new(&format!("/proc/{their_pid}")).exists()
     }
 }
 
@@ -569,19 +579,28 @@ fn host_name() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
-/// Not only at start: instances sharing one database on one host take over a sibling that
-/// died within seconds, instead of leaving its messages until their leases run out.
-const DEAD_OWNER_CHECK: Duration = Duration::from_secs(2);
-
-async fn watch_for_dead_lease_owners(
-    store: Arc<dyn Store>,
-    me: ProcessId,
-    mut stop: watch::Receiver<bool>,
-) {
+/// Writes this process's heartbeat every second and, every few seconds, takes over the
+/// leases of processes whose heartbeat went stale: instances sharing one database take over
+/// a sibling that died within seconds, wherever it ran, instead of at lease expiry.
+async fn keep_alive(shared: Arc<Shared>, me: ProcessId, mut stop: watch::Receiver<bool>) {
+    let mut last_check: Option<Instant> = None;
     loop {
-        reclaim_dead_leases(store.as_ref(), &me).await;
+        let asked = Instant::now();
+        match shared.store.heartbeat(&me.0).await {
+            Ok(()) => {
+                let mut until = shared.alive_until.lock().expect("liveness lock");
+                *until = (*until).max(asked + STALE_AFTER);
+            }
+            Err(err) => {
+                tracing::warn!(target: "idemrelay::delivery", error = %err, "cannot write the liveness heartbeat; delivery stops before siblings could take this process for dead")
+            }
+        }
+        if last_check.is_none_or(|t| t.elapsed() >= DEAD_OWNER_CHECK) {
+            last_check = Some(Instant::now());
+            reclaim_dead_leases(shared.store.as_ref()).await;
+        }
         tokio::select! {
-            _ = tokio::time::sleep(DEAD_OWNER_CHECK) => {}
+            _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
             _ = stop.changed() => return,
         }
         if *stop.borrow() {
@@ -590,26 +609,16 @@ async fn watch_for_dead_lease_owners(
     }
 }
 
-async fn reclaim_dead_leases(store: &dyn Store, me: &ProcessId) {
-    let result = async {
-        let dead: Vec<String> = store
-            .lease_owners()
-            .await?
-            .into_iter()
-            .filter(|owner| me.owner_is_dead(owner))
-            .collect();
-        store.reclaim_leases(&dead).await
-    }
-    .await;
-    match result {
+async fn reclaim_dead_leases(store: &dyn Store) {
+    match store.reclaim_dead_leases(STALE_AFTER).await {
         Ok(0) => {}
         Ok(n) => tracing::warn!(
             target: "idemrelay::delivery",
             leases = n,
-            "took over leases of a relay process that is gone; its open attempts count as UNKNOWN"
+            "took over leases of a relay process whose heartbeat stopped; its open attempts count as UNKNOWN"
         ),
         Err(err) => {
-            tracing::warn!(target: "idemrelay::delivery", error = %err, "cannot check for stale leases")
+            tracing::warn!(target: "idemrelay::delivery", error = %err, "cannot check for leases of dead processes")
         }
     }
 }
@@ -674,7 +683,7 @@ fn settle_name(settle: &Settle) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::{HeldLease, ProcessId};
+    use super::HeldLease;
     use std::time::{Duration, Instant};
 
     #[test]
@@ -691,20 +700,5 @@ mod tests {
         assert_eq!(held.abandon_at(), t0 + s(37));
         // Short leases keep at least a second of margin.
         assert_eq!(HeldLease::new(t0, s(5)).abandon_at(), t0 + s(4));
-    }
-
-    #[test]
-    fn only_certainly_dead_owners_are_reclaimed() {
-        let me = ProcessId("hostA/4242/aaaa0000".into());
-        // A pid that cannot exist on Linux (pid_max is at most 2^22).
-        assert!(me.owner_is_dead("hostA/99999999/bbbb1111-0"));
-        // Our own pid with another nonce: a previous incarnation.
-        assert!(me.owner_is_dead("hostA/4242/bbbb1111-3"));
-        // Ourselves, another host, a live pid, garbage: keep the lease.
-        assert!(!me.owner_is_dead("hostA/4242/aaaa0000-1"));
-        assert!(!me.owner_is_dead("hostB/99999999/bbbb1111-0"));
-        assert!(!me.owner_is_dead(&format!("hostA/{}/cccc2222-0", std::process::id())));
-        assert!(!me.owner_is_dead("garbage"));
-        assert!(!me.owner_is_dead("hostA/notapid/x-0"));
     }
 }

@@ -26,7 +26,7 @@ use message::{
 pub struct IntakeSettings {
     pub hostname: String,
     pub missing_key: MissingKey,
-    pub retention: Duration,
+    pub retention: crate::store::Retention,
     /// How long a submission waits for a concurrent one with the same key to commit.
     pub in_progress_wait: Duration,
 }

@@ -254,15 +254,15 @@ pub enum StoreError {
 pub trait Store: Send + Sync {
     /// Inserts the record (and its delivery job when queued) in one transaction, relying on
     /// the unique (scope, key) constraint. A live record under the key is returned instead;
-    /// an expired terminal one is replaced.
-    async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError>;
+    /// an expired one (`Retention::expired`) is replaced.
+    async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError>;
 
     /// The live record under (scope, key), if any.
     async fn lookup(
         &self,
         scope: &str,
         key: &str,
-        retention: Duration,
+        retention: Retention,
     ) -> Result<Option<Existing>, StoreError>;
 
     async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError>;
@@ -278,8 +278,8 @@ pub trait Store: Send + Sync {
     /// Checks that a write transaction can be opened now (used to fail closed at connect).
     async fn probe(&self) -> Result<(), StoreError>;
 
-    /// Deletes terminal records older than the retention; returns how many.
-    async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError>;
+    /// Deletes the records that have expired (`Retention::expired`); returns how many.
+    async fn purge_expired(&self, retention: Retention) -> Result<u64, StoreError>;
 
     /// Leases the next due job (fair across scopes), closing a dead worker's open intent.
     /// Nothing is claimed while delivery is paused (checked in the same transaction).
@@ -301,12 +301,15 @@ pub trait Store: Send + Sync {
     /// Extends a lease still held under `token`; false if it was lost.
     async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError>;
 
-    /// Owners of leases that have not expired yet.
-    async fn lease_owners(&self) -> Result<Vec<String>, StoreError>;
+    /// Records, at the store's clock, that the relay process `process` is alive (DESIGN §2
+    /// "Liveness"). Its workers' lease owners are `<process>-<n>`.
+    async fn heartbeat(&self, process: &str) -> Result<(), StoreError>;
 
-    /// Ends the leases of owners known to be dead, so their jobs (and open intents, which
-    /// become UNKNOWN at the next claim) are taken over now rather than at lease expiry.
-    async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError>;
+    /// Ends the unexpired leases of processes whose heartbeat is older than `stale_after`, so
+    /// their jobs (and open intents, which become UNKNOWN at the next claim) are taken over
+    /// now rather than at lease expiry. A lease whose process has no heartbeat row at all is
+    /// left to expire: that is no evidence either way.
+    async fn reclaim_dead_leases(&self, stale_after: Duration) -> Result<u64, StoreError>;
 
     /// Gives a lease back without an attempt (queue paused, breaker open, rate limit).
     async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError>;
@@ -349,6 +352,76 @@ pub trait Store: Send + Sync {
     /// The id of the record under (scope, key), expired or not (operators look up old keys too).
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError>;
 }
+
+/// How long a terminal record keeps its key and replays (DESIGN §1 "Retention").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// A `delivered` or `rejected` record replays for at least this long after acceptance.
+    pub replay: Duration,
+    /// Any record's key stays taken until the upstream's window has closed on its last
+    /// attempt: until then the upstream may still hold the key, and a new operation under it
+    /// (other bytes: a new `Received:` line at least) would be refused there as a reuse.
+    pub upstream_window: Duration,
+    /// `failed` and `unresolved` records are parked for an operator this long after they
+    /// were parked.
+    pub parked: Duration,
+}
+
+impl Retention {
+    /// One duration for everything and no upstream window (store tests).
+    pub fn flat(d: Duration) -> Self {
+        Retention {
+            replay: d,
+            upstream_window: Duration::ZERO,
+            parked: d,
+        }
+    }
+
+    /// Whether a record has expired: its key is free for a new operation and the record may
+    /// be purged. Queued records never expire.
+    pub fn expired(
+        &self,
+        state: State,
+        accepted_at_ms: i64,
+        finished_at_ms: Option<i64>,
+        last_attempt_at_ms: Option<i64>,
+        now_ms: i64,
+    ) -> bool {
+        let after = |from: i64, d: Duration| from.saturating_add(retention_ms(d)) <= now_ms;
+        let own = match state {
+            State::Queued => return false,
+            State::Delivered | State::Rejected => after(accepted_at_ms, self.replay),
+            State::Failed | State::Unresolved => {
+                after(finished_at_ms.unwrap_or(accepted_at_ms), self.parked)
+            }
+        };
+        own && last_attempt_at_ms.is_none_or(|at| after(at, self.upstream_window))
+    }
+
+    /// `expired` as an SQL condition on `messages m`, given the SQL text of its parameters
+    /// (`?1` or `$1` style): now, replay, parked and upstream window, in milliseconds.
+    pub(crate) fn expired_sql(now: &str, replay: &str, parked: &str, window: &str) -> String {
+        format!(
+            "((m.state IN ('delivered', 'rejected') AND m.accepted_at + {replay} <= {now})
+               OR (m.state IN ('failed', 'unresolved')
+                   AND COALESCE(m.finished_at, m.accepted_at) + {parked} <= {now}))
+             AND NOT EXISTS (SELECT 1 FROM attempts a
+                             WHERE a.message_id = m.id AND a.started_at + {window} > {now})"
+        )
+    }
+
+    /// The parameters of `expired_sql`, in its order.
+    pub(crate) fn sql_params(&self) -> [i64; 3] {
+        [
+            retention_ms(self.replay),
+            retention_ms(self.parked),
+            retention_ms(self.upstream_window),
+        ]
+    }
+}
+
+/// Heartbeat rows older than this are removed: no lease lasts nearly as long.
+pub(crate) const FORGET_PROCESS_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// One row of `idemrelay report`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -524,7 +597,64 @@ pub(crate) fn retention_ms(retention: Duration) -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_day, utc_day};
+    use super::{parse_day, utc_day, Retention, State};
+    use std::time::Duration;
+
+    #[test]
+    fn records_expire_by_state_and_never_inside_the_upstream_window() {
+        const H: i64 = 3_600_000;
+        let r = Retention {
+            replay: Duration::from_secs(3 * 3600),
+            upstream_window: Duration::from_secs(3 * 3600),
+            parked: Duration::from_secs(30 * 24 * 3600),
+        };
+        // (state, accepted, finished, last attempt, now, expired)
+        let table = [
+            (State::Queued, 0, None, None, 1000 * H, false),
+            (State::Delivered, 0, Some(H), Some(H), 3 * H, false),
+            // Replayed for 3 h, and the last attempt's window is over too.
+            (State::Delivered, 0, Some(H), Some(0), 3 * H, true),
+            // A late delivery: the key stays taken until its attempt's window closed.
+            (State::Delivered, 0, Some(2 * H), Some(2 * H), 4 * H, false),
+            (State::Delivered, 0, Some(2 * H), Some(2 * H), 5 * H, true),
+            (State::Rejected, 0, None, None, 3 * H, true),
+            (State::Rejected, 0, None, None, 3 * H - 1, false),
+            // Parked at 2h50m: not gone ten minutes later, gone 30 days after parking.
+            (
+                State::Unresolved,
+                0,
+                Some(170 * 60_000),
+                Some(0),
+                3 * H,
+                false,
+            ),
+            (
+                State::Unresolved,
+                0,
+                Some(3 * H),
+                Some(0),
+                3 * H + 720 * H,
+                true,
+            ),
+            (State::Failed, 0, Some(48 * H), Some(48 * H), 50 * H, false),
+            (
+                State::Failed,
+                0,
+                Some(48 * H),
+                Some(48 * H),
+                48 * H + 720 * H,
+                true,
+            ),
+            (State::Failed, 0, None, None, 720 * H, true),
+        ];
+        for (state, accepted, finished, last, now, expired) in table {
+            assert_eq!(
+                r.expired(state, accepted, finished, last, now),
+                expired,
+                "{state:?} accepted {accepted} finished {finished:?} last {last:?} now {now}"
+            );
+        }
+    }
 
     #[test]
     fn utc_days() {

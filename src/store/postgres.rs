@@ -14,8 +14,8 @@ use sqlx::{Connection, Executor, Row};
 use super::migrate::{Embedded, Steps};
 use super::{
     retention_ms, rows, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, Insert,
-    MessageSummary, NewRecord, Pause, QueueStats, Requeue, Settle, State, Store, StoreError,
-    StoredMessage,
+    MessageSummary, NewRecord, Pause, QueueStats, Requeue, Retention, Settle, State, Store,
+    StoreError, StoredMessage,
 };
 
 const MIGRATIONS: Steps = &[
@@ -44,9 +44,12 @@ const MIGRATIONS: Steps = &[
         "body_integrity",
         include_str!("../../migrations/postgres/0005_body_integrity.sql"),
     ),
+    (
+        6,
+        "liveness",
+        include_str!("../../migrations/postgres/0006_liveness.sql"),
+    ),
 ];
-
-const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -257,7 +260,7 @@ async fn delete_job(conn: &mut PgConnection, id: &str) -> Result<(), StoreError>
 
 #[async_trait]
 impl Store for PostgresStore {
-    async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError> {
+    async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError> {
         let mut tx = self.pool.begin().await?;
         let now = db_now(&mut tx).await?;
         // A concurrent insert of the same key (on any instance) makes ours wait for its
@@ -267,21 +270,27 @@ impl Store for PostgresStore {
             if insert_message(&mut tx, record, now).await? == 1 {
                 break;
             }
-            let row = sqlx::query(&format!(
-                "SELECT id, fingerprint, reply, state,
-                        (state IN {TERMINAL_STATES} AND accepted_at + $3 <= $4) AS expired
-                 FROM messages WHERE scope = $1 AND idem_key = $2"
-            ))
+            let row = sqlx::query(
+                "SELECT id, fingerprint, reply, state, accepted_at, finished_at,
+                    (SELECT MAX(a.started_at) FROM attempts a WHERE a.message_id = m.id)
+                        AS last_attempt_at
+                 FROM messages m WHERE scope = $1 AND idem_key = $2",
+            )
             .bind(&record.scope)
             .bind(record.key.as_deref().unwrap_or_default())
-            .bind(retention_ms(retention))
-            .bind(now)
             .fetch_optional(&mut *tx)
             .await?;
             // Gone between our insert and this read: the holder rolled back or was purged.
             let Some(row) = row else { continue };
             let existing = rows::existing(&row)?;
-            if !row.try_get::<bool, _>("expired")? {
+            let expired = retention.expired(
+                existing.state,
+                row.try_get("accepted_at")?,
+                row.try_get("finished_at")?,
+                row.try_get("last_attempt_at")?,
+                now,
+            );
+            if !expired {
                 tx.rollback().await?;
                 return Ok(Insert::Existing(existing));
             }
@@ -302,16 +311,19 @@ impl Store for PostgresStore {
         &self,
         scope: &str,
         key: &str,
-        retention: Duration,
+        retention: Retention,
     ) -> Result<Option<super::Existing>, StoreError> {
+        let [replay, parked, window] = retention.sql_params();
         let row = sqlx::query(&format!(
-            "SELECT id, fingerprint, reply, state FROM messages
-             WHERE scope = $1 AND idem_key = $2
-               AND NOT (state IN {TERMINAL_STATES} AND accepted_at + $3 <= idemrelay_now_ms())"
+            "SELECT id, fingerprint, reply, state FROM messages m
+             WHERE scope = $4 AND idem_key = $5 AND NOT ({})",
+            Retention::expired_sql("idemrelay_now_ms()", "$1", "$2", "$3")
         ))
+        .bind(replay)
+        .bind(parked)
+        .bind(window)
         .bind(scope)
         .bind(key)
-        .bind(retention_ms(retention))
         .fetch_optional(&self.pool)
         .await?;
         row.as_ref().map(rows::existing).transpose()
@@ -361,12 +373,15 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, retention: Retention) -> Result<u64, StoreError> {
+        let [replay, parked, window] = retention.sql_params();
         Ok(sqlx::query(&format!(
-            "DELETE FROM messages
-             WHERE state IN {TERMINAL_STATES} AND accepted_at + $1 <= idemrelay_now_ms()"
+            "DELETE FROM messages m WHERE {}",
+            Retention::expired_sql("idemrelay_now_ms()", "$1", "$2", "$3")
         ))
-        .bind(retention_ms(retention))
+        .bind(replay)
+        .bind(parked)
+        .bind(window)
         .execute(&self.pool)
         .await?
         .rows_affected())
@@ -551,21 +566,31 @@ impl Store for PostgresStore {
             == 1)
     }
 
-    async fn lease_owners(&self) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT DISTINCT lease_owner FROM delivery_jobs
-             WHERE lease_owner IS NOT NULL AND lease_until > idemrelay_now_ms()",
+    async fn heartbeat(&self, process: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO relay_processes (id, started_at, heartbeat_at)
+             VALUES ($1, idemrelay_now_ms(), idemrelay_now_ms())
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
         )
-        .fetch_all(&self.pool)
-        .await?)
+        .bind(process)
+        .execute(&self.pool)
+        .await?;
+        sqlx::query("DELETE FROM relay_processes WHERE heartbeat_at < idemrelay_now_ms() - $1")
+            .bind(retention_ms(super::FORGET_PROCESS_AFTER))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
-    async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError> {
+    async fn reclaim_dead_leases(&self, stale_after: Duration) -> Result<u64, StoreError> {
         Ok(sqlx::query(
             "UPDATE delivery_jobs SET lease_until = idemrelay_now_ms()
-             WHERE lease_owner = ANY($1) AND lease_until > idemrelay_now_ms()",
+             WHERE lease_owner IS NOT NULL AND lease_until > idemrelay_now_ms()
+               AND EXISTS (SELECT 1 FROM relay_processes p
+                           WHERE substr(delivery_jobs.lease_owner, 1, length(p.id) + 1) = p.id || '-'
+                             AND p.heartbeat_at <= idemrelay_now_ms() - $1)",
         )
-        .bind(owners)
+        .bind(retention_ms(stale_after))
         .execute(&self.pool)
         .await?
         .rows_affected())

@@ -18,8 +18,8 @@ use super::rows;
 use super::spool::{Spool, SpoolReader, WithSpool};
 use super::sqlite_writes as writes;
 use super::{
-    now_ms, retention_ms, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing,
-    Insert, MessageSummary, NewRecord, Pause, QueueStats, Requeue, Settle, State, Store,
+    now_ms, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Insert,
+    MessageSummary, NewRecord, Pause, QueueStats, Requeue, Retention, Settle, State, Store,
     StoreError, StoredMessage,
 };
 
@@ -58,6 +58,11 @@ const MIGRATIONS: Steps = &[
         7,
         "body_integrity",
         include_str!("../../migrations/sqlite/0007_body_integrity.sql"),
+    ),
+    (
+        8,
+        "liveness",
+        include_str!("../../migrations/sqlite/0008_liveness.sql"),
     ),
 ];
 
@@ -108,8 +113,6 @@ impl BatchHooks for SpoolHooks {
         self.0.lock().expect("spool lock").after_batch();
     }
 }
-
-const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
 
 impl SqliteStore {
     pub async fn open(url: &str, busy_timeout: Duration) -> Result<Self, StoreError> {
@@ -189,7 +192,7 @@ fn writer_connection(
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn insert(&self, record: &NewRecord, retention: Duration) -> Result<Insert, StoreError> {
+    async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError> {
         let record = record.clone();
         let spool = self.spool.clone();
         self.writer
@@ -201,17 +204,20 @@ impl Store for SqliteStore {
         &self,
         scope: &str,
         key: &str,
-        retention: Duration,
+        retention: Retention,
     ) -> Result<Option<Existing>, StoreError> {
+        let [replay, parked, window] = retention.sql_params();
         let row = sqlx::query(&format!(
-            "SELECT id, fingerprint, reply, state FROM messages
-             WHERE scope = ? AND idem_key = ?
-               AND NOT (state IN {TERMINAL_STATES} AND accepted_at + ? <= ?)"
+            "SELECT id, fingerprint, reply, state FROM messages m
+             WHERE scope = ?5 AND idem_key = ?6 AND NOT ({})",
+            Retention::expired_sql("?1", "?2", "?3", "?4")
         ))
+        .bind(now_ms())
+        .bind(replay)
+        .bind(parked)
+        .bind(window)
         .bind(scope)
         .bind(key)
-        .bind(retention_ms(retention))
-        .bind(now_ms())
         .fetch_optional(&self.pool)
         .await?;
         row.as_ref().map(rows::existing).transpose()
@@ -252,7 +258,7 @@ impl Store for SqliteStore {
         self.writer.write(|_| Ok(())).await
     }
 
-    async fn purge_expired(&self, retention: Duration) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, retention: Retention) -> Result<u64, StoreError> {
         let purged = self
             .writer
             .write(move |conn| writes::purge_expired(conn, retention))
@@ -302,20 +308,16 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn lease_owners(&self) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT DISTINCT lease_owner FROM delivery_jobs
-             WHERE lease_owner IS NOT NULL AND lease_until > ?",
-        )
-        .bind(now_ms())
-        .fetch_all(&self.pool)
-        .await?)
+    async fn heartbeat(&self, process: &str) -> Result<(), StoreError> {
+        let process = process.to_string();
+        self.writer
+            .write(move |conn| writes::heartbeat(conn, &process))
+            .await
     }
 
-    async fn reclaim_leases(&self, owners: &[String]) -> Result<u64, StoreError> {
-        let owners = owners.to_vec();
+    async fn reclaim_dead_leases(&self, stale_after: Duration) -> Result<u64, StoreError> {
         self.writer
-            .write(move |conn| writes::reclaim_leases(conn, &owners))
+            .write(move |conn| writes::reclaim_dead_leases(conn, stale_after))
             .await
     }
 
@@ -512,7 +514,7 @@ mod tests {
     async fn a_large_body_is_spooled_and_read_back_exactly_by_claims_and_lookups() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(&dir).await;
-        let retention = Duration::from_secs(3600);
+        let retention = Retention::flat(Duration::from_secs(3600));
         let big = large("m1", "k1", b'a');
         store.insert(&big, retention).await.unwrap();
         store.insert(&record("m2", "k2"), retention).await.unwrap();
@@ -565,7 +567,7 @@ mod tests {
     #[tokio::test]
     async fn a_sealed_segment_is_removed_once_no_row_points_at_it() {
         let dir = tempfile::tempdir().unwrap();
-        let retention = Duration::from_secs(3600);
+        let retention = Retention::flat(Duration::from_secs(3600));
         {
             let store = store(&dir).await;
             store
@@ -589,7 +591,13 @@ mod tests {
             ["0000000000000001.seg", "0000000000000002.seg"]
         );
         // m2 is still queued and points into segment 1: nothing is removed.
-        assert_eq!(store.purge_expired(Duration::ZERO).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .purge_expired(Retention::flat(Duration::ZERO))
+                .await
+                .unwrap(),
+            1
+        );
         assert_eq!(
             segments(&dir),
             ["0000000000000001.seg", "0000000000000002.seg"]
@@ -599,7 +607,13 @@ mod tests {
             large("m2", "k2", b'b').content
         );
         store.finish("m2", State::Delivered, None).await.unwrap();
-        assert_eq!(store.purge_expired(Duration::ZERO).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .purge_expired(Retention::flat(Duration::ZERO))
+                .await
+                .unwrap(),
+            1
+        );
         // Segment 2 is still open (and m3 points into it): only segment 1 goes.
         assert_eq!(segments(&dir), ["0000000000000002.seg"]);
         assert_eq!(
@@ -639,7 +653,7 @@ mod tests {
     async fn a_damaged_body_is_marked_failed_never_handed_out_and_the_queue_goes_on() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(&dir).await;
-        let retention = Duration::from_secs(3600);
+        let retention = Retention::flat(Duration::from_secs(3600));
         store
             .insert(&large("torn", "k1", b'a'), retention)
             .await
@@ -730,7 +744,7 @@ mod tests {
     async fn store_requeue_of_failed_keeps_the_ledger_and_continues_numbering() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(&dir).await;
-        let retention = Duration::from_secs(3600);
+        let retention = Retention::flat(Duration::from_secs(3600));
         store.insert(&record("m1", "k1"), retention).await.unwrap();
         let failed = Settle::Failed {
             upstream_reply: "550 no".into(),
@@ -766,7 +780,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = store(&dir).await;
         store
-            .insert(&record("m1", "k1"), Duration::from_secs(3600))
+            .insert(
+                &record("m1", "k1"),
+                Retention::flat(Duration::from_secs(3600)),
+            )
             .await
             .unwrap();
         let unresolved = Settle::Unresolved {
@@ -792,7 +809,7 @@ mod tests {
     async fn store_cancel_fails_an_unleased_queued_record_only() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(&dir).await;
-        let retention = Duration::from_secs(3600);
+        let retention = Retention::flat(Duration::from_secs(3600));
         store.insert(&record("m1", "k1"), retention).await.unwrap();
         store.insert(&record("m2", "k2"), retention).await.unwrap();
         let leased = store.claim("w", LEASE).await.unwrap().unwrap();

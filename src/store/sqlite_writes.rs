@@ -10,14 +10,13 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::spool::{Spool, SpoolReader, WithSpool, SPOOL_MIN};
 use super::{
     body_checksum, now_ms, report_damage, requeue_refusal, requeued_first_attempt, retention_ms,
-    rows, AttemptResult, Claimed, Insert, NewRecord, Requeue, Settle, State, StoreError,
+    rows, AttemptResult, Claimed, Insert, NewRecord, Requeue, Retention, Settle, State, StoreError,
+    FORGET_PROCESS_AFTER,
 };
 
 /// A claim that finds damaged bodies marks them and goes on to the next job, up to this many
 /// per claim (the next claim continues).
 const DAMAGED_PER_CLAIM: usize = 16;
-
-const TERMINAL_STATES: &str = "('delivered', 'failed', 'unresolved', 'rejected')";
 
 /// Inserts a message row unless its (scope, key) is taken; returns the rows inserted. A
 /// queued record's delivery job comes with it (a trigger). A large body goes to the spool
@@ -94,23 +93,33 @@ pub fn insert(
     conn: &Connection,
     spool: &Mutex<Spool>,
     record: &NewRecord,
-    retention: Duration,
+    retention: Retention,
 ) -> Result<Insert, StoreError> {
     let now = now_ms();
     if insert_message(conn, spool, record, now)? == 0 {
         let key = record.key.as_deref().unwrap_or_default();
-        let (existing, accepted_at) = conn
+        let (existing, expired) = conn
             .prepare_cached(
-                "SELECT id, fingerprint, reply, state, accepted_at FROM messages
-                 WHERE scope = ? AND idem_key = ?",
+                "SELECT id, fingerprint, reply, state, accepted_at, finished_at,
+                    (SELECT MAX(a.started_at) FROM attempts a WHERE a.message_id = m.id)
+                        AS last_attempt_at
+                 FROM messages m WHERE scope = ? AND idem_key = ?",
             )?
             .query_row(params![record.scope, key], |row| {
-                Ok((rows::existing(row), row.get::<_, i64>("accepted_at")?))
+                let existing = rows::existing(row);
+                let expired = existing.as_ref().ok().map(|e| {
+                    Ok::<_, rusqlite::Error>(retention.expired(
+                        e.state,
+                        row.get("accepted_at")?,
+                        row.get("finished_at")?,
+                        row.get("last_attempt_at")?,
+                        now,
+                    ))
+                });
+                Ok((existing, expired.transpose()?))
             })?;
         let existing = existing?;
-        let expired = existing.state.is_terminal()
-            && accepted_at.saturating_add(retention_ms(retention)) <= now;
-        if !expired {
+        if expired != Some(true) {
             return Ok(Insert::Existing(existing));
         }
         conn.prepare_cached("DELETE FROM messages WHERE id = ?")?
@@ -140,12 +149,14 @@ pub fn finish(
     Ok(updated == 1)
 }
 
-pub fn purge_expired(conn: &Connection, retention: Duration) -> Result<u64, StoreError> {
+pub fn purge_expired(conn: &Connection, retention: Retention) -> Result<u64, StoreError> {
+    let [replay, parked, window] = retention.sql_params();
     let deleted = conn
         .prepare_cached(&format!(
-            "DELETE FROM messages WHERE state IN {TERMINAL_STATES} AND accepted_at + ? <= ?"
+            "DELETE FROM messages AS m WHERE {}",
+            Retention::expired_sql("?1", "?2", "?3", "?4")
         ))?
-        .execute(params![retention_ms(retention), now_ms()])?;
+        .execute(params![now_ms(), replay, parked, window])?;
     Ok(deleted as u64)
 }
 
@@ -372,17 +383,29 @@ pub fn renew_lease(
     Ok(renewed == 1)
 }
 
-pub fn reclaim_leases(conn: &Connection, owners: &[String]) -> Result<u64, StoreError> {
+pub fn heartbeat(conn: &Connection, process: &str) -> Result<(), StoreError> {
     let now = now_ms();
-    let mut reclaimed = 0;
-    for owner in owners {
-        reclaimed += conn
-            .prepare_cached(
-                "UPDATE delivery_jobs SET lease_until = ? WHERE lease_owner = ? AND lease_until > ?",
-            )?
-            .execute(params![now, owner, now])? as u64;
-    }
-    Ok(reclaimed)
+    conn.prepare_cached(
+        "INSERT INTO relay_processes (id, started_at, heartbeat_at) VALUES (?1, ?2, ?2)
+         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+    )?
+    .execute(params![process, now])?;
+    conn.prepare_cached("DELETE FROM relay_processes WHERE heartbeat_at < ?")?
+        .execute([now.saturating_sub(retention_ms(FORGET_PROCESS_AFTER))])?;
+    Ok(())
+}
+
+pub fn reclaim_dead_leases(conn: &Connection, stale_after: Duration) -> Result<u64, StoreError> {
+    let now = now_ms();
+    Ok(conn
+        .prepare_cached(
+            "UPDATE delivery_jobs SET lease_until = ?1
+             WHERE lease_owner IS NOT NULL AND lease_until > ?1
+               AND EXISTS (SELECT 1 FROM relay_processes p
+                           WHERE substr(delivery_jobs.lease_owner, 1, length(p.id) + 1) = p.id || '-'
+                             AND p.heartbeat_at <= ?2)",
+        )?
+        .execute(params![now, now.saturating_sub(retention_ms(stale_after))])? as u64)
 }
 
 pub fn release(conn: &Connection, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {

@@ -89,6 +89,28 @@ pub async fn scalar(store: &str, sql: &str) -> i64 {
     }
 }
 
+/// Moves every record's times (acceptance, finish, attempts) `by` into the past, as if that
+/// much time had gone by: for retention rules measured in hours and days.
+pub async fn age_records(store: &str, by: std::time::Duration) {
+    let ms = by.as_millis();
+    execute(
+        store,
+        &format!(
+            "UPDATE messages SET accepted_at = accepted_at - {ms},
+                finished_at = finished_at - {ms}"
+        ),
+    )
+    .await;
+    execute(
+        store,
+        &format!(
+            "UPDATE attempts SET started_at = started_at - {ms},
+                finished_at = finished_at - {ms}"
+        ),
+    )
+    .await;
+}
+
 /// A writer that holds the store's write lock from outside the relay, as a stuck writer
 /// would: SQLite's reserved lock, or an EXCLUSIVE lock on the Postgres record tables (reads
 /// still pass, as with SQLite).
