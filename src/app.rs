@@ -98,19 +98,7 @@ impl Relay {
         }
         let metrics = Arc::new(Metrics::new());
         let hint = Arc::new(Notify::new());
-        let intake = Arc::new(
-            Intake::new(
-                store.clone(),
-                IntakeSettings {
-                    hostname: settings.hostname.clone(),
-                    missing_key: settings.missing_key,
-                    retention: settings.retention_policy(),
-                    in_progress_wait: settings.in_progress_wait,
-                },
-                hint.clone(),
-            )
-            .with_metrics(metrics.clone()),
-        );
+
         let tls = match (&settings.tls_cert, &settings.tls_key) {
             (Some(cert), Some(key)) => Some(Arc::new(TlsCerts::load(cert, key)?)),
             _ => None,
@@ -119,6 +107,25 @@ impl Relay {
             Some(path) => Some(Arc::new(Users::load(path)?)),
             None => None,
         };
+        // Every scope that can submit sends to the one upstream: when there is more than
+        // one, the key the upstream sees carries the scope (DESIGN §1).
+        let scopes: std::collections::BTreeSet<&str> = std::iter::once(settings.scope.as_str())
+            .chain(users.iter().flat_map(|u| u.scopes()))
+            .collect();
+        let intake = Arc::new(
+            Intake::new(
+                store.clone(),
+                IntakeSettings {
+                    hostname: settings.hostname.clone(),
+                    missing_key: settings.missing_key,
+                    retention: settings.retention_policy(),
+                    in_progress_wait: settings.in_progress_wait,
+                    shared_upstream: scopes.len() > 1,
+                },
+                hint.clone(),
+            )
+            .with_metrics(metrics.clone()),
+        );
         // Counted per (client, user name), with a looser cap per client (DESIGN §3).
         let auth_throttle = Arc::new(AuthThrottle::new(ThrottleLimits {
             per_user: settings.max_auth_failures_per_user,

@@ -333,7 +333,11 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
                     Some(message) => Some(message),
                     None => {
                         let scope = scope.as_deref().unwrap_or(&settings.scope);
-                        match store.lookup(scope, &id_or_key, settings.retention_policy()).await? {
+                        // Part 1 of a split message (each part is shown by its own id).
+                        let parts = store
+                            .lookup(scope, &id_or_key, settings.retention_policy())
+                            .await?;
+                        match parts.first() {
                             Some(found) => store.message(&found.id).await?,
                             None => None,
                         }
@@ -528,6 +532,8 @@ fn show_text(m: &StoredMessage, attempts: &[AttemptRow]) -> String {
         "key",
         format!("{} ({})", or_dash(m.key.as_deref()), m.key_source),
     );
+    field("upstream key", or_dash(m.upstream_key.as_deref()));
+    field("part", m.part.to_string());
     field("fingerprint", m.fingerprint.to_hex());
     field("mail from", format!("<{}>", m.mail_from));
     field("rcpt to", m.rcpt_to.join(", "));

@@ -621,3 +621,93 @@ async fn probes_that_are_still_refused_at_mail_keep_the_queue_paused() {
     assert_eq!(outcomes, vec!["transient", "accepted"], "{ledger:?}");
     assert_eq!(sink.faults()[0].fired, 3, "the probes met the refusal too");
 }
+
+/// A split message (DESIGN §1): both parts reach the upstream, each under a key of its own
+/// (the client's for part 1), so the upstream takes neither for a reuse of the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_parts_of_a_split_message_are_delivered_under_their_own_keys() {
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |s| s.max_recipients = 2).await;
+    let msg = message(Some("split-delivery"), "s", "one message, three recipients");
+    let a = submit(
+        &relay,
+        "sender@example.com",
+        &["a@example.com", "b@example.com"],
+        &msg,
+    )
+    .await;
+    let b = submit(&relay, "sender@example.com", &["c@example.com"], &msg).await;
+    assert_ne!(a, b);
+    wait_state(&relay, &a, State::Delivered).await;
+    wait_state(&relay, &b, State::Delivered).await;
+    let mut keys: Vec<String> = sink
+        .messages()
+        .iter()
+        .filter_map(|m| m.key.clone())
+        .collect();
+    keys.sort();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys[0], "split-delivery");
+    assert!(keys[1].ends_with("-2-split-delivery"), "{keys:?}");
+    let stats = sink.stats();
+    assert!(stats.keys.values().all(|k| k.accepted == 1), "{stats:?}");
+}
+
+/// Two tenants sharing one upstream account (DESIGN §1 "The key the upstream sees"): alice and
+/// bob each send their own message under `welcome-customer-1`. Both are delivered, each once,
+/// under keys that carry the scope; the upstream sees no reuse and no DSN is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_scopes_with_the_same_key_are_both_delivered() {
+    let sink = start_sink().await;
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    idemrelay::auth::Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[])
+        .unwrap();
+    idemrelay::auth::Users::add_user(&users, "bob", "battery staple", "tenant-bob", &[]).unwrap();
+    let mut settings = common::test_settings(dir.path());
+    settings.users_file = Some(users);
+    common::fast_delivery(&mut settings, sink.smtp_addr());
+    let relay = common::TestRelay::start_in(dir, settings).await;
+    let mut ids = Vec::new();
+    for (user, password, body) in [
+        ("alice", "correct horse", "welcome from alice"),
+        ("bob", "battery staple", "welcome from bob"),
+    ] {
+        let mut c = Client::ready(relay.addr).await;
+        assert_eq!(c.cmd(&common::auth_plain(user, password)).await.code, 235);
+        let msg = message(Some("welcome-customer-1"), "welcome", body);
+        let answer = c
+            .submit(
+                &format!("{user}@example.com"),
+                &["customer@example.net"],
+                &msg,
+            )
+            .await;
+        ids.push(
+            answer
+                .queue_id()
+                .unwrap_or_else(|| panic!("{user}: {answer:?}")),
+        );
+        c.quit().await;
+    }
+    for id in &ids {
+        wait_state(&relay, id, State::Delivered).await;
+    }
+    let keys: Vec<String> = sink
+        .messages()
+        .iter()
+        .filter_map(|m| m.key.clone())
+        .collect();
+    assert_eq!(keys.len(), 2, "no DSN, no refusal: {keys:?}");
+    assert_ne!(keys[0], keys[1]);
+    for id in &ids {
+        let stored = relay.stored(id).await;
+        assert_eq!(stored.key.as_deref(), Some("welcome-customer-1"));
+        let up = stored.upstream_key.unwrap();
+        assert!(
+            up.starts_with("u1-") && up.ends_with("-1-welcome-customer-1"),
+            "{up}"
+        );
+        assert!(keys.contains(&up), "{up} not at the sink: {keys:?}");
+    }
+}

@@ -261,7 +261,7 @@ impl Store for FlakyIntent {
         scope: &str,
         key: &str,
         retention: Retention,
-    ) -> Result<Option<Existing>, StoreError> {
+    ) -> Result<Vec<Existing>, StoreError> {
         self.inner.lookup(scope, key, retention).await
     }
     async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {

@@ -116,9 +116,10 @@ async fn same_key_different_request_is_e01005() {
             .line(),
         E01005
     );
-    // Another recipient set.
+    // Another recipient set that overlaps the first (a disjoint one is another part of a
+    // split message: see the split-transactions test).
     assert_eq!(
-        submit_once(&relay, &["other@example.com"], &msg)
+        submit_once(&relay, &["rcpt@example.com", "other@example.com"], &msg)
             .await
             .line(),
         E01005
@@ -142,6 +143,100 @@ async fn same_key_different_request_is_e01005() {
     assert_eq!(c.data(&msg).await.line(), E01005);
     c.quit().await;
     assert_eq!(relay.count("messages").await, 1);
+}
+
+/// One transaction of a split submission: MAIL, every RCPT (the answers returned), and DATA
+/// when some recipient was accepted.
+async fn transaction(
+    relay: &TestRelay,
+    to: &[String],
+    msg: &[u8],
+) -> (Vec<u16>, Option<common::Answer>) {
+    let mut c = Client::ready(relay.addr).await;
+    assert_eq!(c.cmd("MAIL FROM:<sender@example.com>").await.code, 250);
+    let mut codes = Vec::new();
+    for rcpt in to {
+        codes.push(c.cmd(&format!("RCPT TO:<{rcpt}>")).await.code);
+    }
+    let answer = if codes.contains(&250) {
+        Some(c.data(msg).await)
+    } else {
+        None
+    };
+    c.quit().await;
+    (codes, answer)
+}
+
+/// DESIGN §1 "Split transactions": the relay's own `max_recipients` answers 452 to the rest,
+/// as Postfix's recipient limit would split it, and the client sends those in a new
+/// transaction with the same message. That is a second part of the same operation: a record
+/// of its own, with its own queue id and its own key for the upstream, and a retry of either
+/// part replays it. A recipient set that overlaps an earlier part's is a reuse (E01005).
+#[tokio::test]
+async fn a_message_split_across_transactions_is_stored_as_parts() {
+    let relay = TestRelay::start_with(|s| s.max_recipients = 100).await;
+    let msg = message(Some("split-1"), "newsletter", "one message, 120 recipients");
+    let everyone: Vec<String> = (0..120).map(|i| format!("r{i:03}@example.com")).collect();
+    let (codes, first) = transaction(&relay, &everyone, &msg).await;
+    assert_eq!(codes.iter().filter(|&&c| c == 250).count(), 100);
+    assert_eq!(codes.iter().filter(|&&c| c == 452).count(), 20);
+    let first = first.unwrap();
+    let first_id = first.queue_id().expect("part 1 queued");
+    let rest = everyone[100..].to_vec();
+    let (_, second) = transaction(&relay, &rest, &msg).await;
+    let second = second.unwrap();
+    let second_id = second
+        .queue_id()
+        .unwrap_or_else(|| panic!("the rest was refused: {second:?}"));
+    assert_ne!(first_id, second_id);
+    assert_eq!(second.line(), format!("250 2.0.0 OK queued as {second_id}"));
+
+    // Retries of each part replay it.
+    let (_, again) = transaction(&relay, &rest, &msg).await;
+    assert_eq!(
+        again.unwrap().line(),
+        format!("250 2.0.0 OK queued as {second_id} (idempotent replay)")
+    );
+    let (_, again) = transaction(&relay, &everyone[..100], &msg).await;
+    assert_eq!(
+        again.unwrap().line(),
+        format!("250 2.0.0 OK queued as {first_id} (idempotent replay)")
+    );
+    // Overlapping recipients, or other bytes for new recipients: a reuse.
+    let overlap = everyone[95..110].to_vec();
+    let (_, reuse) = transaction(&relay, &overlap, &msg).await;
+    assert_eq!(reuse.unwrap().line(), E01005);
+    let other = message(Some("split-1"), "newsletter", "another body");
+    let (_, reuse) = transaction(&relay, &["new@example.com".to_string()], &other).await;
+    assert_eq!(reuse.unwrap().line(), E01005);
+    assert_eq!(relay.count("messages").await, 2);
+
+    // Part 1 goes upstream under the client's key; part 2 under one of its own, written into
+    // its stored bytes in place of the client's field.
+    let one = relay.stored(&first_id).await;
+    let two = relay.stored(&second_id).await;
+    assert_eq!(
+        (one.part, one.upstream_key.as_deref()),
+        (1, Some("split-1"))
+    );
+    assert_eq!(two.part, 2);
+    assert_eq!(two.rcpt_to, rest);
+    let key_two = two.upstream_key.clone().unwrap();
+    assert!(
+        key_two.starts_with("u1-") && key_two.ends_with("-2-split-1"),
+        "{key_two}"
+    );
+    let text = String::from_utf8(two.content.unwrap()).unwrap();
+    assert!(
+        text.contains(&format!("\r\nX-Bird-Idempotency-Key: {key_two}\r\n")),
+        "{text}"
+    );
+    assert!(!text.contains("X-Bird-Idempotency-Key: split-1"), "{text}");
+    let text = String::from_utf8(one.content.unwrap()).unwrap();
+    assert!(
+        text.contains("X-Bird-Idempotency-Key: split-1\r\n"),
+        "{text}"
+    );
 }
 
 /// A stored reply that cannot be read says nothing about what the client was told: the

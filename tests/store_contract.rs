@@ -38,6 +38,9 @@ fn record(id: &str, key: &str, fp: u8) -> NewRecord {
         state: State::Queued,
         reply: format!("250 2.0.0 OK queued as {id}"),
         dsn_of: None,
+        part: 1,
+        message_fp: Fingerprint::from_bytes([100; 32]),
+        upstream_key: Some(key.into()),
     }
 }
 
@@ -103,7 +106,7 @@ async fn concurrent_inserts_of_one_key_on_two_instances_make_one_record() {
             let (k, result) = t.await.unwrap();
             match result {
                 Insert::Inserted => winners[k].push(()),
-                Insert::Existing(e) => losers[k].push(e.id),
+                Insert::Existing(e) => losers[k].push(e[0].id.clone()),
             }
         }
         for k in 0..40 {
@@ -114,13 +117,9 @@ async fn concurrent_inserts_of_one_key_on_two_instances_make_one_record() {
                 winners[k].len()
             );
             assert_eq!(losers[k].len(), 1, "{name}: key-{k}");
-            let kept = a
-                .lookup("s", &format!("key-{k}"), RETENTION)
-                .await
-                .unwrap()
-                .unwrap();
+            let kept = a.lookup("s", &format!("key-{k}"), RETENTION).await.unwrap();
             assert_eq!(
-                losers[k][0], kept.id,
+                losers[k][0], kept[0].id,
                 "{name}: the loser sees the winner's record"
             );
         }
@@ -243,21 +242,21 @@ async fn an_expired_terminal_record_is_replaced_and_a_live_one_is_not() {
             Insert::Inserted
         );
         match b.insert(&record("r2", "k", 2), RETENTION).await.unwrap() {
-            Insert::Existing(e) => assert_eq!(e.id, "r1", "{name}"),
+            Insert::Existing(e) => assert_eq!(e[0].id, "r1", "{name}"),
             other => panic!("{name}: {other:?}"),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         let short = Retention::flat(Duration::from_millis(10));
-        assert!(b.lookup("s", "k", short).await.unwrap().is_none(), "{name}");
+        assert!(
+            b.lookup("s", "k", short).await.unwrap().is_empty(),
+            "{name}"
+        );
         assert_eq!(
             b.insert(&record("r3", "k", 3), short).await.unwrap(),
             Insert::Inserted
         );
         assert!(a.message("r1").await.unwrap().is_none(), "{name}");
-        assert_eq!(
-            a.lookup("s", "k", RETENTION).await.unwrap().unwrap().id,
-            "r3"
-        );
+        assert_eq!(a.lookup("s", "k", RETENTION).await.unwrap()[0].id, "r3");
     }
 }
 
@@ -448,14 +447,14 @@ async fn parked_records_and_keys_inside_the_upstream_window_are_kept() {
                 b.lookup("s", key, retention)
                     .await
                     .unwrap()
-                    .map(|e| e.id)
-                    .as_deref(),
+                    .first()
+                    .map(|e| e.id.as_str()),
                 Some(id),
                 "{name}: {key} still taken"
             );
             let again = record("new", key, 9);
             match b.insert(&again, retention).await.unwrap() {
-                Insert::Existing(e) => assert_eq!(e.id, id, "{name}"),
+                Insert::Existing(e) => assert_eq!(e[0].id, id, "{name}"),
                 other => panic!("{name}: {key} given away: {other:?}"),
             }
         }
@@ -468,6 +467,53 @@ async fn parked_records_and_keys_inside_the_upstream_window_are_kept() {
             .lookup("s", "k-parked", retention)
             .await
             .unwrap()
-            .is_none());
+            .is_empty());
+    }
+}
+
+/// Parts are numbered once, at their first commit (DESIGN §1): two new parts of one message
+/// racing on two instances for the same part number get it once; the other learns of the
+/// winner and takes the next number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parts_racing_on_two_instances_are_numbered_once() {
+    use idemrelay::intake::parts::{choose_part, PartChoice};
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b) in instances(&dir).await {
+        let part = |id: &str, fp: u8, n: u32, rcpt: &str| {
+            let mut r = record(id, "split", fp);
+            r.part = n;
+            r.envelope.rcpt_to = vec![rcpt.to_string()];
+            r
+        };
+        a.insert(&part("p1", 1, 1, "a@example.com"), RETENTION)
+            .await
+            .unwrap();
+        let (left, right) = (
+            part("p2a", 2, 2, "b@example.com"),
+            part("p2b", 3, 2, "c@example.com"),
+        );
+        let (ra, rb) = tokio::join!(a.insert(&left, RETENTION), b.insert(&right, RETENTION));
+        let (won, lost, loser) = match (ra.unwrap(), rb.unwrap()) {
+            (Insert::Inserted, Insert::Existing(parts)) => (left.id.clone(), parts, right),
+            (Insert::Existing(parts), Insert::Inserted) => (right.id.clone(), parts, left),
+            other => panic!("{name}: {other:?}"),
+        };
+        let numbers: Vec<(u32, &str)> = lost.iter().map(|p| (p.part, p.id.as_str())).collect();
+        assert_eq!(numbers, vec![(1, "p1"), (2, won.as_str())], "{name}");
+        let next = match choose_part(
+            &loser.fingerprint,
+            &loser.message_fp,
+            &loser.envelope.rcpt_to,
+            &lost,
+        ) {
+            PartChoice::New(n) => n,
+            other => panic!("{name}: {other:?}"),
+        };
+        let mut third = loser.clone();
+        third.part = next;
+        assert_eq!(b.insert(&third, RETENTION).await.unwrap(), Insert::Inserted);
+        let all = a.lookup("s", "split", RETENTION).await.unwrap();
+        let numbers: Vec<u32> = all.iter().map(|p| p.part).collect();
+        assert_eq!(numbers, vec![1, 2, 3], "{name}");
     }
 }

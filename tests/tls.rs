@@ -421,12 +421,7 @@ async fn failed_logins_are_limited_across_reconnects() {
 }
 
 /// `AUTH PLAIN` with an initial response for `user` and `password`.
-fn auth_plain(user: &str, password: &str) -> String {
-    use base64::Engine as _;
-    let response =
-        base64::engine::general_purpose::STANDARD.encode(format!("\0{user}\0{password}"));
-    format!("AUTH PLAIN {response}")
-}
+use common::auth_plain;
 
 const AUTH_FAILED: &str = "535 5.7.8 Authentication credentials invalid";
 const LOCKED_OUT: &str = "421 4.7.0 Too many authentication failures; closing connection";

@@ -47,6 +47,8 @@ pub fn show_json(m: &StoredMessage, attempts: &[AttemptRow]) -> serde_json::Valu
         "scope": m.scope,
         "key": m.key,
         "key_source": m.key_source,
+        "upstream_key": m.upstream_key,
+        "part": m.part,
         "fingerprint": m.fingerprint.to_hex(),
         "state": m.state.as_str(),
         "mail_from": m.mail_from,

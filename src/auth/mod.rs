@@ -113,6 +113,11 @@ impl Users {
         self.users.is_empty()
     }
 
+    /// The scopes of all users.
+    pub fn scopes(&self) -> impl Iterator<Item = &str> {
+        self.users.values().map(|u| u.scope.as_str())
+    }
+
     /// User names in sorted order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.users.keys().map(String::as_str)

@@ -14,7 +14,7 @@ use super::ratelimit::TokenBucket;
 use super::retry::{next_step, Ledger, Next, RetryPolicy};
 use super::upstream::{Envelope, PhaseTimeouts, UpstreamClient, UpstreamTarget};
 use crate::app::stopped;
-use crate::intake::fingerprint::fingerprint;
+use crate::intake::fingerprint::{fingerprint, message_fingerprint};
 use crate::intake::key::KEY_HEADER;
 use crate::intake::new_queue_id;
 use crate::smtp::reply::Reply;
@@ -506,9 +506,13 @@ impl Worker {
         };
         Some(NewRecord {
             fingerprint: fingerprint(&job.scope, &envelope, &content),
+            message_fp: message_fingerprint(&job.scope, &envelope, &content),
             reply: Reply::queued(&id).line(),
             id,
             scope: job.scope.clone(),
+            // Unique per failed record and scope already: the upstream sees it as it is.
+            upstream_key: Some(key.clone()),
+            part: 1,
             key: Some(key),
             key_source: "dsn",
             envelope,

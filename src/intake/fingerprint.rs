@@ -68,6 +68,18 @@ pub fn fingerprint(scope: &str, envelope: &Envelope, message: &[u8]) -> Fingerpr
     h.finish()
 }
 
+/// The fingerprint without the recipient set: the parts of one message split across
+/// transactions (DESIGN §1 "Split transactions") share it.
+pub fn message_fingerprint(scope: &str, envelope: &Envelope, message: &[u8]) -> Fingerprint {
+    let mut h = Hasher::new("idemrelay message fingerprint v1");
+    h.field(scope.as_bytes());
+    h.field(envelope.mail_from.as_bytes());
+    h.field(envelope.body.as_str().as_bytes());
+    h.field(&[u8::from(envelope.smtputf8)]);
+    h.field(&message[trace_prefix_len(message)..]);
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,8 +113,69 @@ pub fn derive_key(
     }
 }
 
+/// The key the upstream sees for part `part` of (scope, key) (DESIGN §1): one upstream account
+/// is one key space, so it must be unique per scope and part across everything the relay sends
+/// there. The client's key unchanged for part 1 of a scope alone on its upstream (the common
+/// case); otherwise `u1-<scope tag>-<part>-<key>`, where the scope tag is 16 hex digits of a
+/// digest of the scope, or, when that would pass 255 characters, `u1-<64 hex digits>` of a
+/// digest of all three. Derived keys are already unique per scope and never split (their
+/// recipients are part of them), so they go unchanged.
+pub fn upstream_key(scope: &str, key: &IdemKey, part: u32, shared_upstream: bool) -> String {
+    if key.source != KeySource::Header || (part == 1 && !shared_upstream) {
+        return key.value.clone();
+    }
+    let mut tag = Hasher::new("idemrelay upstream scope tag v1");
+    tag.field(scope.as_bytes());
+    let readable = format!("u1-{}-{part}-{}", &tag.finish().to_hex()[..16], key.value);
+    if readable.chars().count() <= MAX_KEY_CHARS {
+        return readable;
+    }
+    let mut h = Hasher::new("idemrelay upstream key v1");
+    h.field(scope.as_bytes());
+    h.field(key.value.as_bytes());
+    h.field(&part.to_le_bytes());
+    format!("u1-{}", h.finish().to_hex())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_key_the_upstream_sees_is_unique_per_scope_and_part() {
+        let header = |v: &str| IdemKey {
+            value: v.into(),
+            source: KeySource::Header,
+        };
+        let k = header("welcome-customer-1");
+        // The common case: the client's key, unchanged.
+        assert_eq!(upstream_key("alice", &k, 1, false), "welcome-customer-1");
+        let alice2 = upstream_key("alice", &k, 2, false);
+        let shared_alice = upstream_key("alice", &k, 1, true);
+        let shared_bob = upstream_key("bob", &k, 1, true);
+        assert!(alice2.starts_with("u1-") && alice2.ends_with("-2-welcome-customer-1"));
+        let all = [&k.value, &alice2, &shared_alice, &shared_bob];
+        for (i, a) in all.iter().enumerate() {
+            assert!(is_valid_key(a), "{a}");
+            for b in &all[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        // Deterministic: every attempt and every retry sends the same.
+        assert_eq!(upstream_key("bob", &k, 1, true), shared_bob);
+        // Too long for the readable form: a digest, still valid and still unique.
+        let long = header(&"k".repeat(250));
+        let (a, b) = (
+            upstream_key("alice", &long, 2, false),
+            upstream_key("alice", &long, 3, false),
+        );
+        assert!(is_valid_key(&a) && a.len() == 67 && a != b, "{a}");
+        // Derived keys carry the scope already and never split.
+        let derived = IdemKey {
+            value: "d1-abc".into(),
+            source: KeySource::MessageId,
+        };
+        assert_eq!(upstream_key("alice", &derived, 1, true), "d1-abc");
+    }
+
     use super::*;
     use crate::smtp::session::BodyType;
 

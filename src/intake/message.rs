@@ -38,6 +38,8 @@ pub fn bounded_header_section(message: &[u8]) -> Option<usize> {
 pub struct HeaderScan {
     /// Raw values (folding intact) of every `X-Bird-Idempotency-Key` field, in order.
     pub key_values: Vec<Vec<u8>>,
+    /// Where each of those fields is, name to final CRLF, in order.
+    pub key_fields: Vec<std::ops::Range<usize>>,
     pub message_id: Option<String>,
     pub has_from: bool,
 }
@@ -54,6 +56,7 @@ pub fn scan_headers(message: &[u8]) -> HeaderScan {
     let parser = MessageParser::new().header_id(HeaderName::MessageId);
     let mut scan = HeaderScan {
         key_values: Vec::new(),
+        key_fields: Vec::new(),
         message_id: None,
         has_from: false,
     };
@@ -71,6 +74,15 @@ pub fn scan_headers(message: &[u8]) -> HeaderScan {
                 let (start, end) = (header.offset_start as usize, header.offset_end as usize);
                 if let Some(raw) = message.get(start..end) {
                     scan.key_values.push(raw.to_vec());
+                    let field_end = if message[..end].ends_with(b"\r\n") {
+                        end
+                    } else if message[end..].starts_with(b"\r\n") {
+                        end + 2
+                    } else {
+                        end
+                    };
+                    scan.key_fields
+                        .push(header.offset_field as usize..field_end);
                 }
             }
             _ => {}
@@ -158,16 +170,28 @@ impl ReceivedLine<'_> {
     }
 }
 
-/// The stored message: the relay's lines, then the submitted bytes untouched.
-pub fn with_relay_headers(message: &[u8], received: &str, derived_key: Option<&str>) -> Vec<u8> {
-    let key_line = derived_key.map(|k| format!("{KEY_HEADER}: {k}\r\n"));
+/// The stored message: the relay's lines, then the submitted bytes, untouched but for the
+/// client's key fields in `replaced` (when the upstream is to see another key than the
+/// client's: `key_line` is then that key).
+pub fn with_relay_headers(
+    message: &[u8],
+    received: &str,
+    key_line: Option<&str>,
+    replaced: &[std::ops::Range<usize>],
+) -> Vec<u8> {
+    let key_line = key_line.map(|k| format!("{KEY_HEADER}: {k}\r\n"));
     let extra = received.len() + key_line.as_ref().map_or(0, String::len);
     let mut out = Vec::with_capacity(extra + message.len());
     out.extend_from_slice(received.as_bytes());
     if let Some(line) = key_line {
         out.extend_from_slice(line.as_bytes());
     }
-    out.extend_from_slice(message);
+    let mut pos = 0;
+    for field in replaced {
+        out.extend_from_slice(&message[pos..field.start]);
+        pos = field.end;
+    }
+    out.extend_from_slice(&message[pos..]);
     out
 }
 
@@ -246,6 +270,18 @@ mod tests {
     }
 
     #[test]
+    fn the_clients_key_fields_are_replaced_by_the_upstream_key() {
+        let msg = b"Subject: s\r\nX-Bird-Idempotency-Key: k1\r\nTo: t\r\nx-bird-idempotency-key:\r\n k1\r\n\r\nX-Bird-Idempotency-Key: body\r\n";
+        let scan = scan_headers(msg);
+        assert_eq!(scan.key_fields.len(), 2);
+        let out = with_relay_headers(msg, "Received: r\r\n", Some("u1-t-2-k1"), &scan.key_fields);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "Received: r\r\nX-Bird-Idempotency-Key: u1-t-2-k1\r\nSubject: s\r\nTo: t\r\n\r\nX-Bird-Idempotency-Key: body\r\n"
+        );
+    }
+
+    #[test]
     fn trace_prefix_covers_only_leading_trace_fields() {
         let msg = b"Received: from x\r\n\tby y; date\r\nReturn-Path: <a@b>\r\nSubject: s\r\nReceived: later\r\n\r\n";
         let n = trace_prefix_len(msg);
@@ -257,7 +293,7 @@ mod tests {
     #[test]
     fn relay_headers_are_prepended_and_the_rest_is_untouched() {
         let msg = b"Subject: s\r\n\r\nbody";
-        let out = with_relay_headers(msg, "Received: r\r\n", Some("d1-abc"));
+        let out = with_relay_headers(msg, "Received: r\r\n", Some("d1-abc"), &[]);
         assert_eq!(
             out,
             b"Received: r\r\nX-Bird-Idempotency-Key: d1-abc\r\nSubject: s\r\n\r\nbody"

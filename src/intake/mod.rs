@@ -3,6 +3,7 @@
 pub mod fingerprint;
 pub mod key;
 pub mod message;
+pub mod parts;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -16,11 +17,12 @@ use crate::metrics::Metrics;
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
 use crate::store::{Existing, Insert, NewRecord, State, Store};
-use fingerprint::{fingerprint, Fingerprint};
-use key::{derive_key, read_key_header, IdemKey, KeyHeader, KeySource, MissingKey};
+use fingerprint::{fingerprint, message_fingerprint, Fingerprint};
+use key::{derive_key, read_key_header, upstream_key, IdemKey, KeyHeader, KeySource, MissingKey};
 use message::{
     bounded_header_section, has_header_section, scan_headers, with_relay_headers, ReceivedLine,
 };
+use parts::{choose_part, PartChoice};
 
 #[derive(Debug, Clone)]
 pub struct IntakeSettings {
@@ -29,6 +31,9 @@ pub struct IntakeSettings {
     pub retention: crate::store::Retention,
     /// How long a submission waits for a concurrent one with the same key to commit.
     pub in_progress_wait: Duration,
+    /// More than one scope sends to the upstream: the key it sees carries the scope
+    /// (`key::upstream_key`).
+    pub shared_upstream: bool,
 }
 
 /// Who submitted: decides the scope and the trace line.
@@ -221,10 +226,19 @@ impl Intake {
             Resolved::Unkeyed => None,
         };
         let id = new_queue_id();
-        let record = self.record(origin, sub, &scan, &fp, key.as_ref(), &id);
+        let message_fp = message_fingerprint(&origin.scope, &sub.envelope, &sub.message);
+        let facts = RecordFacts {
+            origin,
+            sub,
+            scan: &scan,
+            fingerprint: fp,
+            message_fp,
+            key: key.as_ref(),
+            id: &id,
+        };
         let decision = match &key {
-            None => self.insert_unkeyed(&record).await,
-            Some(key) => self.insert_keyed(&record, key).await,
+            None => self.insert_unkeyed(&self.record(&facts, 1)).await,
+            Some(key) => self.insert_keyed(&facts, key).await,
         };
         // Only a failed write or a committed one says anything about the store's health.
         match decision.outcome {
@@ -265,45 +279,54 @@ impl Intake {
         }
     }
 
-    fn record(
-        &self,
-        origin: &Origin,
-        sub: &Submission,
-        scan: &message::HeaderScan,
-        fp: &Fingerprint,
-        key: Option<&IdemKey>,
-        id: &str,
-    ) -> NewRecord {
+    /// The record for part `part` of the submission: the stored bytes carry that part's
+    /// upstream key, so each part number renders its own.
+    fn record(&self, facts: &RecordFacts<'_>, part: u32) -> NewRecord {
+        let RecordFacts {
+            origin, sub, scan, ..
+        } = *facts;
+        let upstream_key = facts
+            .key
+            .map(|k| upstream_key(&origin.scope, k, part, self.settings.shared_upstream));
         let (state, reply, content) = if scan.has_from {
             let received = ReceivedLine {
                 helo: &sub.helo,
                 peer: origin.peer,
                 hostname: &self.settings.hostname,
                 protocol: &protocol_name(sub),
-                id,
+                id: facts.id,
                 unix_time: crate::store::now_ms() / 1000,
             }
             .render();
-            let derived = key.filter(|k| k.source != KeySource::Header);
-            let content =
-                with_relay_headers(&sub.message, &received, derived.map(|k| k.value.as_str()));
-            (State::Queued, Reply::queued(id), Some(content))
+            // The upstream sees its own key whenever it is not the client's header as sent.
+            let (key_line, replaced) = match (facts.key, upstream_key.as_deref()) {
+                (Some(k), Some(up)) if k.source == KeySource::Header && up != k.value => {
+                    (Some(up), scan.key_fields.as_slice())
+                }
+                (Some(k), Some(up)) if k.source != KeySource::Header => (Some(up), &[][..]),
+                _ => (None, &[][..]),
+            };
+            let content = with_relay_headers(&sub.message, &received, key_line, replaced);
+            (State::Queued, Reply::queued(facts.id), Some(content))
         } else {
             // Stored (not only answered) so a retry replays it and the key stays bound to it.
             (State::Rejected, Reply::no_from_header(), None)
         };
         NewRecord {
-            id: id.to_string(),
+            id: facts.id.to_string(),
             scope: origin.scope.clone(),
-            key: key.map(|k| k.value.clone()),
-            key_source: key.map_or("none", |k| k.source.as_str()),
-            fingerprint: *fp,
+            key: facts.key.map(|k| k.value.clone()),
+            key_source: facts.key.map_or("none", |k| k.source.as_str()),
+            fingerprint: facts.fingerprint,
             envelope: sub.envelope.clone(),
             size: content.as_ref().map_or(sub.message.len(), Vec::len),
             content,
             state,
             reply: reply.line(),
             dsn_of: None,
+            part,
+            message_fp: facts.message_fp,
+            upstream_key,
         }
     }
 
@@ -336,23 +359,31 @@ impl Intake {
         })
     }
 
-    async fn insert_keyed(&self, record: &NewRecord, key: &IdemKey) -> Decision {
+    async fn insert_keyed(&self, facts: &RecordFacts<'_>, key: &IdemKey) -> Decision {
+        let mut record = self.record(facts, 1);
         let slot = (record.scope.clone(), key.value.clone());
-        // At most two rounds: if the other attempt ended without a record, try once ourselves.
-        for _ in 0..2 {
+        // A few rounds: the other attempt may end without a record, and parts racing on other
+        // instances may take the part number we tried.
+        for _ in 0..4 {
             let mut rx = match self.claim(&slot) {
                 Claim::Mine(_guard) => {
-                    let started = std::time::Instant::now();
-                    return match self.store.insert(record, self.settings.retention).await {
-                        Ok(Insert::Inserted) => {
-                            self.metrics.intake_commit(started.elapsed());
-                            Decision::inserted(record)
+                    for _ in 0..8 {
+                        let started = std::time::Instant::now();
+                        match self.store.insert(&record, self.settings.retention).await {
+                            Ok(Insert::Inserted) => {
+                                self.metrics.intake_commit(started.elapsed());
+                                return Decision::inserted(&record);
+                            }
+                            Ok(Insert::Existing(parts)) => {
+                                match self.choose(&record, key, &parts) {
+                                    Ok(decision) => return decision,
+                                    Err(part) => record = self.record(facts, part),
+                                }
+                            }
+                            Err(err) => return unavailable(&err),
                         }
-                        Ok(Insert::Existing(existing)) => {
-                            self.answer_existing(record, key, &existing)
-                        }
-                        Err(err) => unavailable(&err),
-                    };
+                    }
+                    return Decision::refused(Reply::key_in_progress(), Outcome::InProgress);
                 }
                 Claim::Wait(rx) => rx,
             };
@@ -362,35 +393,66 @@ impl Intake {
                 .lookup(&record.scope, &key.value, self.settings.retention)
                 .await
             {
-                Ok(Some(existing)) => return self.answer_existing(record, key, &existing),
-                Ok(None) if finished.is_err() => {
-                    return Decision::refused(Reply::key_in_progress(), Outcome::InProgress)
+                Ok(parts) if parts.is_empty() => {
+                    if finished.is_err() {
+                        return Decision::refused(Reply::key_in_progress(), Outcome::InProgress);
+                    }
                 }
-                Ok(None) => continue,
+                Ok(parts) => match self.choose(&record, key, &parts) {
+                    Ok(decision) => return decision,
+                    Err(part) => record = self.record(facts, part),
+                },
                 Err(err) => return unavailable(&err),
             }
         }
         Decision::refused(Reply::key_in_progress(), Outcome::InProgress)
     }
 
-    fn answer_existing(&self, record: &NewRecord, key: &IdemKey, existing: &Existing) -> Decision {
-        if existing.fingerprint == record.fingerprint {
-            let Some(original) = Reply::from_line(&existing.reply) else {
-                // What the client was first told is not known: fail closed, never a 250.
-                tracing::error!(target: "idemrelay::store", id = %existing.id, "stored reply unreadable; retry refused as store unavailable");
-                return Decision::refused(Reply::store_unavailable(), Outcome::Unavailable);
-            };
-            Decision {
-                reply: original.replayed(),
-                outcome: Outcome::Replayed,
-                id: Some(existing.id.clone()),
-            }
-        } else {
-            Decision::refused(
+    /// The answer for a submission under a taken key, or the part number to store it as.
+    fn choose(
+        &self,
+        record: &NewRecord,
+        key: &IdemKey,
+        parts: &[Existing],
+    ) -> Result<Decision, u32> {
+        match choose_part(
+            &record.fingerprint,
+            &record.message_fp,
+            &record.envelope.rcpt_to,
+            parts,
+        ) {
+            PartChoice::Replay(existing) => Ok(replay(existing)),
+            PartChoice::Reuse => Ok(Decision::refused(
                 Reply::key_reuse(key.source == KeySource::MessageId),
                 Outcome::Conflict,
-            )
+            )),
+            PartChoice::New(part) => Err(part),
         }
+    }
+}
+
+/// What every part's record is made of.
+struct RecordFacts<'a> {
+    origin: &'a Origin,
+    sub: &'a Submission,
+    scan: &'a message::HeaderScan,
+    fingerprint: Fingerprint,
+    message_fp: Fingerprint,
+    key: Option<&'a IdemKey>,
+    id: &'a str,
+}
+
+/// A retry of a stored record: its original reply, replayed.
+fn replay(existing: &Existing) -> Decision {
+    let Some(original) = Reply::from_line(&existing.reply) else {
+        // What the client was first told is not known: fail closed, never a 250.
+        tracing::error!(target: "idemrelay::store", id = %existing.id, "stored reply unreadable; retry refused as store unavailable");
+        return Decision::refused(Reply::store_unavailable(), Outcome::Unavailable);
+    };
+    Decision {
+        reply: original.replayed(),
+        outcome: Outcome::Replayed,
+        id: Some(existing.id.clone()),
     }
 }
 

@@ -78,21 +78,32 @@ pub struct NewRecord {
     pub reply: String,
     /// For a delivery status notification: the message it reports on.
     pub dsn_of: Option<String>,
+    /// Which part of a split message this is (DESIGN §1 "Split transactions"); 1 for most.
+    pub part: u32,
+    /// The fingerprint without the recipient set, shared by the parts of one message.
+    pub message_fp: Fingerprint,
+    /// The key the upstream sees, as written into `content` (DESIGN §1).
+    pub upstream_key: Option<String>,
 }
 
-/// An existing live record under the same (scope, key).
+/// A live record (one part) under the same (scope, key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Existing {
     pub id: String,
     pub fingerprint: Fingerprint,
     pub reply: String,
     pub state: State,
+    pub part: u32,
+    /// `None` for a record stored before parts existed: it takes no further part.
+    pub message_fp: Option<Fingerprint>,
+    pub rcpt_to: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Insert {
     Inserted,
-    Existing(Existing),
+    /// The (scope, key, part) is taken: every live part under (scope, key), by part number.
+    Existing(Vec<Existing>),
 }
 
 /// A stored record as read back (for `key`/`queue` commands and tests).
@@ -101,6 +112,9 @@ pub struct StoredMessage {
     pub id: String,
     pub scope: String,
     pub key: Option<String>,
+    /// The key the upstream sees (the client's own in the common case).
+    pub upstream_key: Option<String>,
+    pub part: u32,
     pub key_source: String,
     pub fingerprint: Fingerprint,
     pub mail_from: String,
@@ -253,17 +267,18 @@ pub enum StoreError {
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Inserts the record (and its delivery job when queued) in one transaction, relying on
-    /// the unique (scope, key) constraint. A live record under the key is returned instead;
-    /// an expired one (`Retention::expired`) is replaced.
+    /// the unique (scope, key, part) constraint. When that is taken, the live parts under the
+    /// key are returned instead; when every record under the key has expired
+    /// (`Retention::expired`), they are replaced.
     async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError>;
 
-    /// The live record under (scope, key), if any.
+    /// The live records (parts) under (scope, key), by part number.
     async fn lookup(
         &self,
         scope: &str,
         key: &str,
         retention: Retention,
-    ) -> Result<Option<Existing>, StoreError>;
+    ) -> Result<Vec<Existing>, StoreError>;
 
     async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError>;
 

@@ -49,6 +49,11 @@ const MIGRATIONS: Steps = &[
         "liveness",
         include_str!("../../migrations/postgres/0006_liveness.sql"),
     ),
+    (
+        7,
+        "parts",
+        include_str!("../../migrations/postgres/0007_parts.sql"),
+    ),
 ];
 
 pub struct PostgresStore {
@@ -184,9 +189,10 @@ async fn insert_message(
     Ok(sqlx::query(
         "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
             rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
-            content_hash)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
-         ON CONFLICT (scope, idem_key) DO NOTHING",
+            content_hash, part, message_fp, upstream_key)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+            $18, $19)
+         ON CONFLICT (scope, idem_key, part) DO NOTHING",
     )
     .bind(&record.id)
     .bind(&record.scope)
@@ -209,6 +215,9 @@ async fn insert_message(
             .as_deref()
             .map(|body| super::body_checksum(body).to_vec()),
     )
+    .bind(i64::from(record.part))
+    .bind(&record.message_fp.as_bytes()[..])
+    .bind(&record.upstream_key)
     .execute(&mut *conn)
     .await?
     .rows_affected())
@@ -270,32 +279,43 @@ impl Store for PostgresStore {
             if insert_message(&mut tx, record, now).await? == 1 {
                 break;
             }
-            let row = sqlx::query(
-                "SELECT id, fingerprint, reply, state, accepted_at, finished_at,
+            let found = sqlx::query(&format!(
+                "SELECT {}, accepted_at, finished_at,
                     (SELECT MAX(a.started_at) FROM attempts a WHERE a.message_id = m.id)
                         AS last_attempt_at
-                 FROM messages m WHERE scope = $1 AND idem_key = $2",
-            )
+                 FROM messages m WHERE scope = $1 AND idem_key = $2 ORDER BY part",
+                rows::EXISTING_COLUMNS
+            ))
             .bind(&record.scope)
             .bind(record.key.as_deref().unwrap_or_default())
-            .fetch_optional(&mut *tx)
+            .fetch_all(&mut *tx)
             .await?;
             // Gone between our insert and this read: the holder rolled back or was purged.
-            let Some(row) = row else { continue };
-            let existing = rows::existing(&row)?;
-            let expired = retention.expired(
-                existing.state,
-                row.try_get("accepted_at")?,
-                row.try_get("finished_at")?,
-                row.try_get("last_attempt_at")?,
-                now,
-            );
-            if !expired {
-                tx.rollback().await?;
-                return Ok(Insert::Existing(existing));
+            if found.is_empty() {
+                continue;
             }
-            sqlx::query("DELETE FROM messages WHERE id = $1")
-                .bind(&existing.id)
+            let mut live = Vec::new();
+            for row in &found {
+                let existing = rows::existing(row)?;
+                let expired = retention.expired(
+                    existing.state,
+                    row.try_get("accepted_at")?,
+                    row.try_get("finished_at")?,
+                    row.try_get("last_attempt_at")?,
+                    now,
+                );
+                if !expired {
+                    live.push(existing);
+                }
+            }
+            if !live.is_empty() {
+                tx.rollback().await?;
+                return Ok(Insert::Existing(live));
+            }
+            // Every record under the key has expired: the key starts a new operation.
+            sqlx::query("DELETE FROM messages WHERE scope = $1 AND idem_key = $2")
+                .bind(&record.scope)
+                .bind(record.key.as_deref().unwrap_or_default())
                 .execute(&mut *tx)
                 .await?;
         }
@@ -312,11 +332,12 @@ impl Store for PostgresStore {
         scope: &str,
         key: &str,
         retention: Retention,
-    ) -> Result<Option<super::Existing>, StoreError> {
+    ) -> Result<Vec<super::Existing>, StoreError> {
         let [replay, parked, window] = retention.sql_params();
-        let row = sqlx::query(&format!(
-            "SELECT id, fingerprint, reply, state FROM messages m
-             WHERE scope = $4 AND idem_key = $5 AND NOT ({})",
+        let found = sqlx::query(&format!(
+            "SELECT {} FROM messages m
+             WHERE scope = $4 AND idem_key = $5 AND NOT ({}) ORDER BY part",
+            rows::EXISTING_COLUMNS,
             Retention::expired_sql("idemrelay_now_ms()", "$1", "$2", "$3")
         ))
         .bind(replay)
@@ -324,9 +345,9 @@ impl Store for PostgresStore {
         .bind(window)
         .bind(scope)
         .bind(key)
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await?;
-        row.as_ref().map(rows::existing).transpose()
+        found.iter().map(rows::existing).collect()
     }
 
     async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
@@ -818,13 +839,14 @@ impl Store for PostgresStore {
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(
-            sqlx::query_scalar("SELECT id FROM messages WHERE scope = $1 AND idem_key = $2")
-                .bind(scope)
-                .bind(key)
-                .fetch_optional(&self.pool)
-                .await?,
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM messages WHERE scope = $1 AND idem_key = $2
+                 ORDER BY part LIMIT 1",
         )
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?)
     }
 }
 

@@ -74,21 +74,32 @@ fn code(row: &impl Columns) -> Result<Option<u16>, StoreError> {
     Ok(row.opt_int("code")?.and_then(|c| u16::try_from(c).ok()))
 }
 
-/// Columns: id, fingerprint, reply, state.
+/// Columns: id, fingerprint, reply, state, part, message_fp, rcpt_to.
 pub(crate) fn existing(row: &impl Columns) -> Result<Existing, StoreError> {
     let id = row.text("id")?;
+    let corrupt = |what| StoreError::Corrupt {
+        id: id.clone(),
+        what,
+    };
+    let message_fp = match row.opt_bytes("message_fp")? {
+        Some(fp) => Some(Fingerprint::from_slice(&fp).ok_or_else(|| corrupt("message_fp"))?),
+        None => None,
+    };
     Ok(Existing {
-        fingerprint: Fingerprint::from_slice(&row.bytes("fingerprint")?).ok_or(
-            StoreError::Corrupt {
-                id: id.clone(),
-                what: "fingerprint",
-            },
-        )?,
+        fingerprint: Fingerprint::from_slice(&row.bytes("fingerprint")?)
+            .ok_or_else(|| corrupt("fingerprint"))?,
         state: state(row, &id)?,
         reply: row.text("reply")?,
+        part: u32::try_from(row.int("part")?).map_err(|_| corrupt("part"))?,
+        message_fp,
+        rcpt_to: recipients(row)?,
         id,
     })
 }
+
+/// The columns `existing` reads.
+pub(crate) const EXISTING_COLUMNS: &str =
+    "id, fingerprint, reply, state, part, message_fp, rcpt_to";
 
 /// The body, read (from the spool, when it is there) and checked against its checksum.
 /// Columns: content, content_hash (and what `WithSpool` needs).
@@ -130,6 +141,8 @@ pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreE
         id: existing.id,
         scope: row.text("scope")?,
         key: row.opt_text("idem_key")?,
+        upstream_key: row.opt_text("upstream_key")?,
+        part: existing.part,
         key_source: row.text("key_source")?,
         fingerprint: existing.fingerprint,
         mail_from: row.text("mail_from")?,

@@ -64,6 +64,11 @@ const MIGRATIONS: Steps = &[
         "liveness",
         include_str!("../../migrations/sqlite/0008_liveness.sql"),
     ),
+    (
+        9,
+        "parts",
+        include_str!("../../migrations/sqlite/0009_parts.sql"),
+    ),
 ];
 
 pub struct SqliteStore {
@@ -205,11 +210,12 @@ impl Store for SqliteStore {
         scope: &str,
         key: &str,
         retention: Retention,
-    ) -> Result<Option<Existing>, StoreError> {
+    ) -> Result<Vec<Existing>, StoreError> {
         let [replay, parked, window] = retention.sql_params();
-        let row = sqlx::query(&format!(
-            "SELECT id, fingerprint, reply, state FROM messages m
-             WHERE scope = ?5 AND idem_key = ?6 AND NOT ({})",
+        let found = sqlx::query(&format!(
+            "SELECT {} FROM messages m
+             WHERE scope = ?5 AND idem_key = ?6 AND NOT ({}) ORDER BY part",
+            rows::EXISTING_COLUMNS,
             Retention::expired_sql("?1", "?2", "?3", "?4")
         ))
         .bind(now_ms())
@@ -218,9 +224,9 @@ impl Store for SqliteStore {
         .bind(window)
         .bind(scope)
         .bind(key)
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await?;
-        row.as_ref().map(rows::existing).transpose()
+        found.iter().map(rows::existing).collect()
     }
 
     async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
@@ -444,13 +450,13 @@ impl Store for SqliteStore {
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(
-            sqlx::query_scalar("SELECT id FROM messages WHERE scope = ? AND idem_key = ?")
-                .bind(scope)
-                .bind(key)
-                .fetch_optional(&self.pool)
-                .await?,
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM messages WHERE scope = ? AND idem_key = ? ORDER BY part LIMIT 1",
         )
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?)
     }
 }
 
@@ -487,6 +493,9 @@ mod tests {
             state: State::Queued,
             reply: "250 ok".into(),
             dsn_of: None,
+            part: 1,
+            message_fp: Fingerprint::from_bytes([8; 32]),
+            upstream_key: Some(key.into()),
         }
     }
 

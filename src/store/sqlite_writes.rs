@@ -32,8 +32,10 @@ fn insert_message(
         Some(body) if body.len() >= SPOOL_MIN => {
             // A replay must not append its body again only to be refused by the conflict.
             let taken = conn
-                .prepare_cached("SELECT 1 FROM messages WHERE scope = ? AND idem_key = ?")?
-                .exists(params![record.scope, record.key])?;
+                .prepare_cached(
+                    "SELECT 1 FROM messages WHERE scope = ? AND idem_key = ? AND part = ?",
+                )?
+                .exists(params![record.scope, record.key, record.part])?;
             if taken {
                 return Ok(0);
             }
@@ -51,9 +53,9 @@ fn insert_message(
         .prepare_cached(
             "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                 rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
-                spool_segment, spool_offset, content_hash)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT (scope, idem_key) DO NOTHING",
+                spool_segment, spool_offset, content_hash, part, message_fp, upstream_key)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (scope, idem_key, part) DO NOTHING",
         )?
         .execute(params![
             record.id,
@@ -74,6 +76,9 @@ fn insert_message(
             spooled.map(|at| at.segment),
             spooled.map(|at| at.offset),
             checksum.as_ref().map(|c| &c[..]),
+            record.part,
+            &record.message_fp.as_bytes()[..],
+            record.upstream_key,
         ])?)
 }
 
@@ -98,32 +103,34 @@ pub fn insert(
     let now = now_ms();
     if insert_message(conn, spool, record, now)? == 0 {
         let key = record.key.as_deref().unwrap_or_default();
-        let (existing, expired) = conn
-            .prepare_cached(
-                "SELECT id, fingerprint, reply, state, accepted_at, finished_at,
-                    (SELECT MAX(a.started_at) FROM attempts a WHERE a.message_id = m.id)
-                        AS last_attempt_at
-                 FROM messages m WHERE scope = ? AND idem_key = ?",
-            )?
-            .query_row(params![record.scope, key], |row| {
-                let existing = rows::existing(row);
-                let expired = existing.as_ref().ok().map(|e| {
-                    Ok::<_, rusqlite::Error>(retention.expired(
-                        e.state,
-                        row.get("accepted_at")?,
-                        row.get("finished_at")?,
-                        row.get("last_attempt_at")?,
-                        now,
-                    ))
-                });
-                Ok((existing, expired.transpose()?))
-            })?;
-        let existing = existing?;
-        if expired != Some(true) {
-            return Ok(Insert::Existing(existing));
+        let mut live = Vec::new();
+        let mut statement = conn.prepare_cached(&format!(
+            "SELECT {}, accepted_at, finished_at,
+                (SELECT MAX(a.started_at) FROM attempts a WHERE a.message_id = m.id)
+                    AS last_attempt_at
+             FROM messages m WHERE scope = ? AND idem_key = ? ORDER BY part",
+            rows::EXISTING_COLUMNS
+        ))?;
+        let mut found = statement.query(params![record.scope, key])?;
+        while let Some(row) = found.next()? {
+            let existing = rows::existing(row)?;
+            let expired = retention.expired(
+                existing.state,
+                row.get("accepted_at")?,
+                row.get("finished_at")?,
+                row.get("last_attempt_at")?,
+                now,
+            );
+            if !expired {
+                live.push(existing);
+            }
         }
-        conn.prepare_cached("DELETE FROM messages WHERE id = ?")?
-            .execute([&existing.id])?;
+        if !live.is_empty() {
+            return Ok(Insert::Existing(live));
+        }
+        // Every record under the key has expired: the key starts a new operation.
+        conn.prepare_cached("DELETE FROM messages WHERE scope = ? AND idem_key = ?")?
+            .execute(params![record.scope, key])?;
         let inserted = insert_message(conn, spool, record, now)?;
         debug_assert_eq!(inserted, 1);
     }

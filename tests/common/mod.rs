@@ -183,6 +183,14 @@ impl Client {
 }
 
 /// Dot-stuffs a CRLF message and appends the terminator (adding a final CRLF if missing).
+/// `AUTH PLAIN` with the credentials in its initial response.
+pub fn auth_plain(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    let response =
+        base64::engine::general_purpose::STANDARD.encode(format!("\0{user}\0{password}"));
+    format!("AUTH PLAIN {response}")
+}
+
 pub fn dot_stuff(message: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(message.len() + 8);
     let mut at_line_start = true;
