@@ -1,8 +1,11 @@
 //! Wires the store, intake and listeners together and owns shutdown.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
 
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Notify};
@@ -107,11 +110,12 @@ impl Relay {
             Some(path) => Some(Arc::new(Users::load(path)?)),
             None => None,
         };
-        // Every scope that can submit sends to the one upstream: when there is more than
-        // one, the key the upstream sees carries the scope (DESIGN §1).
-        let scopes: std::collections::BTreeSet<&str> = std::iter::once(settings.scope.as_str())
-            .chain(users.iter().flat_map(|u| u.scopes()))
-            .collect();
+        // Where each scope's mail goes: the relay's upstream, or a user's own.
+        let scope_upstreams: BTreeMap<String, Option<String>> =
+            std::iter::once((settings.scope.as_str(), None))
+                .chain(users.iter().flat_map(|u| u.scopes()))
+                .map(|(scope, url)| (scope.to_string(), url.map(str::to_string)))
+                .collect();
         let intake = Arc::new(
             Intake::new(
                 store.clone(),
@@ -120,7 +124,7 @@ impl Relay {
                     missing_key: settings.missing_key,
                     retention: settings.retention_policy(),
                     in_progress_wait: settings.in_progress_wait,
-                    shared_upstream: scopes.len() > 1,
+                    shared_scopes: shared_scopes(&scope_upstreams),
                 },
                 hint.clone(),
             )
@@ -212,8 +216,17 @@ impl Relay {
             Some(url) => {
                 let password = std::env::var("IDEMRELAY_UPSTREAM_PASSWORD").ok();
                 let d = &settings.delivery;
+                let mut scope_targets = HashMap::new();
+                for (scope, own) in &scope_upstreams {
+                    if let Some(own) = own {
+                        let target = UpstreamTarget::parse(own, None)
+                            .with_context(|| format!("the upstream of scope {scope:?}"))?;
+                        scope_targets.insert(scope.clone(), target);
+                    }
+                }
                 let delivery = DeliverySettings {
                     target: UpstreamTarget::parse(url.expose(), password)?,
+                    scope_targets,
                     ca_file: d.ca_file.clone(),
                     hostname: settings.hostname.clone(),
                     timeouts: d.timeouts,
@@ -366,6 +379,24 @@ async fn store_health_loop(intake: Arc<Intake>, every: Duration, mut stop: watch
     }
 }
 
+/// The scopes that send to an upstream together with another scope: the key that upstream
+/// sees carries the scope (DESIGN §1 "The key the upstream sees").
+fn shared_scopes(scope_upstreams: &BTreeMap<String, Option<String>>) -> BTreeSet<String> {
+    let mut by_upstream: BTreeMap<Option<&str>, Vec<&str>> = BTreeMap::new();
+    for (scope, upstream) in scope_upstreams {
+        by_upstream
+            .entry(upstream.as_deref())
+            .or_default()
+            .push(scope);
+    }
+    by_upstream
+        .into_values()
+        .filter(|scopes| scopes.len() > 1)
+        .flatten()
+        .map(str::to_string)
+        .collect()
+}
+
 async fn purge_loop(
     store: Arc<dyn Store>,
     retention: crate::store::Retention,
@@ -401,4 +432,41 @@ pub fn termination_signal() -> std::io::Result<impl std::future::Future<Output =
             _ = int.recv() => {}
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_sharing_an_upstream_are_told_apart() {
+        let map = |pairs: &[(&str, Option<&str>)]| -> BTreeMap<String, Option<String>> {
+            pairs
+                .iter()
+                .map(|(s, u)| (s.to_string(), u.map(str::to_string)))
+                .collect()
+        };
+        let set =
+            |names: &[&str]| -> BTreeSet<String> { names.iter().map(|s| s.to_string()).collect() };
+        // One scope alone: the common case, nothing shared.
+        assert_eq!(shared_scopes(&map(&[("default", None)])), set(&[]));
+        // Users on the relay's upstream share it with the listener's scope.
+        assert_eq!(
+            shared_scopes(&map(&[
+                ("default", None),
+                ("bob", None),
+                ("alice", Some("smtp://a"))
+            ])),
+            set(&["bob", "default"])
+        );
+        // Two scopes naming one upstream of their own share it too.
+        assert_eq!(
+            shared_scopes(&map(&[
+                ("default", None),
+                ("a", Some("smtp://x")),
+                ("b", Some("smtp://x"))
+            ])),
+            set(&["a", "b"])
+        );
+    }
 }

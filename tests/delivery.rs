@@ -711,3 +711,72 @@ async fn two_scopes_with_the_same_key_are_both_delivered() {
         assert!(keys.contains(&up), "{up} not at the sink: {keys:?}");
     }
 }
+
+/// A user with an upstream of their own (the users file's `upstream`): that scope's mail goes
+/// there, under the client's key unchanged when the scope is alone on it, while the others
+/// keep using the relay's upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_an_upstream_of_their_own_is_delivered_there() {
+    let shared_sink = start_sink().await;
+    let own_sink = start_sink().await;
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    idemrelay::auth::Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[])
+        .unwrap();
+    idemrelay::auth::Users::add_user(&users, "bob", "battery staple", "tenant-bob", &[]).unwrap();
+    // The upstream is set by hand in the file; a later `user add` keeps it.
+    let text = std::fs::read_to_string(&users).unwrap().replace(
+        "[users.alice]\n",
+        &format!(
+            "[users.alice]\nupstream = \"smtp://{}?tls=none\"\n",
+            own_sink.smtp_addr()
+        ),
+    );
+    std::fs::write(&users, text).unwrap();
+    idemrelay::auth::Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[])
+        .unwrap();
+    assert!(std::fs::read_to_string(&users)
+        .unwrap()
+        .contains("upstream = "));
+    let mut settings = common::test_settings(dir.path());
+    settings.users_file = Some(users);
+    common::fast_delivery(&mut settings, shared_sink.smtp_addr());
+    let relay = common::TestRelay::start_in(dir, settings).await;
+    let mut ids = Vec::new();
+    for (user, password) in [("alice", "correct horse"), ("bob", "battery staple")] {
+        let mut c = Client::ready(relay.addr).await;
+        assert_eq!(c.cmd(&common::auth_plain(user, password)).await.code, 235);
+        let msg = message(Some("welcome-2"), "welcome", &format!("hello from {user}"));
+        let answer = c
+            .submit(
+                &format!("{user}@example.com"),
+                &["customer@example.net"],
+                &msg,
+            )
+            .await;
+        ids.push(
+            answer
+                .queue_id()
+                .unwrap_or_else(|| panic!("{user}: {answer:?}")),
+        );
+        c.quit().await;
+    }
+    for id in &ids {
+        wait_state(&relay, id, State::Delivered).await;
+    }
+    let keys = |sink: &SinkHandle| -> Vec<String> {
+        sink.messages()
+            .iter()
+            .filter_map(|m| m.key.clone())
+            .collect()
+    };
+    // alice is alone on her upstream: her key as she sent it.
+    assert_eq!(keys(&own_sink), vec!["welcome-2".to_string()]);
+    // bob shares the relay's upstream with the listener's scope: his carries the scope.
+    let bobs = keys(&shared_sink);
+    assert_eq!(bobs.len(), 1, "{bobs:?}");
+    assert!(
+        bobs[0].ends_with("-1-welcome-2") && bobs[0].starts_with("u1-"),
+        "{bobs:?}"
+    );
+}

@@ -9,6 +9,7 @@
 //! password_hash = "$argon2id$v=19$..."
 //! scope = "acme"                          # optional, defaults to the user name
 //! allowed_senders = ["@example.com"]      # optional, empty = any sender
+//! upstream = "smtp://user:pass@smtp.example.net:587"  # optional: an upstream of its own
 //! ```
 
 use std::collections::BTreeMap;
@@ -77,6 +78,7 @@ fn parse_user(text: &str, name: &str, entry: &Spanned<DeValue<'_>>) -> anyhow::R
     let mut password_hash = None;
     let mut scope = None;
     let mut allowed_senders = Vec::new();
+    let mut upstream = None;
     for (key, value) in fields.iter() {
         let line = value.span().start;
         match key.get_ref().as_ref() {
@@ -140,13 +142,25 @@ fn parse_user(text: &str, name: &str, entry: &Spanned<DeValue<'_>>) -> anyhow::R
                     allowed_senders.push(pattern.to_string());
                 }
             }
+            "upstream" => {
+                let value = string(value)
+                    .filter(|u| u.starts_with("smtp://") || u.starts_with("smtps://"))
+                    .ok_or_else(|| {
+                        at(
+                            text,
+                            line,
+                            &format!("users.{name}.upstream must be an smtp:// or smtps:// URL"),
+                        )
+                    })?;
+                upstream = Some(value.to_string());
+            }
             other => {
                 return Err(at(
                     text,
                     key.span().start,
                     &format!(
                         "unknown key {other:?} for user {name:?} \
-                         (expected password_hash, scope, allowed_senders)"
+                         (expected password_hash, scope, allowed_senders, upstream)"
                     ),
                 ))
             }
@@ -164,6 +178,7 @@ fn parse_user(text: &str, name: &str, entry: &Spanned<DeValue<'_>>) -> anyhow::R
         // DESIGN §1: keys are scoped by the authenticated user unless told otherwise.
         scope: scope.unwrap_or_else(|| name.to_string()),
         allowed_senders,
+        upstream,
     })
 }
 

@@ -33,6 +33,10 @@ pub struct User {
     /// `a@example.com` exact (case-insensitive) or `@example.com` domain; empty = any sender.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_senders: Vec<String>,
+    /// An upstream of the user's own (URL as for `upstream`; may hold a password): the
+    /// scope's mail goes there instead of to the relay's upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
 }
 
 impl std::fmt::Debug for User {
@@ -41,6 +45,13 @@ impl std::fmt::Debug for User {
             .field("password_hash", &"<redacted>")
             .field("scope", &self.scope)
             .field("allowed_senders", &self.allowed_senders)
+            .field(
+                "upstream",
+                &self
+                    .upstream
+                    .as_ref()
+                    .map(|u| crate::config::SecretUrl(u.clone()).redacted()),
+            )
             .finish()
     }
 }
@@ -113,9 +124,11 @@ impl Users {
         self.users.is_empty()
     }
 
-    /// The scopes of all users.
-    pub fn scopes(&self) -> impl Iterator<Item = &str> {
-        self.users.values().map(|u| u.scope.as_str())
+    /// Every user's scope with the upstream of its own, if it has one.
+    pub fn scopes(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
+        self.users
+            .values()
+            .map(|u| (u.scope.as_str(), u.upstream.as_deref()))
     }
 
     /// User names in sorted order.
@@ -133,6 +146,17 @@ impl Users {
         }
         if !is_argon2id_phc(&user.password_hash) {
             bail!("the password hash of user {name:?} is not an argon2id PHC string");
+        }
+        // A scope's mail goes to one upstream: its users must agree on it.
+        if let Some((other, _)) = self
+            .users
+            .iter()
+            .find(|(n, u)| *n != name && u.scope == user.scope && u.upstream != user.upstream)
+        {
+            bail!(
+                "users {other:?} and {name:?} share scope {:?} but not their upstream",
+                user.scope
+            );
         }
         Ok(self.users.insert(name.to_string(), user))
     }
@@ -183,6 +207,8 @@ impl Users {
             password_hash: hash_password(password)?,
             scope: scope.to_string(),
             allowed_senders: allowed_senders.to_vec(),
+            // Set in the file by hand; a password change keeps it.
+            upstream: users.get(name).and_then(|u| u.upstream.clone()),
         };
         users.insert(name, user)?;
         file::write_atomically(path, &file::render(&users)?)
@@ -299,6 +325,22 @@ fn validate_password(name: &str, password: &str) -> anyhow::Result<()> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn users_of_one_scope_must_agree_on_their_upstream() {
+        let user = |upstream: Option<&str>| User {
+            password_hash: cheap_hash("pw"),
+            scope: "shared".into(),
+            allowed_senders: Vec::new(),
+            upstream: upstream.map(str::to_string),
+        };
+        let mut users = Users::default();
+        users.insert("a", user(Some("smtp://x"))).unwrap();
+        users.insert("b", user(Some("smtp://x"))).unwrap();
+        let err = users.insert("c", user(None)).unwrap_err().to_string();
+        assert!(err.contains("share scope"), "{err}");
+        assert!(!format!("{:?}", user(Some("smtp://u:secret@x"))).contains("secret"));
+    }
+
     use super::*;
 
     /// Hashes with tiny parameters: verification follows the parameters stored in the hash,
@@ -548,6 +590,7 @@ pub(crate) mod tests {
             password_hash: cheap_hash("pw"),
             scope: "acme".into(),
             allowed_senders: vec!["@example.com".into()],
+            upstream: None,
         };
         let cases: &[(&str, User, bool)] = &[
             ("alice", good.clone(), true),

@@ -24,6 +24,8 @@ use crate::store::{AttemptResult, Claimed, NewRecord, Settle, State, Store};
 #[derive(Debug, Clone)]
 pub struct DeliverySettings {
     pub target: UpstreamTarget,
+    /// Scopes whose users have an upstream of their own (the users file), and that upstream.
+    pub scope_targets: std::collections::HashMap<String, UpstreamTarget>,
     pub ca_file: Option<std::path::PathBuf>,
     /// Our name in EHLO and in DSNs.
     pub hostname: String,
@@ -97,18 +99,16 @@ pub fn start(
         stop.clone(),
     ))];
     for n in 0..shared.settings.workers.max(1) {
-        let mut client = UpstreamClient::new(
-            shared.settings.target.clone(),
-            &shared.settings.hostname,
-            shared.settings.timeouts,
-            shared.settings.ca_file.as_deref(),
-        )?;
-        client.max_per_connection = shared.settings.max_per_connection;
-        client.idle_close = shared.settings.idle_close;
+        let client = upstream_client(&shared.settings, &shared.settings.target)?;
+        let mut scoped = std::collections::HashMap::new();
+        for (scope, target) in &shared.settings.scope_targets {
+            scoped.insert(scope.clone(), upstream_client(&shared.settings, target)?);
+        }
         let worker = Worker {
             shared: shared.clone(),
             owner: format!("{}-{n}", process.0),
             client,
+            scoped,
             prober: n == 0,
             last_probe: None,
         };
@@ -117,11 +117,29 @@ pub fn start(
     Ok(tasks)
 }
 
+fn upstream_client(
+    settings: &DeliverySettings,
+    target: &UpstreamTarget,
+) -> anyhow::Result<UpstreamClient> {
+    let mut client = UpstreamClient::new(
+        target.clone(),
+        &settings.hostname,
+        settings.timeouts,
+        settings.ca_file.as_deref(),
+    )?;
+    client.max_per_connection = settings.max_per_connection;
+    client.idle_close = settings.idle_close;
+    Ok(client)
+}
+
 struct Worker {
     shared: Arc<Shared>,
     /// Lease owner: process and worker, so a takeover is visible in the ledger.
     owner: String,
+    /// The relay's upstream.
     client: UpstreamClient,
+    /// The upstreams of scopes that have their own, by scope.
+    scoped: std::collections::HashMap<String, UpstreamClient>,
     /// One worker probes the upstream while the queue is paused.
     prober: bool,
     last_probe: Option<Instant>,
@@ -156,6 +174,9 @@ impl Worker {
                 _ = stopped(&mut stop) => return,
             }
             self.client.close_idle().await;
+            for client in self.scoped.values_mut() {
+                client.close_idle().await;
+            }
         }
     }
 
@@ -326,7 +347,11 @@ impl Worker {
         let lease = self.shared.lease;
         let mut held = HeldLease::new(claimed_at, lease);
         let outcome = {
-            let send = self.client.send(&envelope, &job.content, data_by);
+            let client = match self.scoped.get_mut(&job.scope) {
+                Some(own) => own,
+                None => &mut self.client,
+            };
+            let send = client.send(&envelope, &job.content, data_by);
             tokio::pin!(send);
             let mut renew = tokio::time::interval(lease / 3);
             renew.tick().await;

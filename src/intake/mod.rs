@@ -31,9 +31,9 @@ pub struct IntakeSettings {
     pub retention: crate::store::Retention,
     /// How long a submission waits for a concurrent one with the same key to commit.
     pub in_progress_wait: Duration,
-    /// More than one scope sends to the upstream: the key it sees carries the scope
-    /// (`key::upstream_key`).
-    pub shared_upstream: bool,
+    /// The scopes that share their upstream with another scope: the key it sees carries
+    /// the scope (`key::upstream_key`).
+    pub shared_scopes: std::collections::BTreeSet<String>,
 }
 
 /// Who submitted: decides the scope and the trace line.
@@ -285,9 +285,10 @@ impl Intake {
         let RecordFacts {
             origin, sub, scan, ..
         } = *facts;
-        let upstream_key = facts
-            .key
-            .map(|k| upstream_key(&origin.scope, k, part, self.settings.shared_upstream));
+        let upstream_key = facts.key.map(|k| {
+            let shared = self.settings.shared_scopes.contains(&origin.scope);
+            upstream_key(&origin.scope, k, part, shared)
+        });
         let (state, reply, content) = if scan.has_from {
             let received = ReceivedLine {
                 helo: &sub.helo,
