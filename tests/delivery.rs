@@ -659,40 +659,8 @@ async fn both_parts_of_a_split_message_are_delivered_under_their_own_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_scopes_with_the_same_key_are_both_delivered() {
     let sink = start_sink().await;
-    let dir = tempfile::tempdir().unwrap();
-    let users = dir.path().join("users.toml");
-    idemrelay::auth::Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[])
-        .unwrap();
-    idemrelay::auth::Users::add_user(&users, "bob", "battery staple", "tenant-bob", &[]).unwrap();
-    let mut settings = common::test_settings(dir.path());
-    settings.users_file = Some(users);
-    common::fast_delivery(&mut settings, sink.smtp_addr());
-    let relay = common::TestRelay::start_in(dir, settings).await;
-    let mut ids = Vec::new();
-    for (user, password, body) in [
-        ("alice", "correct horse", "welcome from alice"),
-        ("bob", "battery staple", "welcome from bob"),
-    ] {
-        let mut c = Client::ready(relay.addr).await;
-        assert_eq!(c.cmd(&common::auth_plain(user, password)).await.code, 235);
-        let msg = message(Some("welcome-customer-1"), "welcome", body);
-        let answer = c
-            .submit(
-                &format!("{user}@example.com"),
-                &["customer@example.net"],
-                &msg,
-            )
-            .await;
-        ids.push(
-            answer
-                .queue_id()
-                .unwrap_or_else(|| panic!("{user}: {answer:?}")),
-        );
-        c.quit().await;
-    }
-    for id in &ids {
-        wait_state(&relay, id, State::Delivered).await;
-    }
+    let relay = relay_with_alice_and_bob(&sink, |_| {}).await;
+    let ids = alice_and_bob_submit(&relay, "welcome-customer-1").await;
     let keys: Vec<String> = sink
         .messages()
         .iter()
@@ -719,51 +687,22 @@ async fn two_scopes_with_the_same_key_are_both_delivered() {
 async fn a_user_with_an_upstream_of_their_own_is_delivered_there() {
     let shared_sink = start_sink().await;
     let own_sink = start_sink().await;
-    let dir = tempfile::tempdir().unwrap();
-    let users = dir.path().join("users.toml");
-    idemrelay::auth::Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[])
-        .unwrap();
-    idemrelay::auth::Users::add_user(&users, "bob", "battery staple", "tenant-bob", &[]).unwrap();
-    // The upstream is set by hand in the file; a later `user add` keeps it.
-    let text = std::fs::read_to_string(&users).unwrap().replace(
-        "[users.alice]\n",
-        &format!(
-            "[users.alice]\nupstream = \"smtp://{}?tls=none\"\n",
-            own_sink.smtp_addr()
-        ),
-    );
-    std::fs::write(&users, text).unwrap();
-    idemrelay::auth::Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[])
-        .unwrap();
-    assert!(std::fs::read_to_string(&users)
-        .unwrap()
-        .contains("upstream = "));
-    let mut settings = common::test_settings(dir.path());
-    settings.users_file = Some(users);
-    common::fast_delivery(&mut settings, shared_sink.smtp_addr());
-    let relay = common::TestRelay::start_in(dir, settings).await;
-    let mut ids = Vec::new();
-    for (user, password) in [("alice", "correct horse"), ("bob", "battery staple")] {
-        let mut c = Client::ready(relay.addr).await;
-        assert_eq!(c.cmd(&common::auth_plain(user, password)).await.code, 235);
-        let msg = message(Some("welcome-2"), "welcome", &format!("hello from {user}"));
-        let answer = c
-            .submit(
-                &format!("{user}@example.com"),
-                &["customer@example.net"],
-                &msg,
-            )
-            .await;
-        ids.push(
-            answer
-                .queue_id()
-                .unwrap_or_else(|| panic!("{user}: {answer:?}")),
+    let own = own_sink.smtp_addr();
+    let relay = relay_with_alice_and_bob(&shared_sink, |users| {
+        // The upstream is set by hand in the file; a later `user add` keeps it.
+        let text = std::fs::read_to_string(users).unwrap().replace(
+            "[users.alice]\n",
+            &format!("[users.alice]\nupstream = \"smtp://{own}?tls=none\"\n"),
         );
-        c.quit().await;
-    }
-    for id in &ids {
-        wait_state(&relay, id, State::Delivered).await;
-    }
+        std::fs::write(users, text).unwrap();
+        idemrelay::auth::Users::add_user(users, "alice", "correct horse", "tenant-alice", &[])
+            .unwrap();
+        assert!(std::fs::read_to_string(users)
+            .unwrap()
+            .contains("upstream = "));
+    })
+    .await;
+    alice_and_bob_submit(&relay, "welcome-2").await;
     let keys = |sink: &SinkHandle| -> Vec<String> {
         sink.messages()
             .iter()
@@ -779,4 +718,50 @@ async fn a_user_with_an_upstream_of_their_own_is_delivered_there() {
         bobs[0].ends_with("-1-welcome-2") && bobs[0].starts_with("u1-"),
         "{bobs:?}"
     );
+}
+
+/// A relay delivering to `sink`, with users alice (scope tenant-alice) and bob (tenant-bob)
+/// who may AUTH on the plain listener; `edit` may change the users file first.
+async fn relay_with_alice_and_bob(
+    sink: &SinkHandle,
+    edit: impl FnOnce(&std::path::Path),
+) -> common::TestRelay {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    idemrelay::auth::Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[])
+        .unwrap();
+    idemrelay::auth::Users::add_user(&users, "bob", "battery staple", "tenant-bob", &[]).unwrap();
+    edit(&users);
+    let mut settings = common::test_settings(dir.path());
+    settings.users_file = Some(users);
+    common::fast_delivery(&mut settings, sink.smtp_addr());
+    common::TestRelay::start_in(dir, settings).await
+}
+
+/// alice and bob each submit their own message under `key`, and both are delivered; returns
+/// the queue ids.
+async fn alice_and_bob_submit(relay: &common::TestRelay, key: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for (user, password) in [("alice", "correct horse"), ("bob", "battery staple")] {
+        let mut c = Client::ready(relay.addr).await;
+        assert_eq!(c.cmd(&common::auth_plain(user, password)).await.code, 235);
+        let msg = message(Some(key), "welcome", &format!("welcome from {user}"));
+        let answer = c
+            .submit(
+                &format!("{user}@example.com"),
+                &["customer@example.net"],
+                &msg,
+            )
+            .await;
+        ids.push(
+            answer
+                .queue_id()
+                .unwrap_or_else(|| panic!("{user}: {answer:?}")),
+        );
+        c.quit().await;
+    }
+    for id in &ids {
+        wait_state(relay, id, State::Delivered).await;
+    }
+    ids
 }

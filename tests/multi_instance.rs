@@ -26,10 +26,16 @@ const RACED_EVERY: usize = 4;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn write_config(path: &std::path::Path) {
+    write_delivery_config(path, 3, "5s");
+}
+
+/// Delivery settings for quick tests: `connections` workers, `dot` as the final-dot timeout.
+fn write_delivery_config(path: &std::path::Path, connections: usize, dot: &str) {
     // Every phase is listed: `[delivery.timeouts]` does not accept a partial table.
-    let text = r#"
+    let text = format!(
+        r#"
 [delivery]
-connections = 3
+connections = {connections}
 scan_interval = "50ms"
 retry_base = "50ms"
 retry_cap = "300ms"
@@ -44,8 +50,9 @@ auth = "2s"
 mail = "2s"
 rcpt = "2s"
 data = "2s"
-dot = "5s"
-"#;
+dot = "{dot}"
+"#
+    );
     std::fs::write(path, text).unwrap();
 }
 
@@ -279,26 +286,7 @@ const HELD_DOT: Duration = Duration::from_secs(6);
 fn liveness_config(path: &std::path::Path) {
     // A long final-dot timeout makes the lease long (the worst-case attempt plus 10 s, here
     // over 40 s): a takeover within seconds can only come from the heartbeat.
-    let text = r#"
-[delivery]
-connections = 2
-scan_interval = "50ms"
-retry_base = "50ms"
-retry_cap = "300ms"
-max_attempts = 200
-breaker_threshold = 1000
-
-[delivery.timeouts]
-connect = "2s"
-greeting = "2s"
-starttls = "2s"
-auth = "2s"
-mail = "2s"
-rcpt = "2s"
-data = "2s"
-dot = "25s"
-"#;
-    std::fs::write(path, text).unwrap();
+    write_delivery_config(path, 2, "25s");
 }
 
 /// `idemrelay serve` as PID 1 of a PID namespace of its own (as in a container), on this
