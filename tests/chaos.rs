@@ -12,23 +12,33 @@
 //! its window, like the real upstream) while client tasks submit a few thousand messages and
 //! retry (same key, same bytes) until they get a 250 or a 5xx. Some keys are submitted by two
 //! clients at once with the same bytes, some with different bytes (one must get E01005 and never
-//! be forwarded). Faults: the relay is SIGKILLed at random moments and aborts at its crash
-//! points (and is restarted on the same store each time), clients hang up right after the
-//! final dot, the sink cuts the connection or withholds its reply after the dot, answers 4xx in
-//! bursts, and the store is locked from outside for about a second.
+//! be forwarded). Some are split messages (DESIGN §1 "Split transactions"): the same bytes in
+//! two or three transactions with disjoint recipient sets, one after the other or all at once,
+//! each its own part, and each part re-sent once after its 250 (it must replay its own queue
+//! id). Some keys are used by two scopes at once (users alice and bob, who AUTH PLAIN, and the
+//! unauthenticated clients' scope), each with its own bytes: both are accepted. With several
+//! scopes on the one upstream, every key the sink sees is `u1-<scope tag>-<part>-<key>` (DESIGN
+//! §1 "The key the upstream sees"), mapped back to (scope, key, part) through the store.
+//! Faults: the relay is SIGKILLed at random moments and aborts at its crash points (and is
+//! restarted on the same store each time), clients hang up right after the final dot, the sink
+//! cuts the connection or withholds its reply after the dot, answers 4xx in bursts, and the
+//! store is locked from outside for about a second.
 //!
 //! Scenarios: one relay on SQLite; two relays on one Postgres schema (skipped, saying so,
-//! unless `IDEMRELAY_TEST_POSTGRES` names a database). Each prints T (keys attempted),
-//! A (keys answered 250), D (keys delivered at the sink after its dedup) and R (raw sink
-//! transactions), and fails unless: nothing answered 250 is missing at the sink, nothing is
-//! there twice or unasked for, every raw transaction beyond the first is explained by an
-//! UNKNOWN attempt inside the upstream window, no mismatched bytes are forwarded, and no
-//! UNKNOWN is retried past the window.
+//! unless `IDEMRELAY_TEST_POSTGRES` names a database). Everything is counted per unit, a
+//! (scope, key, part): each scenario prints T (units attempted), A (answered 250), D (delivered
+//! at the sink after its dedup) and R (raw sink transactions), and fails unless: nothing
+//! answered 250 is missing at the sink, nothing is there twice or unasked for, every part and
+//! every scope of a key got its own record and its own upstream key, every raw transaction
+//! beyond the first is explained by an UNKNOWN attempt inside the upstream window, no
+//! mismatched bytes (or recipients) are forwarded, and no UNKNOWN is retried past the window.
 //!
 //! `IDEMRELAY_CHAOS_SEED` (decimal, `0x` hex, or `random`) replays a run's plan: which keys get
 //! which fault, the schedule of kills, locks and bursts, and the crash points' draws. Thread
 //! and I/O timing still differ between runs, so a replay is the same storm, not the same
-//! interleaving. `IDEMRELAY_CHAOS_MESSAGES` sets the keys per scenario (default 1500).
+//! interleaving. `IDEMRELAY_CHAOS_MESSAGES` sets the keys per scenario (default 1300: about
+//! 1500 units, as much delivery work as the 1500 keys of one part each before splits and
+//! shared keys, so that the queue's delays stay well inside the window).
 #![cfg(feature = "failpoints")]
 
 mod common;
@@ -53,7 +63,7 @@ use tokio::sync::{watch, Semaphore};
 const SEED_ENV: &str = "IDEMRELAY_CHAOS_SEED";
 const COUNT_ENV: &str = "IDEMRELAY_CHAOS_MESSAGES";
 const DEFAULT_SEED: u64 = 0xc4a0_5eed_1d3e_0007;
-const DEFAULT_COUNT: usize = 1500;
+const DEFAULT_COUNT: usize = 1300;
 
 /// The upstream's idempotency window, for the relay (`upstream_window`) and the sink alike.
 /// Short, so that a retry past it would reach a sink that has forgotten the key and be
@@ -70,8 +80,10 @@ const INTENT_SLACK: Duration = Duration::from_secs(1);
 /// The relay's deadline for the reply to the final dot; the sink withholds it for longer.
 const DOT_TIMEOUT: &str = "1s";
 const WITHHOLD: Duration = Duration::from_millis(1600);
-/// Concurrent client tasks (a key submitted twice at once holds one).
-const CLIENTS: usize = 16;
+/// Concurrent client tasks (a key submitted twice at once, or split, holds one). Split keys
+/// hold theirs for four to six submissions: 20 keep intake within the spread, as 16 did
+/// before there were any.
+const CLIENTS: usize = 20;
 /// One submission (connect to reply) may take this long before the client gives up on it.
 const TRY_LIMIT: Duration = Duration::from_secs(15);
 /// A key that is neither accepted nor refused within this is a liveness failure.
@@ -114,6 +126,37 @@ fn mix(seed: u64, salt: u64) -> u64 {
 
 // --- the plan ------------------------------------------------------------------------------
 
+/// The `scope` of unauthenticated (allow-listed) clients: the relay's default.
+const ANON_SCOPE: &str = "default";
+/// The users of the users file, each with a scope of its own: (name, password, scope).
+const USERS: [(&str, &str, &str); 2] = [
+    ("alice", "chaos alice password", "tenant-alice"),
+    ("bob", "chaos bob password", "tenant-bob"),
+];
+
+/// Who submits: an unauthenticated client, or a user of [`USERS`] after `AUTH PLAIN`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Who {
+    Anonymous,
+    User(usize),
+}
+
+impl Who {
+    fn scope(self) -> &'static str {
+        match self {
+            Who::Anonymous => ANON_SCOPE,
+            Who::User(i) => USERS[i].2,
+        }
+    }
+
+    fn login(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Who::Anonymous => None,
+            Who::User(i) => Some((USERS[i].0, USERS[i].1)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {
     Single,
@@ -121,6 +164,18 @@ enum Shape {
     SameBytesTwice,
     /// Two clients at once, same key, different bytes: one wins, the other gets E01005.
     DifferentBytesTwice,
+    /// One message in `parts` transactions with disjoint recipient sets, all by `who`: each
+    /// part once the one before was answered (numbered in that order), or all at once when
+    /// `racing` (on different instances when there are several; numbered as they commit).
+    /// Every part is sent again once after its 250 and must be answered as a replay of it.
+    Split {
+        who: Who,
+        parts: usize,
+        racing: bool,
+    },
+    /// Two scopes at once under one key, each with its own bytes: both accepted, each
+    /// delivered once, under upstream keys of their own.
+    TwoScopes(Who, Who),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +200,8 @@ enum Fault {
 struct Plan {
     key: String,
     shape: Shape,
+    /// A per-key sink fault matches the key inside every upstream key made of it, so it hits
+    /// whichever part or scope reaches the sink first (all of them when it has no count).
     fault: Fault,
     /// Approximate message size.
     size: usize,
@@ -161,8 +218,22 @@ fn make_plans(rng: &mut fastrand::Rng, tag: &str, n: usize) -> Vec<Plan> {
                 (Shape::Single, Fault::PastWindow)
             } else {
                 let shape = match rng.u32(0..100) {
-                    0..10 => Shape::SameBytesTwice,
-                    10..18 => Shape::DifferentBytesTwice,
+                    0..9 => Shape::SameBytesTwice,
+                    9..16 => Shape::DifferentBytesTwice,
+                    16..24 => Shape::Split {
+                        who: match rng.u32(0..3) {
+                            0 => Who::Anonymous,
+                            n => Who::User(n as usize - 1),
+                        },
+                        parts: if rng.u32(0..4) == 0 { 3 } else { 2 },
+                        racing: rng.u32(0..4) == 0,
+                    },
+                    // Mostly alice and bob; also either of them with the unauthenticated scope.
+                    24..31 => match rng.u32(0..4) {
+                        0 => Shape::TwoScopes(Who::Anonymous, Who::User(0)),
+                        1 => Shape::TwoScopes(Who::User(1), Who::Anonymous),
+                        _ => Shape::TwoScopes(Who::User(0), Who::User(1)),
+                    },
                     _ => Shape::Single,
                 };
                 let fault = match rng.u32(0..100) {
@@ -202,6 +273,68 @@ fn sink_rule(plan: &Plan) -> Option<FaultRule> {
     Some(rule.with_key(plan.key.clone()))
 }
 
+/// One unit of the exactly-once promise: one part of one key in one scope.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Unit {
+    scope: String,
+    key: String,
+    part: u32,
+}
+
+impl std::fmt::Display for Unit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}#{}", self.scope, self.key, self.part)
+    }
+}
+
+/// The units a plan must end with, each accepted once and delivered once.
+fn units(plan: &Plan) -> BTreeSet<Unit> {
+    let unit = |who: Who, part: usize| Unit {
+        scope: who.scope().to_string(),
+        key: plan.key.clone(),
+        part: part as u32,
+    };
+    match plan.shape {
+        Shape::Single | Shape::SameBytesTwice | Shape::DifferentBytesTwice => {
+            [unit(Who::Anonymous, 1)].into()
+        }
+        Shape::Split { who, parts, .. } => (1..=parts).map(|p| unit(who, p)).collect(),
+        Shape::TwoScopes(x, y) => [unit(x, 1), unit(y, 1)].into(),
+    }
+}
+
+/// One request a client makes of the relay, retried until answered: who sends which bytes to
+/// which recipient set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Ask {
+    who: Who,
+    variant: char,
+    /// The recipient set: 0 unless the key is split, then the part's place in the message.
+    set: usize,
+}
+
+impl std::fmt::Display for Ask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} variant {} set {}",
+            self.who.scope(),
+            self.variant,
+            self.set
+        )
+    }
+}
+
+/// Disjoint per set (and of one or two recipients), the same for every try of an ask.
+fn recipients(plan: &Plan, set: usize) -> Vec<String> {
+    match plan.shape {
+        Shape::Split { .. } => (0..=set % 2)
+            .map(|j| format!("part{set}-rcpt{j}@example.com"))
+            .collect(),
+        _ => vec!["rcpt@example.com".into()],
+    }
+}
+
 /// The marker line that tells the variants of a key apart.
 fn variant_line(key: &str, variant: char) -> String {
     format!("chaos message {key}, variant {variant}")
@@ -222,6 +355,23 @@ fn message_bytes(plan: &Plan, variant: char) -> Vec<u8> {
     }
     body.push_str("end");
     common::message(Some(&plan.key), &format!("chaos {}", plan.key), &body)
+}
+
+/// Whether `stored` is what the relay must store for `submitted` when the upstream is to see
+/// `upstream` (DESIGN §1): its `Received:` line, the key field for `upstream`, then the
+/// submitted bytes without the client's key field.
+fn stored_as(stored: &[u8], submitted: &[u8], key: &str, upstream: &str) -> bool {
+    let find = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).position(|w| w == needle);
+    let client_field = format!("X-Bird-Idempotency-Key: {key}\r\n");
+    let Some(at) = find(submitted, client_field.as_bytes()) else {
+        return false;
+    };
+    let rest = [&submitted[..at], &submitted[at + client_field.len()..]].concat();
+    let relay_lines = format!("\r\nX-Bird-Idempotency-Key: {upstream}\r\n");
+    stored.starts_with(b"Received: ")
+        && stored.len() >= rest.len()
+        && stored.ends_with(&rest)
+        && stored[..stored.len() - rest.len()].ends_with(relay_lines.as_bytes())
 }
 
 // --- the client ----------------------------------------------------------------------------
@@ -268,7 +418,26 @@ impl Conn {
     }
 }
 
+/// An unauthenticated submission to `rcpt@example.com` (also the power-loss test's).
 async fn submit_once(addr: SocketAddr, message: &[u8], hang_up: bool) -> Try {
+    submit_as(
+        addr,
+        None,
+        &["rcpt@example.com".to_string()],
+        message,
+        hang_up,
+    )
+    .await
+}
+
+/// One try: `AUTH PLAIN` first when `login` names a user.
+async fn submit_as(
+    addr: SocketAddr,
+    login: Option<(&str, &str)>,
+    rcpts: &[String],
+    message: &[u8],
+    hang_up: bool,
+) -> Try {
     let attempt = async {
         let stream = TcpStream::connect(addr).await.ok()?;
         let mut conn = Conn {
@@ -279,12 +448,12 @@ async fn submit_once(addr: SocketAddr, message: &[u8], hang_up: bool) -> Try {
         if greeting.0 != 220 {
             return Some(Try::Answer(greeting.0, greeting.1));
         }
-        for step in [
-            "EHLO chaos.test",
-            "MAIL FROM:<sender@example.com>",
-            "RCPT TO:<rcpt@example.com>",
-            "DATA",
-        ] {
+        let mut steps = vec!["EHLO chaos.test".to_string()];
+        steps.extend(login.map(|(user, password)| common::auth_plain(user, password)));
+        steps.push("MAIL FROM:<sender@example.com>".into());
+        steps.extend(rcpts.iter().map(|r| format!("RCPT TO:<{r}>")));
+        steps.push("DATA".into());
+        for step in &steps {
             let (code, line) = conn.command(step).await?;
             if code >= 400 {
                 return Some(Try::Answer(code, line));
@@ -312,18 +481,41 @@ enum Final {
     GaveUp,
 }
 
-/// What one client saw for one submission, across its tries.
+/// What one client saw for one ask, across its tries.
 #[derive(Debug, Clone)]
 struct Submitted {
-    variant: char,
+    ask: Ask,
+    /// The ask was answered 250 before: this is a client's retry of it, which must replay.
+    resend: bool,
+    /// The part number the relay must have given it: parts sent one after the other are
+    /// numbered in that order.
+    expect_part: Option<u32>,
     last: Final,
     tries: u32,
     /// Tries without a reply (refused connection, a dead relay, our hang-up).
     lost: u32,
-    /// Tries answered 4xx.
+    /// Tries answered 4xx, and by what (code and error code, or the reply's first words).
     deferred: u32,
-    /// The queue ids of every 250 (one unless a bug).
-    ids: Vec<String>,
+    deferrals: BTreeMap<String, u32>,
+    /// The 250 line and its queue id.
+    accepted: Option<(String, String)>,
+}
+
+/// A reply line without its variable parts: the code and its `(Ennnnn ...)` error code when
+/// it has one, else its first words.
+fn reply_kind(line: &str) -> String {
+    match line.find("(E0") {
+        Some(at) => format!(
+            "{} {}",
+            line.get(..3).unwrap_or(line),
+            line[at + 1..].split_whitespace().next().unwrap_or_default()
+        ),
+        None => line
+            .split_whitespace()
+            .take(4)
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
 }
 
 fn queue_id(line: &str) -> Option<String> {
@@ -338,18 +530,23 @@ type Addrs = Arc<Mutex<Vec<Option<SocketAddr>>>>;
 async fn submit_until_answered(
     addrs: Addrs,
     start: usize,
-    message: Vec<u8>,
-    variant: char,
+    plan: Arc<Plan>,
+    ask: Ask,
     hang_up_first: bool,
     mut rng: fastrand::Rng,
 ) -> Submitted {
+    let message = message_bytes(&plan, ask.variant);
+    let rcpts = recipients(&plan, ask.set);
     let mut out = Submitted {
-        variant,
+        ask,
+        resend: false,
+        expect_part: None,
         last: Final::GaveUp,
         tries: 0,
         lost: 0,
         deferred: 0,
-        ids: Vec::new(),
+        deferrals: BTreeMap::new(),
+        accepted: None,
     };
     let deadline = Instant::now() + KEY_LIMIT;
     while Instant::now() < deadline {
@@ -365,10 +562,10 @@ async fn submit_until_answered(
         };
         let hang_up = hang_up_first && out.tries == 0;
         out.tries += 1;
-        match submit_once(addr, &message, hang_up).await {
+        match submit_as(addr, ask.who.login(), &rcpts, &message, hang_up).await {
             Try::Answer(250, line) => {
-                out.ids
-                    .push(queue_id(&line).unwrap_or_else(|| format!("250 without id: {line}")));
+                let id = queue_id(&line).unwrap_or_else(|| format!("250 without id: {line}"));
+                out.accepted = Some((line, id));
                 out.last = Final::Accepted;
                 return out;
             }
@@ -376,7 +573,10 @@ async fn submit_until_answered(
                 out.last = Final::Refused(line);
                 return out;
             }
-            Try::Answer(..) => out.deferred += 1,
+            Try::Answer(_, line) => {
+                out.deferred += 1;
+                *out.deferrals.entry(reply_kind(&line)).or_default() += 1;
+            }
             Try::Lost => out.lost += 1,
         }
         tokio::time::sleep(Duration::from_millis(rng.u64(10..120))).await;
@@ -388,18 +588,13 @@ async fn run_key(plan: Plan, addrs: Addrs, instances: usize, seed: u64) -> Vec<S
     let mut rng = fastrand::Rng::with_seed(seed);
     let start = rng.usize(0..instances);
     let hang_up = plan.fault == Fault::ClientHangup;
-    let one = |variant: char, start: usize, hang_up: bool, rng: fastrand::Rng| {
-        submit_until_answered(
-            addrs.clone(),
-            start,
-            message_bytes(&plan, variant),
-            variant,
-            hang_up,
-            rng,
-        )
+    let plan = Arc::new(plan);
+    let one = |who: Who, variant: char, set: usize, start: usize, hang_up: bool, rng| {
+        let ask = Ask { who, variant, set };
+        submit_until_answered(addrs.clone(), start, plan.clone(), ask, hang_up, rng)
     };
     match plan.shape {
-        Shape::Single => vec![one('a', start, hang_up, rng.fork()).await],
+        Shape::Single => vec![one(Who::Anonymous, 'a', 0, start, hang_up, rng.fork()).await],
         // Two clients at the same moment, on different instances when there are several.
         Shape::SameBytesTwice | Shape::DifferentBytesTwice => {
             let second = if plan.shape == Shape::SameBytesTwice {
@@ -408,20 +603,100 @@ async fn run_key(plan: Plan, addrs: Addrs, instances: usize, seed: u64) -> Vec<S
                 'b'
             };
             let (x, y) = tokio::join!(
-                one('a', start, hang_up, rng.fork()),
-                one(second, start + 1, false, rng.fork())
+                one(Who::Anonymous, 'a', 0, start, hang_up, rng.fork()),
+                one(Who::Anonymous, second, 0, start + 1, false, rng.fork())
             );
             vec![x, y]
+        }
+        Shape::TwoScopes(x, y) => {
+            let (x, y) = tokio::join!(
+                one(x, 'a', 0, start, hang_up, rng.fork()),
+                one(y, 'b', 0, start + 1, false, rng.fork())
+            );
+            vec![x, y]
+        }
+        Shape::Split { who, parts, racing } => {
+            let mut out = Vec::new();
+            if racing {
+                let mut racers = tokio::task::JoinSet::new();
+                for part in 0..parts {
+                    racers.spawn(one(
+                        who,
+                        'a',
+                        part,
+                        start + part,
+                        hang_up && part == 0,
+                        rng.fork(),
+                    ));
+                }
+                out = racers.join_all().await;
+                out.sort_by_key(|s| s.ask.set);
+            } else {
+                for part in 0..parts {
+                    let mut s = one(
+                        who,
+                        'a',
+                        part,
+                        start + part,
+                        hang_up && part == 0,
+                        rng.fork(),
+                    )
+                    .await;
+                    s.expect_part = Some(part as u32 + 1);
+                    let accepted = s.accepted.is_some();
+                    out.push(s);
+                    if !accepted {
+                        // A client gives up on the message; the checks say why.
+                        break;
+                    }
+                }
+            }
+            // A client that did not hear the 250 in time (or a careless one) sends it again.
+            let answered: Vec<usize> = out
+                .iter()
+                .filter(|s| s.accepted.is_some())
+                .map(|s| s.ask.set)
+                .collect();
+            for part in answered.into_iter().rev() {
+                let mut s = one(who, 'a', part, start + part + 1, false, rng.fork()).await;
+                s.resend = true;
+                out.push(s);
+            }
+            out
         }
     }
 }
 
 // --- the relays ----------------------------------------------------------------------------
 
-fn write_config(path: &Path) {
+/// The users of [`USERS`], with cheap argon2 parameters: `AUTH` verifies with the parameters
+/// of the stored hash, and the default ones (19 MiB, two passes) would put hundreds of such
+/// runs per scenario on the test's two cores, one per login.
+fn write_users(path: &Path) {
+    use argon2::CustomizedPasswordHasher as _;
+    for (name, password, scope) in USERS {
+        idemrelay::auth::Users::add_user(path, name, password, scope, &[]).unwrap();
+        let params = argon2::Params::new(8, 1, 1, None).unwrap();
+        let cheap = argon2::Argon2::default()
+            .hash_password_with_params(password.as_bytes(), b"chaos-test-salt", params)
+            .unwrap()
+            .to_string();
+        // The hash just written is the one with other parameters than the cheap ones.
+        let text = std::fs::read_to_string(path).unwrap();
+        let costly = text
+            .split('"')
+            .find(|s| s.starts_with("$argon2") && !s.contains("$m=8,t=1,p=1$"))
+            .unwrap_or_else(|| panic!("no new hash for {name} in {text}"))
+            .to_string();
+        std::fs::write(path, text.replace(&costly, &cheap)).unwrap();
+    }
+}
+
+fn write_config(path: &Path, users: &Path) {
     // Every phase is listed: `[delivery.timeouts]` does not accept a partial table.
     let text = format!(
         r#"
+users_file = "{}"
 in_progress_wait = "1s"
 store_busy_timeout = "700ms"
 store_probe_interval = "200ms"
@@ -449,6 +724,7 @@ rcpt = "2s"
 data = "2s"
 dot = "{DOT_TIMEOUT}"
 "#,
+        users.display(),
         WINDOW.as_secs(),
         MARGIN.as_secs()
     );
@@ -551,7 +827,20 @@ impl Cluster {
     /// Notes why a relay died and starts another on the same store.
     async fn buried(&mut self, i: usize, relay: RelayProcess, status: std::process::ExitStatus) {
         use std::os::unix::process::ExitStatusExt;
-        let log = relay.log();
+        // The log is collected by a thread that may not yet have drained the pipe when the
+        // exit is seen, and a crash point's line is the last one: without this wait, a busy
+        // relay's abort could be taken for a death nobody asked for.
+        let settle = Instant::now() + Duration::from_secs(3);
+        let log = loop {
+            let log = relay.log();
+            if status.signal() == Some(9)
+                || log.contains(" fired: aborting\n")
+                || Instant::now() >= settle
+            {
+                break log;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         drop(relay);
         let fired = log.lines().rev().find_map(|l| {
             l.strip_prefix("failpoint ")
@@ -717,23 +1006,33 @@ struct Scenario {
 
 #[derive(Debug, Default)]
 struct Counts {
-    /// Keys attempted, answered 250, delivered at the sink after its dedup; raw transactions.
+    /// Units (scope, key, part) attempted, answered 250, delivered at the sink after its
+    /// dedup; raw transactions.
     t: usize,
     a: usize,
     d: usize,
     r: usize,
+    /// The mix: split keys (racing ones among them) and their parts, keys of two scopes.
+    split_keys: usize,
+    racing_splits: usize,
+    split_parts: usize,
+    shared_keys: usize,
+    /// Parts sent again after their 250, and those answered as a replay of it.
+    resent: usize,
+    replayed: usize,
     submissions: usize,
     tries: u64,
     lost_tries: u64,
     deferred_tries: u64,
+    deferrals: BTreeMap<String, u64>,
     e01005: usize,
-    faulted_keys: usize,
+    faulted_units: usize,
     unknown_attempts: usize,
     unresolved: usize,
     /// The longest wait between two attempts of one message, past-window keys aside: the
     /// queue's delay, to be compared with the window.
     longest_gap_ms: i64,
-    longest_gap_key: String,
+    longest_gap_unit: String,
     /// Unresolved although the sink did not drop every reply: only a stuck queue does that.
     parked_early: usize,
     extra_raw: usize,
@@ -787,8 +1086,10 @@ async fn run(scenario: Scenario) {
     .await
     .expect("sink");
     let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    write_users(&users);
     let config = dir.path().join("relay.toml");
-    write_config(&config);
+    write_config(&config, &users);
     // About four firings of each point per scenario, whatever the number of keys.
     let p = 4.0 / n as f64;
     let failpoints = idemrelay::failpoint::NAMES
@@ -822,13 +1123,22 @@ async fn run(scenario: Scenario) {
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(at).await;
             let _permit = gate.acquire_owned().await.unwrap();
+            let waited = at.elapsed();
             let key = plan.key.clone();
-            (key, run_key(plan, addrs, instances, key_seed).await)
+            let subs = run_key(plan, addrs, instances, key_seed).await;
+            (key, subs, waited, at.elapsed() - waited)
         }));
     }
     let mut answers: BTreeMap<String, Vec<Submitted>> = BTreeMap::new();
+    // The longest wait for a free client, and the key that took longest.
+    let mut gate_wait = Duration::ZERO;
+    let mut slowest = (Duration::ZERO, String::new());
     for t in tasks {
-        let (key, subs) = t.await.expect("client task");
+        let (key, subs, waited, took) = t.await.expect("client task");
+        gate_wait = gate_wait.max(waited);
+        if took > slowest.0 {
+            slowest = (took, key.clone());
+        }
         answers.insert(key, subs);
     }
     let submitted_in = started.elapsed();
@@ -871,36 +1181,120 @@ async fn run(scenario: Scenario) {
     let records = list_all(reader.as_ref()).await;
     let mut violations: Vec<String> = Vec::new();
     let mut c = Counts {
-        t: plans.len(),
+        t: plans.iter().map(|p| units(p).len()).sum(),
         submissions: answers.values().map(Vec::len).sum(),
         ..Counts::default()
     };
+    for plan in &plans {
+        match plan.shape {
+            Shape::Split { parts, racing, .. } => {
+                c.split_keys += 1;
+                c.split_parts += parts;
+                c.racing_splits += usize::from(racing);
+            }
+            Shape::TwoScopes(..) => c.shared_keys += 1,
+            _ => {}
+        }
+    }
     let plan_of: BTreeMap<&str, &Plan> = plans.iter().map(|p| (p.key.as_str(), p)).collect();
+    let names = |units: &BTreeSet<Unit>| units.iter().map(Unit::to_string).collect::<Vec<_>>();
+
+    // The store: one record per unit, each under an upstream key of its own.
+    let mut stored: BTreeMap<Unit, (&store::MessageSummary, store::StoredMessage)> =
+        BTreeMap::new();
+    let mut unit_of_id: BTreeMap<&str, Unit> = BTreeMap::new();
+    let mut unit_of_upstream: BTreeMap<String, Unit> = BTreeMap::new();
+    let mut scope_tags: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in &records {
+        let Some(key) = r.key.clone() else {
+            violations.push(format!("record {} without a key", r.id));
+            continue;
+        };
+        let Some(m) = reader.message(&r.id).await.unwrap() else {
+            violations.push(format!("record {} listed, but not there to read", r.id));
+            continue;
+        };
+        let unit = Unit {
+            scope: m.scope.clone(),
+            key,
+            part: m.part,
+        };
+        match plan_of.get(unit.key.as_str()) {
+            None => violations.push(format!("record {} under a key nobody sent: {unit}", r.id)),
+            Some(plan) if !units(plan).contains(&unit) => violations.push(format!(
+                "record {} is {unit}, which nobody asked for ({:?})",
+                r.id, plan.shape
+            )),
+            Some(_) => {}
+        }
+        match r.state {
+            State::Delivered => {}
+            State::Unresolved => c.unresolved += 1,
+            other => violations.push(format!("{unit} ({}): ended {other:?}", r.id)),
+        }
+        match &m.upstream_key {
+            None => violations.push(format!("{unit} ({}): no upstream key", r.id)),
+            Some(up) => {
+                // Several scopes share the upstream: every key the upstream sees carries its
+                // scope's tag and its part.
+                let suffix = format!("-{}-{}", unit.part, unit.key);
+                match up
+                    .strip_prefix("u1-")
+                    .and_then(|rest| rest.strip_suffix(&suffix))
+                {
+                    Some(tag) if tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                        scope_tags
+                            .entry(unit.scope.clone())
+                            .or_default()
+                            .insert(tag.to_string());
+                    }
+                    _ => violations.push(format!(
+                        "{unit} ({}): the upstream sees {up:?}, not u1-<scope tag>{suffix}",
+                        r.id
+                    )),
+                }
+                if let Some(other) = unit_of_upstream.insert(up.clone(), unit.clone()) {
+                    violations.push(format!("{other} and {unit}: one upstream key {up}"));
+                }
+            }
+        }
+        unit_of_id.insert(r.id.as_str(), unit.clone());
+        if let Some((other, _)) = stored.insert(unit.clone(), (r, m)) {
+            violations.push(format!("{unit}: two records, {} and {}", other.id, r.id));
+        }
+    }
+    let mut tag_of: BTreeMap<&str, &str> = BTreeMap::new();
+    for (scope, tags) in &scope_tags {
+        if tags.len() != 1 {
+            violations.push(format!(
+                "scope {scope}: upstream keys with the tags {tags:?}"
+            ));
+        }
+        for tag in tags {
+            if let Some(other) = tag_of.insert(tag, scope) {
+                violations.push(format!("scopes {other} and {scope} share the tag {tag}"));
+            }
+        }
+    }
 
     // What the clients were told.
-    let mut answered: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let mut ids_of_ask: BTreeMap<(&str, Ask), BTreeSet<&str>> = BTreeMap::new();
+    let mut asks_of_id: BTreeMap<&str, BTreeSet<(&str, Ask)>> = BTreeMap::new();
+    let mut answered: BTreeSet<Unit> = BTreeSet::new();
     for (key, subs) in &answers {
         let plan = plan_of[key.as_str()];
+        let mut told: BTreeSet<Unit> = BTreeSet::new();
         for s in subs {
             c.tries += u64::from(s.tries);
             c.lost_tries += u64::from(s.lost);
             c.deferred_tries += u64::from(s.deferred);
-            if !s.ids.is_empty() {
-                answered
-                    .entry(key)
-                    .or_default()
-                    .extend(s.ids.iter().cloned());
+            for (kind, n) in &s.deferrals {
+                *c.deferrals.entry(kind.clone()).or_default() += u64::from(*n);
             }
-        }
-        let accepted: Vec<&Submitted> = subs
-            .iter()
-            .filter(|s| matches!(s.last, Final::Accepted))
-            .collect();
-        for s in subs {
             match &s.last {
                 Final::GaveUp => violations.push(format!(
-                    "{key} variant {}: neither accepted nor refused within {KEY_LIMIT:?}",
-                    s.variant
+                    "{key} ({}): neither accepted nor refused within {KEY_LIMIT:?}",
+                    s.ask
                 )),
                 Final::Refused(line) => {
                     let conflict = line.starts_with("554 ") && line.contains("E01005");
@@ -909,98 +1303,144 @@ async fn run(scenario: Scenario) {
                     }
                     if plan.shape != Shape::DifferentBytesTwice || !conflict {
                         violations.push(format!(
-                            "{key} variant {} ({:?}): refused: {line}",
-                            s.variant, plan.shape
+                            "{key} ({}, {:?}{}): refused: {line}",
+                            s.ask,
+                            plan.shape,
+                            if s.resend { ", sent again" } else { "" }
                         ));
                     }
                 }
                 Final::Accepted => {}
             }
+            let Some((line, id)) = &s.accepted else {
+                continue;
+            };
+            ids_of_ask
+                .entry((key.as_str(), s.ask))
+                .or_default()
+                .insert(id);
+            asks_of_id
+                .entry(id)
+                .or_default()
+                .insert((key.as_str(), s.ask));
+            if s.resend {
+                c.resent += 1;
+                if line.contains("(idempotent replay)") {
+                    c.replayed += 1;
+                } else {
+                    violations.push(format!(
+                        "{key} ({}): sent again after its 250, answered {line:?}: not a replay",
+                        s.ask
+                    ));
+                }
+            }
+            let Some(unit) = unit_of_id.get(id.as_str()) else {
+                violations.push(format!(
+                    "{key} ({}): answered 250 as {id}, no such record",
+                    s.ask
+                ));
+                continue;
+            };
+            if unit.scope != s.ask.who.scope() || unit.key != *key {
+                violations.push(format!(
+                    "{key} ({}): answered with {id}, the record of {unit}",
+                    s.ask
+                ));
+            }
+            if let Some(part) = s.expect_part {
+                if unit.part != part {
+                    violations.push(format!(
+                        "{key} ({}): sent as part {part} once the parts before were answered, \
+                         numbered {}",
+                        s.ask, unit.part
+                    ));
+                }
+            }
+            told.insert(unit.clone());
         }
-        if plan.shape == Shape::DifferentBytesTwice && accepted.len() != 1 {
+        let accepted = subs.iter().filter(|s| s.accepted.is_some()).count();
+        if plan.shape == Shape::DifferentBytesTwice && accepted != 1 {
             violations.push(format!(
-                "{key}: {} of two different messages under one key accepted",
-                accepted.len()
+                "{key}: {accepted} of two different messages under one key accepted"
+            ));
+        }
+        let want = units(plan);
+        if told != want {
+            violations.push(format!(
+                "{key} ({:?}): clients were told 250 for {:?}, the plan has {:?}",
+                plan.shape,
+                names(&told),
+                names(&want)
+            ));
+        }
+        answered.extend(told);
+    }
+    c.a = answered.len();
+    for ((key, ask), ids) in &ids_of_ask {
+        if ids.len() > 1 {
+            violations.push(format!(
+                "{key} ({ask}): answered with several queue ids {ids:?}"
             ));
         }
     }
-    c.a = answered.len();
-    for (key, ids) in &answered {
-        if ids.len() > 1 {
-            violations.push(format!("{key}: answered with several queue ids {ids:?}"));
+    for (id, asks) in &asks_of_id {
+        if asks.len() > 1 {
+            violations.push(format!("{id}: the answer to different requests {asks:?}"));
         }
     }
 
-    // The store: one record per key, under the id the clients were given.
-    let mut record_of: BTreeMap<String, &store::MessageSummary> = BTreeMap::new();
-    for r in &records {
-        let Some(key) = r.key.clone() else {
-            violations.push(format!("record {} without a key", r.id));
-            continue;
-        };
-        if !plan_of.contains_key(key.as_str()) {
-            violations.push(format!("record {} under a key nobody sent: {key}", r.id));
-        }
-        if let Some(other) = record_of.insert(key.clone(), r) {
-            violations.push(format!("{key}: two records, {} and {}", other.id, r.id));
-        }
-        match r.state {
-            State::Delivered => {}
-            State::Unresolved => c.unresolved += 1,
-            other => violations.push(format!("{key} ({}): ended {other:?}", r.id)),
-        }
-    }
-    for (key, ids) in &answered {
-        match record_of.get(*key) {
-            None => violations.push(format!("{key}: answered 250 but no record")),
-            Some(r) if !ids.contains(&r.id) => violations.push(format!(
-                "{key}: answered {ids:?} but the record is {}",
-                r.id
-            )),
-            Some(_) => {}
-        }
-    }
-
-    // The sink, after its dedup and raw.
+    // The sink, after its dedup and raw; it sees the upstream keys.
     let stats = sink.stats();
     let transactions = sink.transactions();
     let messages = sink.messages();
     c.r = transactions.len();
-    let delivered: BTreeSet<&str> = stats
-        .keys
-        .iter()
-        .filter(|(_, s)| s.accepted >= 1)
-        .map(|(k, _)| k.as_str())
-        .collect();
-    c.d = delivered.len();
-    for key in answered.keys() {
-        if !delivered.contains(key) {
-            c.lost += 1;
-            violations.push(format!("{key}: answered 250, never delivered"));
+    let mut delivered: BTreeSet<Unit> = BTreeSet::new();
+    let mut delivered_keys = 0;
+    for (up, s) in &stats.keys {
+        let unit = unit_of_upstream.get(up);
+        let name = unit.map_or_else(|| up.clone(), |u| format!("{u} ({up})"));
+        if s.accepted >= 1 {
+            delivered_keys += 1;
+            match unit {
+                Some(u) => {
+                    delivered.insert(u.clone());
+                }
+                None => {
+                    c.unexpected += 1;
+                    violations.push(format!("{up}: delivered, but no record has this key"));
+                }
+            }
+        }
+        if s.accepted > 1 {
+            c.duplicated += s.accepted as usize - 1;
+            violations.push(format!("{name}: delivered {} times: {s:?}", s.accepted));
         }
     }
-    for key in &delivered {
-        if !plan_of.contains_key(key) {
+    c.d = delivered.len();
+    for u in &answered {
+        if !delivered.contains(u) {
+            c.lost += 1;
+            violations.push(format!("{u}: answered 250, never delivered"));
+        }
+    }
+    for u in &delivered {
+        if !plan_of
+            .get(u.key.as_str())
+            .is_some_and(|p| units(p).contains(u))
+        {
             c.unexpected += 1;
-            violations.push(format!("{key}: delivered, but nobody submitted it"));
-        } else if !answered.contains_key(key) {
+            violations.push(format!("{u}: delivered, but nobody submitted it"));
+        } else if !answered.contains(u) {
             // Committed but never confirmed, although its client kept retrying: a retry must
             // get the replay.
             c.unanswered += 1;
-            violations.push(format!("{key}: delivered, but its clients never got a 250"));
+            violations.push(format!("{u}: delivered, but its clients never got a 250"));
         }
     }
-    for (key, s) in &stats.keys {
-        if s.accepted > 1 {
-            c.duplicated += s.accepted as usize - 1;
-            violations.push(format!("{key}: delivered {} times: {s:?}", s.accepted));
-        }
-    }
-    if messages.len() != delivered.len() + c.duplicated {
+    if messages.len() != delivered_keys + c.duplicated {
         violations.push(format!(
-            "the sink holds {} messages for {} keys",
-            messages.len(),
-            delivered.len()
+            "the sink holds {} messages for {delivered_keys} keys",
+            messages.len()
         ));
     }
     let no_key = transactions.iter().filter(|t| t.key.is_none()).count();
@@ -1009,44 +1449,70 @@ async fn run(scenario: Scenario) {
         violations.push(format!("{no_key} sink transactions without a key"));
     }
 
-    // Per key: bytes forwarded, raw transactions explained by the ledger, window kept.
+    // Per unit: bytes forwarded, raw transactions explained by the ledger, window kept.
     let mut by_key: BTreeMap<&str, Vec<&idemrelay::sink::Transaction>> = BTreeMap::new();
     for t in &transactions {
         if let Some(k) = &t.key {
             by_key.entry(k.as_str()).or_default().push(t);
         }
     }
+    for (up, txs) in &by_key {
+        if !unit_of_upstream.contains_key(*up) {
+            c.mismatched_forwarded += txs.len();
+            violations.push(format!("{up}: {} transactions, but no record", txs.len()));
+        }
+    }
+    let retried: BTreeSet<&str> = answers
+        .iter()
+        .filter(|(_, subs)| subs.iter().any(|s| s.tries > 1))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let envelope = |rcpts: &[String]| -> BTreeSet<String> {
+        rcpts
+            .iter()
+            .map(|r| r.trim_matches(['<', '>']).to_ascii_lowercase())
+            .collect()
+    };
     let window_ms = WINDOW.as_millis() as i64;
     let retry_limit_ms = (WINDOW - MARGIN + INTENT_SLACK).as_millis() as i64;
-    let mut faulted: BTreeSet<&str> = BTreeSet::new();
-    for plan in &plans {
-        let key = plan.key.as_str();
-        let txs = by_key.get(key).cloned().unwrap_or_default();
-        let subs = &answers[key];
+    let mut faulted: BTreeSet<&Unit> = BTreeSet::new();
+    for (unit, (record, m)) in &stored {
+        let Some(plan) = plan_of.get(unit.key.as_str()) else {
+            continue;
+        };
+        let key = unit.key.as_str();
+        let up = m.upstream_key.as_deref().unwrap_or_default();
+        let txs = by_key.get(up).cloned().unwrap_or_default();
         if plan.fault != Fault::None
             || plan.shape == Shape::DifferentBytesTwice
             || txs.len() > 1
-            || subs.iter().any(|s| s.tries > 1)
+            || retried.contains(key)
         {
-            faulted.insert(key);
+            faulted.insert(unit);
         }
-        let Some(record) = record_of.get(key) else {
-            if !txs.is_empty() {
-                c.mismatched_forwarded += txs.len();
-                violations.push(format!("{key}: forwarded without a record"));
-            }
-            continue;
-        };
         let attempts: Vec<AttemptRow> = reader.attempts(&record.id).await.unwrap();
         if attempts.len() > 1 {
-            faulted.insert(key);
+            faulted.insert(unit);
         }
         if plan.fault != Fault::PastWindow {
             for pair in attempts.windows(2) {
                 let gap = pair[1].started_at_ms - pair[0].started_at_ms;
                 if gap > c.longest_gap_ms {
                     c.longest_gap_ms = gap;
-                    c.longest_gap_key = format!("{key} before attempt {}", pair[1].attempt);
+                    let before = &pair[0];
+                    c.longest_gap_unit = format!(
+                        "{unit} before attempt {}, {:?}: attempt {} by {} ended {} at {} \
+                         after {} ms",
+                        pair[1].attempt,
+                        plan.fault,
+                        before.attempt,
+                        before.owner,
+                        before.outcome.as_deref().unwrap_or("open"),
+                        before.phase.as_deref().unwrap_or("?"),
+                        before
+                            .finished_at_ms
+                            .map_or(-1, |f| f - before.started_at_ms)
+                    );
                 }
             }
         }
@@ -1056,14 +1522,14 @@ async fn run(scenario: Scenario) {
             .count();
         c.unknown_attempts += unknowns;
         if let Some(open) = attempts.iter().find(|a| a.outcome.is_none()) {
-            violations.push(format!("{key}: intent left open: {open:?}"));
+            violations.push(format!("{unit}: intent left open: {open:?}"));
         }
         if plan.fault != Fault::PastWindow && record.state == State::Unresolved {
             c.parked_early += 1;
             // Not a violation (the relay may park what it cannot resolve in time), but worth
             // seeing: nothing else in this run should come near the window.
             eprintln!(
-                "chaos {}: {key} ({:?}) parked unresolved ({:?}); ledger: {attempts:#?}\n{}",
+                "chaos {}: {unit} ({:?}) parked unresolved ({:?}); ledger: {attempts:#?}\n{}",
                 scenario.name,
                 plan.fault,
                 record.upstream_reply,
@@ -1072,19 +1538,37 @@ async fn run(scenario: Scenario) {
         }
         if plan.fault == Fault::PastWindow && record.state != State::Unresolved {
             violations.push(format!(
-                "{key}: every reply was lost, yet the record is {:?}",
+                "{unit}: every reply was lost, yet the record is {:?}",
                 record.state
             ));
         }
 
-        // Byte identity: every transaction carried the stored bytes, and a losing variant
-        // never got out.
-        let content = reader
-            .message(&record.id)
-            .await
-            .unwrap()
-            .and_then(|m| m.content)
-            .unwrap_or_default();
+        // What was stored is what its client sent (with the relay's lines), to the part's
+        // recipients.
+        let content = m.content.clone().unwrap_or_default();
+        let ask = asks_of_id
+            .get(record.id.as_str())
+            .and_then(|asks| asks.first())
+            .map(|(_, ask)| *ask);
+        if let Some(ask) = ask {
+            if !stored_as(&content, &message_bytes(plan, ask.variant), key, up) {
+                violations.push(format!(
+                    "{unit} ({}): the stored bytes are not those of {ask} under {up}",
+                    record.id
+                ));
+            }
+            if envelope(&m.rcpt_to) != envelope(&recipients(plan, ask.set)) {
+                violations.push(format!(
+                    "{unit} ({}): stored for {:?}, sent by {ask} to {:?}",
+                    record.id,
+                    m.rcpt_to,
+                    recipients(plan, ask.set)
+                ));
+            }
+        }
+
+        // Byte identity: every transaction carried the stored bytes to the stored recipients,
+        // and a losing variant never got out.
         for t in &txs {
             if t.bytes != content {
                 c.mismatched_forwarded += 1;
@@ -1096,9 +1580,16 @@ async fn run(scenario: Scenario) {
                     })
                     .map_or("?".to_string(), |v| v.to_string());
                 violations.push(format!(
-                    "{key}: transaction #{} forwarded bytes of variant {which} that differ from \
+                    "{unit}: transaction #{} forwarded bytes of variant {which} that differ from \
                      the stored record {}",
                     t.seq, record.id
+                ));
+            }
+            if envelope(&t.rcpt_to) != envelope(&m.rcpt_to) {
+                c.mismatched_forwarded += 1;
+                violations.push(format!(
+                    "{unit}: transaction #{} went to {:?}, the record {} is for {:?}",
+                    t.seq, t.rcpt_to, record.id, m.rcpt_to
                 ));
             }
         }
@@ -1109,7 +1600,7 @@ async fn run(scenario: Scenario) {
         let first_attempt = attempts.first().map(|a| a.started_at_ms);
         if txs.len() > attempts.len() {
             violations.push(format!(
-                "{key}: {} transactions but {} attempts in the ledger",
+                "{unit}: {} transactions but {} attempts in the ledger",
                 txs.len(),
                 attempts.len()
             ));
@@ -1124,7 +1615,7 @@ async fn run(scenario: Scenario) {
                 if unknowns == 0 || late {
                     c.unexplained_extra += extra.len();
                     violations.push(format!(
-                        "{key}: {} raw transactions after the commit, {unknowns} UNKNOWN \
+                        "{unit}: {} raw transactions after the commit, {unknowns} UNKNOWN \
                          attempts, late {late}: {attempts:?}",
                         extra.len()
                     ));
@@ -1141,7 +1632,7 @@ async fn run(scenario: Scenario) {
                 if a.started_at_ms > first + retry_limit_ms {
                     c.unknown_after_window += 1;
                     violations.push(format!(
-                        "{key}: attempt {} started {} ms after the first, past the window \
+                        "{unit}: attempt {} started {} ms after the first, past the window \
                          ({} ms) less the margin",
                         a.attempt,
                         a.started_at_ms - first,
@@ -1151,8 +1642,18 @@ async fn run(scenario: Scenario) {
             }
         }
     }
-    c.faulted_keys = faulted.len();
+    c.faulted_units = faulted.len();
     drop(reader);
+
+    // Per scope: units answered 250 / delivered.
+    let mut per_scope: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for u in &answered {
+        per_scope.entry(u.scope.as_str()).or_default().0 += 1;
+    }
+    for u in &delivered {
+        per_scope.entry(u.scope.as_str()).or_default().1 += 1;
+    }
+    let later_parts = delivered.iter().filter(|u| u.part > 1).count();
 
     let elapsed = started.elapsed();
     let deaths = &cluster.deaths;
@@ -1160,35 +1661,58 @@ async fn run(scenario: Scenario) {
     for d in &deaths.unexpected {
         violations.push(d.clone());
     }
-    let share = 100.0 * c.faulted_keys as f64 / c.t as f64;
+    let share = 100.0 * c.faulted_units as f64 / c.t as f64;
     let per_fault = |f: fn(&Fault) -> bool| plans.iter().filter(|p| f(&p.fault)).count();
     eprintln!(
         "chaos {name}: seed {seed:#x}, {n} keys in {subs} submissions ({tries} tries: {lost} \
-         without a reply, {deferred} answered 4xx), clients done after {submitted_in:.1?}, \
-         all settled after {elapsed:.1?}\n\
-         \x20 T={t} keys attempted, A={a} answered 250, D={d} delivered at the sink after its \
-         dedup, R={r} raw sink transactions ({extra} after a commit)\n\
+         without a reply, {deferred} answered 4xx {deferrals:?}), clients done after \
+         {submitted_in:.1?} (a key waited up to {gate_wait:.1?} for a free client; the \
+         slowest, {slow_key} {slow_shape}, took {slow:.1?}), all settled after {elapsed:.1?}\n\
+         \x20 T={t} units (scope, key, part) attempted, A={a} answered 250, D={d} delivered at \
+         the sink after its dedup, R={r} raw sink transactions ({extra} after a commit)\n\
+         \x20 mix: {splits} split keys ({racing} sending their parts at once) in {parts} parts, \
+         {later} parts past the first delivered, {resent} parts sent again after their 250 \
+         ({replayed} answered as a replay); {shared} keys used by two scopes; per scope \
+         (A/D): {scopes}\n\
          \x20 per-key faults planned on {planned:.1}% of keys, faults of any kind touched \
-         {share:.1}%: {sigkill} SIGKILLs, {fired} crash-point aborts \
+         {share:.1}% of units: {sigkill} SIGKILLs, {fired} crash-point aborts \
          {fp:?}, {locks} store locks, {bursts} sink 4xx bursts; per key: {hang} client \
          hang-ups, {drop} replies dropped, {hold} withheld, {cut} cuts, {four} 4xx runs, \
          {past} past the window\n\
          \x20 ledger: {unknown} UNKNOWN attempts, {unresolved} unresolved ({early} not a \
-         past-window key), longest wait between attempts {gap:.1} s ({gap_key}); {e01005} E01005 answers \
-         to a reused key\n\
-         \x20 lost {lost_k}, duplicated {dup}, unexpected {unexp}, unanswered {unans}, \
-         unexplained extra transactions {unexpl}, mismatched bytes forwarded {mism}, UNKNOWN \
-         retried after the window {late}",
+         past-window key), longest wait between attempts {gap:.1} s ({gap_unit}); {e01005} \
+         E01005 answers to a reused key\n\
+         \x20 per (scope, key, part): lost {lost_k}, duplicated {dup}, unexpected {unexp}, \
+         unanswered {unans}, unexplained extra transactions {unexpl}, mismatched bytes \
+         forwarded {mism}, UNKNOWN retried after the window {late}",
         name = scenario.name,
         subs = c.submissions,
         tries = c.tries,
         lost = c.lost_tries,
         deferred = c.deferred_tries,
+        deferrals = c.deferrals,
+        slow = slowest.0,
+        slow_key = slowest.1,
+        slow_shape = plan_of
+            .get(slowest.1.as_str())
+            .map_or(String::new(), |p| format!("{:?}", p.shape)),
         t = c.t,
         a = c.a,
         d = c.d,
         r = c.r,
         extra = c.extra_raw,
+        splits = c.split_keys,
+        racing = c.racing_splits,
+        parts = c.split_parts,
+        later = later_parts,
+        resent = c.resent,
+        replayed = c.replayed,
+        shared = c.shared_keys,
+        scopes = per_scope
+            .iter()
+            .map(|(s, (a, d))| format!("{s} {a}/{d}"))
+            .collect::<Vec<_>>()
+            .join(", "),
         planned = 100.0 * (n - per_fault(|f| *f == Fault::None)) as f64 / n as f64,
         sigkill = deaths.sigkill,
         fp = deaths.failpoints,
@@ -1204,7 +1728,7 @@ async fn run(scenario: Scenario) {
         unresolved = c.unresolved,
         early = c.parked_early,
         gap = c.longest_gap_ms as f64 / 1000.0,
-        gap_key = c.longest_gap_key,
+        gap_unit = c.longest_gap_unit,
         e01005 = c.e01005,
         lost_k = c.lost,
         dup = c.duplicated,
@@ -1252,8 +1776,19 @@ async fn run(scenario: Scenario) {
     assert!(c.unknown_attempts > 0 && c.extra_raw > 0, "{c:?}");
     assert!(c.e01005 > 0, "no key reuse was refused: {c:?}");
     assert!(
+        later_parts > 0 && c.replayed > 0 && c.shared_keys > 0,
+        "no split or shared key in the mix: {c:?}"
+    );
+    let all_scopes = std::iter::once(ANON_SCOPE).chain(USERS.iter().map(|u| u.2));
+    for scope in all_scopes {
+        assert!(
+            per_scope.get(scope).is_some_and(|&(_, d)| d > 0),
+            "nothing delivered for scope {scope}: {per_scope:?}"
+        );
+    }
+    assert!(
         share >= 20.0,
-        "faults touched only {share:.1}% of keys: {c:?}"
+        "faults touched only {share:.1}% of units: {c:?}"
     );
     drop(dir);
 }
