@@ -360,6 +360,12 @@ fn check_config_rejects_bad_settings() {
         ),
         (&["--config", missing.to_str().unwrap()], &["missing.toml"]),
         (&["--retention", "soon"], &["--retention"]),
+        // A key may not be freed while the upstream may still hold it (DESIGN §1).
+        (&["--retention", "1h"], &["retention", "upstream_window"]),
+        (
+            &["--parked-retention", "1h"],
+            &["parked_retention", "upstream_window"],
+        ),
         (&["--listen", "nowhere"], &["--listen"]),
         (&["--scope", ""], &["scope"]),
         // The refusal names the problem without printing the password it refuses.
