@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 
 use crate::admin::view::{show_json, summary_json, time_ms};
 use crate::app::{termination_signal, Relay};
-use crate::config::{AdminListen, ConfigArgs, Settings};
+use crate::config::{ConfigArgs, Settings};
 use crate::intake::fingerprint::fingerprint;
 use crate::intake::key::{derive_key, read_key_header, KeyHeader};
 use crate::intake::message::scan_headers;
@@ -30,6 +30,8 @@ pub struct Cli {
         default_value = "human"
     )]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub config: ConfigArgs,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -43,9 +45,9 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the relay.
-    Serve(ConfigArgs),
+    Serve,
     /// Validate the configuration and print the effective settings (secrets redacted).
-    CheckConfig(ConfigArgs),
+    CheckConfig,
     /// Run the test upstream (`idemrelay sink`): an SMTP server with idempotent replay,
     /// fault injection and an HTTP API, for integration tests and demos.
     Sink(crate::sink::SinkArgs),
@@ -66,16 +68,12 @@ pub enum Command {
     },
     /// The delivery queue.
     Queue {
-        #[command(flatten)]
-        config: ConfigArgs,
         #[command(subcommand)]
         command: QueueCommand,
     },
     /// Per scope and UTC day: accepted, replayed, delivered, failed and unresolved counts,
     /// for reconciliation with the upstream's usage figures.
     Report {
-        #[command(flatten)]
-        config: ConfigArgs,
         /// First day to include (YYYY-MM-DD, UTC); default: every day on record.
         #[arg(long, value_parser = parse_since)]
         since: Option<String>,
@@ -85,10 +83,9 @@ pub enum Command {
     },
     /// Exit 0 if the relay's admin API answers GET /healthz with 200, else 1 (for container
     /// health checks; the image has no curl).
+    /// The address probed is the configured `admin` (`--admin`, `IDEMRELAY_ADMIN`, the config
+    /// file; a wildcard address is probed over loopback).
     Healthcheck {
-        /// The relay's admin address (a wildcard address is probed over loopback).
-        #[arg(long, env = "IDEMRELAY_ADMIN", default_value = "127.0.0.1:8025")]
-        admin: AdminListen,
         /// Probe /readyz instead: the store is writable and delivery is not wedged.
         #[arg(long)]
         ready: bool,
@@ -118,9 +115,9 @@ pub enum UserCommand {
     /// Add or replace a user; the password is read from the first line of standard input.
     Add {
         name: String,
-        /// The users file (created if missing).
-        #[arg(long, env = "IDEMRELAY_USERS_FILE")]
-        users: PathBuf,
+        /// The users file (created if missing); default: the configured `users_file`.
+        #[arg(long)]
+        users: Option<PathBuf>,
         /// The user's idempotency scope (defaults to the user name).
         #[arg(long)]
         scope: Option<String>,
@@ -157,10 +154,8 @@ pub enum QueueCommand {
     },
     /// Show one record (by id, or by idempotency key) with its replies and every attempt.
     Show {
+        /// A key is looked up in `--scope` (default: the configured `scope`).
         id_or_key: String,
-        /// Scope of a key (defaults to the configured `scope`).
-        #[arg(long)]
-        scope: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -204,9 +199,6 @@ pub struct DeriveArgs {
     /// Envelope recipient (repeatable).
     #[arg(long = "to", required = true)]
     pub to: Vec<String>,
-    /// Idempotency scope.
-    #[arg(long, default_value = "default")]
-    pub scope: String,
     /// BODY parameter of MAIL FROM.
     #[arg(long, default_value = "7BIT", value_parser = ["7BIT", "8BITMIME"])]
     pub body: String,
@@ -216,31 +208,27 @@ pub struct DeriveArgs {
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = cli.config;
     match cli.command {
-        Command::Serve(args) => serve(&Settings::load(&args)?),
-        Command::CheckConfig(args) => {
-            let settings = Settings::load(&args)?;
+        Command::Serve => serve(&Settings::load(&config)?),
+        Command::CheckConfig => {
+            let settings = Settings::load(&config)?;
             print!("{}", settings.to_redacted_toml());
             Ok(())
         }
         Command::Key {
             command: KeyCommand::Derive(args),
         } => {
-            print!("{}", derive_report(&args)?);
+            let settings = Settings::load(&config)?;
+            print!("{}", derive_report(&args, &settings.scope)?);
             Ok(())
         }
-        Command::Queue { config, command } => queue(&Settings::load(&config)?, command),
-        Command::Report {
-            config,
-            since,
-            json,
-        } => report(&Settings::load(&config)?, since.as_deref(), json),
-        Command::Healthcheck {
-            admin,
-            ready,
-            timeout,
-        } => {
-            let Some(addr) = admin.0 else {
+        Command::Queue { command } => queue(&Settings::load(&config)?, command),
+        Command::Report { since, json } => {
+            report(&Settings::load(&config)?, since.as_deref(), json)
+        }
+        Command::Healthcheck { ready, timeout } => {
+            let Some(addr) = Settings::load(&config)?.admin.0 else {
                 anyhow::bail!("the admin API is off; nothing to check");
             };
             let path = if ready { "/readyz" } else { "/healthz" };
@@ -271,6 +259,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let password = password.trim_end_matches(['\r', '\n']);
             anyhow::ensure!(!password.is_empty(), "no password on standard input");
             let scope = scope.unwrap_or_else(|| name.clone());
+            let users = match users {
+                Some(users) => users,
+                None => Settings::load(&config)?.users_file.context(
+                    "no users file: give --users FILE (or --users-file, IDEMRELAY_USERS_FILE, users_file)",
+                )?,
+            };
             crate::auth::Users::add_user(&users, &name, password, &scope, &allow_senders)?;
             println!("user {name} written to {} (scope {scope})", users.display());
             Ok(())
@@ -324,15 +318,11 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
                     print!("{}", list_table(&rows));
                 }
             }
-            QueueCommand::Show {
-                id_or_key,
-                scope,
-                json,
-            } => {
+            QueueCommand::Show { id_or_key, json } => {
                 let message = match store.message(&id_or_key).await? {
                     Some(message) => Some(message),
                     None => {
-                        let scope = scope.as_deref().unwrap_or(&settings.scope);
+                        let scope = &settings.scope;
                         // Part 1 of a split message (each part is shown by its own id).
                         let parts = store
                             .lookup(scope, &id_or_key, settings.retention_policy())
@@ -346,7 +336,7 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
                 let Some(message) = message else {
                     anyhow::bail!(
                         "no record with id {id_or_key:?}, nor a live one with that key in scope {:?}",
-                        scope.as_deref().unwrap_or(&settings.scope)
+                        settings.scope
                     );
                 };
                 let attempts = store.attempts(&message.id).await?;
@@ -608,7 +598,7 @@ pub fn to_crlf(bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-fn derive_report(args: &DeriveArgs) -> anyhow::Result<String> {
+fn derive_report(args: &DeriveArgs, scope: &str) -> anyhow::Result<String> {
     let raw =
         std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let mut message = to_crlf(&raw);
@@ -627,14 +617,14 @@ fn derive_report(args: &DeriveArgs) -> anyhow::Result<String> {
         smtputf8: args.smtputf8,
     };
     let scan = scan_headers(&message);
-    let fp = fingerprint(&args.scope, &envelope, &message);
+    let fp = fingerprint(scope, &envelope, &message);
     let (key, source) = match read_key_header(&scan.key_values) {
         KeyHeader::Present(value) => (value, "header"),
         KeyHeader::Invalid => anyhow::bail!(
             "the X-Bird-Idempotency-Key header is invalid (E01001): 1-255 printable characters, one value"
         ),
         KeyHeader::Absent => {
-            let derived = derive_key(&args.scope, scan.message_id.as_deref(), &envelope, &fp);
+            let derived = derive_key(scope, scan.message_id.as_deref(), &envelope, &fp);
             (derived.value, derived.source.as_str())
         }
     };

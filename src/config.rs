@@ -376,84 +376,108 @@ impl Default for Settings {
     }
 }
 
-/// The flags shared by `serve` and `check-config`; each also reads `IDEMRELAY_*`.
+/// The settings' flags, global: accepted before or after any subcommand (DESIGN §5). Each also
+/// reads its `IDEMRELAY_*` variable; `idemrelay sink` has settings of its own and shares only
+/// the ids of `--listen`, `--hostname`, `--tls-cert`, `--tls-key` and `--max-message-size`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ConfigArgs {
     /// TOML configuration file.
-    #[arg(long, env = "IDEMRELAY_CONFIG")]
+    #[arg(global = true, long, env = "IDEMRELAY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Plain SMTP listener address (repeatable).
-    #[arg(long, env = "IDEMRELAY_LISTEN", value_delimiter = ',')]
+    #[arg(global = true, long, env = "IDEMRELAY_LISTEN", value_delimiter = ',')]
     pub listen: Vec<SocketAddr>,
     /// STARTTLS submission listener address (repeatable), e.g. 0.0.0.0:587.
-    #[arg(long, env = "IDEMRELAY_SUBMISSION_LISTEN", value_delimiter = ',')]
+    #[arg(
+        global = true,
+        long,
+        env = "IDEMRELAY_SUBMISSION_LISTEN",
+        value_delimiter = ','
+    )]
     pub submission_listen: Vec<SocketAddr>,
     /// Implicit-TLS submission listener address (repeatable), e.g. 0.0.0.0:465.
-    #[arg(long, env = "IDEMRELAY_SUBMISSIONS_LISTEN", value_delimiter = ',')]
+    #[arg(
+        global = true,
+        long,
+        env = "IDEMRELAY_SUBMISSIONS_LISTEN",
+        value_delimiter = ','
+    )]
     pub submissions_listen: Vec<SocketAddr>,
-    #[arg(long, env = "IDEMRELAY_TLS_CERT")]
+    #[arg(global = true, long, env = "IDEMRELAY_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
-    #[arg(long, env = "IDEMRELAY_TLS_KEY")]
+    #[arg(global = true, long, env = "IDEMRELAY_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
-    #[arg(long, env = "IDEMRELAY_USERS_FILE")]
+    #[arg(global = true, long, env = "IDEMRELAY_USERS_FILE")]
     pub users_file: Option<PathBuf>,
     /// Store URL, e.g. sqlite://idemrelay.db or postgres://relay@db.internal/idemrelay.
-    #[arg(long, env = "IDEMRELAY_STORE", hide_env_values = true)]
+    #[arg(global = true, long, env = "IDEMRELAY_STORE", hide_env_values = true)]
     pub store: Option<String>,
     /// Upstream SMTP URL, e.g. smtp://user:pass@host:587.
-    #[arg(long, env = "IDEMRELAY_UPSTREAM", hide_env_values = true)]
+    #[arg(
+        global = true,
+        long,
+        env = "IDEMRELAY_UPSTREAM",
+        hide_env_values = true
+    )]
     pub upstream: Option<String>,
-    #[arg(long, env = "IDEMRELAY_HOSTNAME")]
+    #[arg(global = true, long, env = "IDEMRELAY_HOSTNAME")]
     pub hostname: Option<String>,
-    /// Idempotency scope for unauthenticated clients.
-    #[arg(long, env = "IDEMRELAY_SCOPE")]
+    /// Idempotency scope: of unauthenticated clients (`serve`), and of the key a `queue` or
+    /// `key` command is given.
+    #[arg(global = true, long, env = "IDEMRELAY_SCOPE")]
     pub scope: Option<String>,
     /// Network allowed to submit without AUTH (repeatable; replaces the default).
     #[arg(
+        global = true,
         long = "allow-network",
         env = "IDEMRELAY_ALLOW_NETWORKS",
         value_delimiter = ','
     )]
     pub allow_networks: Vec<IpNet>,
-    #[arg(long, env = "IDEMRELAY_MISSING_KEY", value_enum)]
+    #[arg(global = true, long, env = "IDEMRELAY_MISSING_KEY", value_enum)]
     pub missing_key: Option<MissingKey>,
-    #[arg(long, env = "IDEMRELAY_RETENTION", value_parser = humantime::parse_duration)]
+    #[arg(global = true, long, env = "IDEMRELAY_RETENTION", value_parser = humantime::parse_duration)]
     pub retention: Option<Duration>,
-    #[arg(long, env = "IDEMRELAY_PARKED_RETENTION", value_parser = humantime::parse_duration)]
+    #[arg(global = true, long, env = "IDEMRELAY_PARKED_RETENTION", value_parser = humantime::parse_duration)]
     pub parked_retention: Option<Duration>,
-    #[arg(long, env = "IDEMRELAY_IN_PROGRESS_WAIT", value_parser = humantime::parse_duration)]
+    #[arg(global = true, long, env = "IDEMRELAY_IN_PROGRESS_WAIT", value_parser = humantime::parse_duration)]
     pub in_progress_wait: Option<Duration>,
-    #[arg(long, env = "IDEMRELAY_MAX_MESSAGE_SIZE")]
+    #[arg(global = true, long, env = "IDEMRELAY_MAX_MESSAGE_SIZE")]
     pub max_message_size: Option<usize>,
-    #[arg(long, env = "IDEMRELAY_MAX_RECIPIENTS")]
+    #[arg(global = true, long, env = "IDEMRELAY_MAX_RECIPIENTS")]
     pub max_recipients: Option<usize>,
-    #[arg(long, env = "IDEMRELAY_READ_TIMEOUT", value_parser = humantime::parse_duration)]
+    #[arg(global = true, long, env = "IDEMRELAY_READ_TIMEOUT", value_parser = humantime::parse_duration)]
     pub read_timeout: Option<Duration>,
-    #[arg(long, env = "IDEMRELAY_STORE_BUSY_TIMEOUT", value_parser = humantime::parse_duration)]
+    #[arg(global = true, long, env = "IDEMRELAY_STORE_BUSY_TIMEOUT", value_parser = humantime::parse_duration)]
     pub store_busy_timeout: Option<Duration>,
-    #[arg(long, env = "IDEMRELAY_PURGE_INTERVAL", value_parser = humantime::parse_duration)]
+    #[arg(global = true, long, env = "IDEMRELAY_PURGE_INTERVAL", value_parser = humantime::parse_duration)]
     pub purge_interval: Option<Duration>,
-    #[arg(long, env = "IDEMRELAY_STORE_PROBE_INTERVAL", value_parser = humantime::parse_duration)]
+    #[arg(global = true, long, env = "IDEMRELAY_STORE_PROBE_INTERVAL", value_parser = humantime::parse_duration)]
     pub store_probe_interval: Option<Duration>,
-    #[arg(long, env = "IDEMRELAY_SHUTDOWN_GRACE", value_parser = humantime::parse_duration)]
+    #[arg(global = true, long, env = "IDEMRELAY_SHUTDOWN_GRACE", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Option<Duration>,
     /// Extra trusted CA certificates (PEM) for the upstream's TLS.
-    #[arg(long, env = "IDEMRELAY_UPSTREAM_CA_FILE")]
+    #[arg(global = true, long, env = "IDEMRELAY_UPSTREAM_CA_FILE")]
     pub upstream_ca_file: Option<PathBuf>,
     /// The upstream's idempotency window (UNKNOWN outcomes are retried only inside it).
-    #[arg(long, env = "IDEMRELAY_UPSTREAM_WINDOW", value_parser = humantime::parse_duration)]
+    #[arg(global = true, long, env = "IDEMRELAY_UPSTREAM_WINDOW", value_parser = humantime::parse_duration)]
     pub upstream_window: Option<Duration>,
-    #[arg(long, env = "IDEMRELAY_RETRY_BASE", value_parser = humantime::parse_duration)]
+    #[arg(global = true, long, env = "IDEMRELAY_RETRY_BASE", value_parser = humantime::parse_duration)]
     pub retry_base: Option<Duration>,
     /// Concurrent upstream connections.
-    #[arg(long, env = "IDEMRELAY_UPSTREAM_CONNECTIONS")]
+    #[arg(global = true, long, env = "IDEMRELAY_UPSTREAM_CONNECTIONS")]
     pub upstream_connections: Option<usize>,
     /// Admin HTTP API address (health, metrics, ledger), or `off`.
-    #[arg(long, env = "IDEMRELAY_ADMIN")]
+    #[arg(global = true, long, env = "IDEMRELAY_ADMIN")]
     pub admin: Option<AdminListen>,
     /// Bearer token for the admin API's /metrics and /api/ (prefer the variable: flags show
     /// in the process list).
-    #[arg(long, env = "IDEMRELAY_ADMIN_TOKEN", hide_env_values = true)]
+    #[arg(
+        global = true,
+        long,
+        env = "IDEMRELAY_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
     pub admin_token: Option<String>,
 }
 
@@ -667,6 +691,15 @@ impl Settings {
     /// The effective settings as TOML, secrets redacted.
     pub fn to_redacted_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
+    }
+
+    /// The top-level names a config file takes (optional settings that are unset by default
+    /// are missing: they have variables).
+    pub fn file_setting_names() -> std::collections::BTreeSet<String> {
+        let text = Settings::default().to_redacted_toml();
+        toml::from_str::<toml::Table>(&text)
+            .map(|table| table.keys().cloned().collect())
+            .unwrap_or_default()
     }
 }
 

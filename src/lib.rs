@@ -11,6 +11,7 @@ pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod config_env;
 pub mod delivery;
 pub mod intake;
 pub mod metrics;

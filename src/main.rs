@@ -1,11 +1,23 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use idemrelay::cli::{Cli, LogFormat};
+use idemrelay::config::Settings;
+use idemrelay::config_env::{blame_variable, known_variables, unknown_variable_warnings};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<_> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(error) => {
+            match blame_variable(&error, &Cli::command(), &args, |v| std::env::var_os(v)) {
+                Some(message) => eprint!("{message}"),
+                None => error.exit(),
+            }
+            return ExitCode::from(2);
+        }
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("IDEMRELAY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()
@@ -14,6 +26,11 @@ fn main() -> ExitCode {
     match cli.log_format {
         LogFormat::Json => logs.json().with_current_span(false).init(),
         LogFormat::Human => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+    let names = std::env::vars_os().map(|(name, _)| name);
+    let known = known_variables(&Cli::command());
+    for warning in unknown_variable_warnings(&known, &Settings::file_setting_names(), names) {
+        tracing::warn!("{warning}");
     }
     match idemrelay::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

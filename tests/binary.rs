@@ -803,6 +803,137 @@ async fn serve_with_the_default_relative_store_in_an_empty_directory_queues_a_me
     assert_eq!(out.matches("queued").count(), 2, "{out}");
 }
 
+// --- config flags anywhere, and the variables (issue 14 point 2) ---------------------------
+
+/// `queue show ID --store URL --json` used to answer `unexpected argument '--store'`: a config
+/// flag is now taken before the subcommand, between it and its own subcommand, or after both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_flags_are_taken_before_or_after_any_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("relay.db");
+    let relay = start_relay(&db, &[]);
+    let mut client = Client::ready(relay.addr).await;
+    let msg = message(Some("flags-anywhere"), "flags", "body");
+    let answer = client
+        .submit("sender@example.com", &["rcpt@example.com"], &msg)
+        .await;
+    let id = answer.queue_id().expect("queued");
+    client.quit().await;
+
+    let store = store_url(&db);
+    let placements: [Vec<&str>; 3] = [
+        vec!["--store", &store, "queue", "show", &id, "--json"],
+        vec!["queue", "--store", &store, "show", &id, "--json"],
+        vec!["queue", "show", &id, "--store", &store, "--json"],
+    ];
+    let mut shown = Vec::new();
+    for args in &placements {
+        let out = run_checked(idemrelay().args(args), None);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", text(&out.stdout)));
+        assert_eq!(json["id"], id.as_str(), "{args:?}");
+        shown.push(json);
+    }
+    assert!(shown.windows(2).all(|w| w[0] == w[1]));
+
+    // A key is looked up in the global --scope, wherever it stands.
+    let by_key = run_checked(
+        idemrelay()
+            .args([
+                "queue",
+                "show",
+                "flags-anywhere",
+                "--json",
+                "--scope",
+                "default",
+            ])
+            .args(["--store", &store]),
+        None,
+    );
+    let json: serde_json::Value = serde_json::from_slice(&by_key.stdout).unwrap();
+    assert_eq!(json["id"], id.as_str());
+    let other_scope = idemrelay()
+        .args([
+            "--scope",
+            "elsewhere",
+            "--store",
+            &store,
+            "queue",
+            "show",
+            "flags-anywhere",
+        ])
+        .output()
+        .unwrap();
+    assert!(!other_scope.status.success());
+    assert!(
+        text(&other_scope.stderr).contains("in scope \"elsewhere\""),
+        "{}",
+        text(&other_scope.stderr)
+    );
+
+    for args in [
+        vec!["--max-recipients", "7", "check-config", "--store", &store],
+        vec!["check-config", "--store", &store, "--max-recipients", "7"],
+    ] {
+        let out = run_checked(idemrelay().args(&args), None);
+        assert!(text(&out.stdout).contains("max_recipients = 7"), "{args:?}");
+    }
+    drop(relay);
+}
+
+/// `IDEMRELAY_MAX_ERRORS=5` was silently ignored, and a bad value in a variable was blamed on
+/// the flag the user never typed.
+#[test]
+fn unknown_variables_are_warned_about_and_bad_values_name_their_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_url(&dir.path().join("relay.db"));
+    let out = check_config(
+        &["--store", &store],
+        &[
+            ("IDEMRELAY_MAX_ERRORS", "5"),
+            ("IDEMRELAY_STROE", "sqlite://x.db"),
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("IDEMRELAY_MAX_ERRORS is ignored: `max_errors` has no variable or flag"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("IDEMRELAY_STROE is ignored: it matches no setting"),
+        "{stderr}"
+    );
+    let quiet = check_config(&["--store", &store], &[("IDEMRELAY_MAX_RECIPIENTS", "9")]);
+    assert!(
+        !text(&quiet.stderr).contains("ignored"),
+        "{}",
+        text(&quiet.stderr)
+    );
+    assert!(text(&quiet.stdout).contains("max_recipients = 9"));
+
+    let bad = check_config(
+        &["--store", &store],
+        &[("IDEMRELAY_MAX_RECIPIENTS", "many")],
+    );
+    let stderr = text(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "invalid value 'many' for IDEMRELAY_MAX_RECIPIENTS (the variable of --max-recipients)"
+        ),
+        "{stderr}"
+    );
+    // The same value typed as a flag is the flag's fault.
+    let typed = check_config(&["--store", &store, "--max-recipients", "many"], &[]);
+    let stderr = text(&typed.stderr);
+    assert_eq!(typed.status.code(), Some(2));
+    assert!(
+        stderr.contains("for '--max-recipients <MAX_RECIPIENTS>'"),
+        "{stderr}"
+    );
+}
+
 // --- a real Postfix as the client (issue 12 point 1) -----------------------------------
 
 /// The tests that start Postfix run as root, as CI does (`postfix start` requires it).
