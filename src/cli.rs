@@ -104,8 +104,9 @@ pub enum CertsCommand {
     Generate {
         #[arg(long, default_value = "certs")]
         out: PathBuf,
-        /// Subject alternative names (repeatable).
-        #[arg(long = "name", default_values_t = ["localhost".to_string()])]
+        /// Subject alternative name, a DNS name or an IP address (repeatable). Default:
+        /// localhost, 127.0.0.1, ::1 and this host's name.
+        #[arg(long = "name")]
         names: Vec<String>,
     },
 }
@@ -239,8 +240,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Certs {
-            command: CertsCommand::Generate { out, names },
+            command: CertsCommand::Generate { out, mut names },
         } => {
+            if names.is_empty() {
+                names =
+                    crate::smtp::tls::default_certificate_names(&crate::config::system_hostname());
+            }
             let (cert, key) = crate::smtp::tls::generate_self_signed(&out, &names)?;
             println!("wrote {} and {}", cert.display(), key.display());
             Ok(())

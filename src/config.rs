@@ -321,7 +321,8 @@ impl DeliveryConfig {
     }
 }
 
-fn system_hostname() -> String {
+/// This host's name, as the kernel has it (the default `hostname`, a certificate's SAN).
+pub fn system_hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|s| s.trim().to_string())

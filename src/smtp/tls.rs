@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use rustls::pki_types::pem::PemObject;
@@ -21,11 +21,14 @@ pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig
         .with_context(|| format!("reading TLS private key from {}", key.display()))?;
     // Explicit provider: the process links more than one, and then there is no default.
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ServerConfig::builder_with_provider(provider)
+    let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .context("TLS certificate and key do not fit together")?;
+    // The provider lists its suites strongest first; a client's order may put a weaker one
+    // first (testssl: "Has server cipher order? no").
+    config.ignore_client_order = true;
     Ok(Arc::new(config))
 }
 
@@ -74,14 +77,56 @@ impl TlsCerts {
     }
 }
 
+/// How long a generated certificate is valid: under the 398 days that browsers and TLS
+/// libraries accept for a server certificate, and long enough for a test or a demo setup.
+pub const SELF_SIGNED_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The names a generated certificate carries unless told otherwise: what clients on this host
+/// connect to (msmtp checks an IP address against the IP SANs, not against `localhost`).
+pub fn default_certificate_names(host_name: &str) -> Vec<String> {
+    let mut names: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
+    if !names.iter().any(|n| n.eq_ignore_ascii_case(host_name)) {
+        names.push(host_name.to_string());
+    }
+    names
+}
+
+/// The certificate's fields: `names` as SANs (IP addresses as IP SANs), the first as its common
+/// name, a server-authentication certificate valid from an hour before `now` (clocks differ)
+/// for [`SELF_SIGNED_VALIDITY`].
+pub fn self_signed_params(
+    names: &[String],
+    now: SystemTime,
+) -> anyhow::Result<rcgen::CertificateParams> {
+    anyhow::ensure!(!names.is_empty(), "a certificate needs at least one name");
+    let mut params = rcgen::CertificateParams::new(names.to_vec())
+        .context("a name is neither a DNS name nor an IP address")?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, names[0].clone());
+    params.distinguished_name.push(
+        rcgen::DnType::OrganizationName,
+        "idemrelay self-signed".to_string(),
+    );
+    params.not_before = time::OffsetDateTime::from(now - Duration::from_secs(3600));
+    params.not_after = time::OffsetDateTime::from(now + SELF_SIGNED_VALIDITY);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::DigitalSignature,
+        rcgen::KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    Ok(params)
+}
+
 /// Writes a self-signed certificate and key for local use (`idemrelay certs generate`).
 pub fn generate_self_signed(dir: &Path, names: &[String]) -> anyhow::Result<(PathBuf, PathBuf)> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let certified = rcgen::generate_simple_self_signed(names.to_vec())?;
+    let signing_key = rcgen::KeyPair::generate()?;
+    let certificate = self_signed_params(names, SystemTime::now())?.self_signed(&signing_key)?;
     let cert = dir.join("cert.pem");
     let key = dir.join("key.pem");
-    std::fs::write(&cert, certified.cert.pem())?;
-    write_private(&key, certified.signing_key.serialize_pem().as_bytes())?;
+    std::fs::write(&cert, certificate.pem())?;
+    write_private(&key, signing_key.serialize_pem().as_bytes())?;
     Ok((cert, key))
 }
 
@@ -121,5 +166,110 @@ mod tests {
         let _still_serving = certs.acceptor();
         generate_self_signed(dir.path(), &["localhost".into()]).unwrap();
         assert!(certs.reload(false).unwrap());
+    }
+
+    #[test]
+    fn default_names_cover_loopback_and_the_host_name_once() {
+        assert_eq!(
+            default_certificate_names("mail.example.net"),
+            ["localhost", "127.0.0.1", "::1", "mail.example.net"]
+        );
+        assert_eq!(
+            default_certificate_names("LOCALHOST"),
+            ["localhost", "127.0.0.1", "::1"]
+        );
+    }
+
+    #[test]
+    fn generated_certificates_carry_ip_sans_and_a_validity_tools_accept() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let names = default_certificate_names("relay.test");
+        let params = self_signed_params(&names, now).unwrap();
+        assert_eq!(
+            params.subject_alt_names,
+            [
+                rcgen::SanType::DnsName("localhost".try_into().unwrap()),
+                rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()),
+                rcgen::SanType::IpAddress("::1".parse().unwrap()),
+                rcgen::SanType::DnsName("relay.test".try_into().unwrap()),
+            ]
+        );
+        let days = (params.not_after - params.not_before).whole_days();
+        assert!((365..398).contains(&days), "{days} days");
+        assert!(params.not_before < time::OffsetDateTime::from(now));
+        assert!(self_signed_params(&[], now).is_err());
+        assert!(self_signed_params(&["r\u{e9}sum\u{e9}.example".into()], now).is_err());
+    }
+
+    /// Drives a handshake between two in-memory connections.
+    fn handshake(client: &mut rustls::ClientConnection, server: &mut rustls::ServerConnection) {
+        for _ in 0..10 {
+            let mut buf = Vec::new();
+            client.write_tls(&mut buf).unwrap();
+            server.read_tls(&mut &buf[..]).unwrap();
+            server.process_new_packets().unwrap();
+            buf.clear();
+            server.write_tls(&mut buf).unwrap();
+            client.read_tls(&mut &buf[..]).unwrap();
+            client.process_new_packets().unwrap();
+            if !client.is_handshaking() && !server.is_handshaking() {
+                return;
+            }
+        }
+        panic!("handshake did not finish");
+    }
+
+    #[test]
+    fn the_server_picks_the_cipher_suite_by_its_own_order() {
+        use rustls::crypto::ring::{cipher_suite, default_provider};
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = generate_self_signed(dir.path(), &["localhost".into()]).unwrap();
+        let server_config = server_config(&cert, &key).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(&cert).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        // A client that prefers the weakest suites first, TLS 1.3 and 1.2 alike.
+        for (versions, suites, strongest) in [
+            (
+                &[&rustls::version::TLS13][..],
+                vec![
+                    cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
+                    cipher_suite::TLS13_AES_128_GCM_SHA256,
+                    cipher_suite::TLS13_AES_256_GCM_SHA384,
+                ],
+                cipher_suite::TLS13_AES_256_GCM_SHA384,
+            ),
+            (
+                &[&rustls::version::TLS12][..],
+                vec![
+                    cipher_suite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+                    cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+                    cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+                ],
+                cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            ),
+        ] {
+            let provider = rustls::crypto::CryptoProvider {
+                cipher_suites: suites,
+                ..default_provider()
+            };
+            let client_config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+                .with_protocol_versions(versions)
+                .unwrap()
+                .with_root_certificates(roots.clone())
+                .with_no_client_auth();
+            let mut client = rustls::ClientConnection::new(
+                Arc::new(client_config),
+                "localhost".try_into().unwrap(),
+            )
+            .unwrap();
+            let mut server = rustls::ServerConnection::new(server_config.clone()).unwrap();
+            handshake(&mut client, &mut server);
+            assert_eq!(
+                server.negotiated_cipher_suite().unwrap().suite(),
+                strongest.suite()
+            );
+        }
     }
 }
