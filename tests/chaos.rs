@@ -1808,6 +1808,10 @@ async fn chaos_one_relay_on_sqlite_delivers_every_accepted_key_exactly_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idemrelay_test_postgres),
+    ignore = "set IDEMRELAY_TEST_POSTGRES=postgres://USER@HOST/DB to run it"
+)]
 async fn chaos_two_relays_on_postgres_deliver_every_accepted_key_exactly_once() {
     let Some(base) = backend::postgres_or_skip("chaos (two relays on Postgres)") else {
         return;

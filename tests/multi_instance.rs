@@ -115,6 +115,10 @@ async fn submit_until_accepted(addrs: Vec<SocketAddr>, first: usize, key: String
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idemrelay_test_postgres),
+    ignore = "set IDEMRELAY_TEST_POSTGRES=postgres://USER@HOST/DB to run it"
+)]
 async fn three_instances_on_one_postgres_deliver_every_key_once_through_a_sigkill() {
     let Some(base) = backend::postgres_or_skip("multi_instance") else {
         return;
@@ -364,6 +368,10 @@ async fn wait_all_delivered(store: &dyn store::Store, ids: &[String], within: Du
 /// the other's leases (each attempt is the only one of its message); once one is SIGKILLed,
 /// the other takes over its jobs within seconds, long before their leases would expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idemrelay_test_postgres),
+    ignore = "set IDEMRELAY_TEST_POSTGRES=postgres://USER@HOST/DB to run it"
+)]
 async fn relays_in_their_own_pid_namespaces_take_over_only_a_dead_sibling() {
     let Some(base) = backend::postgres_or_skip("liveness in PID namespaces") else {
         return;

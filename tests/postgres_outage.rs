@@ -73,6 +73,10 @@ struct Seen {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idemrelay_test_postgres),
+    ignore = "set IDEMRELAY_TEST_POSTGRES=postgres://USER@HOST/DB to run it"
+)]
 async fn losing_postgres_under_load_gives_no_250_without_a_commit_and_recovers() {
     let Some(base) = backend::postgres_or_skip("postgres_outage") else {
         return;
