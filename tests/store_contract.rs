@@ -292,9 +292,9 @@ async fn an_expired_terminal_record_is_replaced_and_a_live_one_is_not(backend: B
     }
 }
 
+on_both_backends!(a_body_that_fails_its_checksum_is_failed_as_damaged_and_the_queue_goes_on);
 /// A body changed after its commit (a bit flip, a torn write) fails its checksum: the record
 /// is failed as damaged and never handed to a worker, and the claim goes on to the next job.
-on_both_backends!(a_body_that_fails_its_checksum_is_failed_as_damaged_and_the_queue_goes_on);
 async fn a_body_that_fails_its_checksum_is_failed_as_damaged_and_the_queue_goes_on(
     backend: Backend,
 ) {
@@ -330,11 +330,11 @@ async fn a_body_that_fails_its_checksum_is_failed_as_damaged_and_the_queue_goes_
     }
 }
 
+on_both_backends!(a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown);
 /// A dead worker's open intent, closed as UNKNOWN by an operator's cancel, makes the record
 /// `failed` with an UNKNOWN in its ledger: retrying it may send a second copy, so it needs
 /// the confirmation like an `unresolved` record. Without one (a ledger of definite outcomes),
 /// the upstream window keeps counting from the first attempt ever made.
-on_both_backends!(a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown);
 async fn a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     for (name, a, b) in instances(&dir, backend).await {
@@ -408,9 +408,9 @@ async fn a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown(backe
     }
 }
 
+on_both_backends!(no_intent_is_written_under_an_expired_lease);
 /// A worker whose lease ran out (its process stalled between the claim and the intent) may
 /// not begin an attempt: the job may be another worker's at any moment.
-on_both_backends!(no_intent_is_written_under_an_expired_lease);
 async fn no_intent_is_written_under_an_expired_lease(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     for (name, a, _) in instances(&dir, backend).await {
@@ -431,11 +431,11 @@ async fn no_intent_is_written_under_an_expired_lease(backend: Backend) {
     }
 }
 
+on_both_backends!(parked_records_and_keys_inside_the_upstream_window_are_kept);
 /// DESIGN §1 "Retention": a parked record (`unresolved`, `failed`) keeps its key, bytes and
 /// ledger until `parked` has passed since it was parked, whatever `replay` says; and no record
 /// gives up its key while the upstream window is open on its last attempt. Both the purge and
 /// an insert under the key follow the same rule.
-on_both_backends!(parked_records_and_keys_inside_the_upstream_window_are_kept);
 async fn parked_records_and_keys_inside_the_upstream_window_are_kept(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let ms = Duration::from_millis;
@@ -505,10 +505,10 @@ async fn parked_records_and_keys_inside_the_upstream_window_are_kept(backend: Ba
     }
 }
 
+on_both_backends!(parts_racing_on_two_instances_are_numbered_once);
 /// Parts are numbered once, at their first commit (DESIGN §1): two new parts of one message
 /// racing on two instances for the same part number get it once; the other learns of the
 /// winner and takes the next number.
-on_both_backends!(parts_racing_on_two_instances_are_numbered_once);
 async fn parts_racing_on_two_instances_are_numbered_once(backend: Backend) {
     use idemrelay::intake::parts::{choose_part, PartChoice};
     let dir = tempfile::tempdir().unwrap();
