@@ -169,6 +169,11 @@ impl Relay {
                     } else {
                         settings.greet_delay
                     },
+                    proxy_from: if tls_listener {
+                        settings.submission_proxy_protocol_from.clone()
+                    } else {
+                        settings.proxy_protocol_from.clone()
+                    },
                 },
                 limits: limits.clone(),
                 timeouts: SessionTimeouts {

@@ -161,6 +161,12 @@ pub struct Settings {
     pub users_file: Option<PathBuf>,
     /// Networks allowed to submit without AUTH on the TLS listeners (default: none).
     pub submission_allow_networks: Vec<IpNet>,
+    /// Load balancers in front of the plain listeners: connections from these networks must
+    /// start with a PROXY protocol header (v1 or v2), whose client address then counts for
+    /// allow lists, caps, AUTH throttling, the Received line and logs (default: none).
+    pub proxy_protocol_from: Vec<IpNet>,
+    /// The same for the TLS listeners (the header comes before STARTTLS or the handshake).
+    pub submission_proxy_protocol_from: Vec<IpNet>,
     /// `sqlite://PATH` (created if missing) or `postgres://USER[:PASSWORD]@HOST/DB` (shared by
     /// several relay instances).
     pub store: SecretUrl,
@@ -341,6 +347,8 @@ impl Default for Settings {
             tls_reload_interval: Duration::from_secs(30),
             users_file: None,
             submission_allow_networks: Vec::new(),
+            proxy_protocol_from: Vec::new(),
+            submission_proxy_protocol_from: Vec::new(),
             store: SecretUrl("sqlite://idemrelay.db".into()),
             upstream: None,
             hostname: system_hostname(),
@@ -435,6 +443,15 @@ pub struct ConfigArgs {
         value_delimiter = ','
     )]
     pub allow_networks: Vec<IpNet>,
+    /// Load balancer whose connections to the plain listener start with a PROXY header
+    /// (repeatable; replaces the file's proxy_protocol_from).
+    #[arg(
+        global = true,
+        long = "proxy-protocol-from",
+        env = "IDEMRELAY_PROXY_PROTOCOL_FROM",
+        value_delimiter = ','
+    )]
+    pub proxy_protocol_from: Vec<IpNet>,
     #[arg(global = true, long, env = "IDEMRELAY_MISSING_KEY", value_enum)]
     pub missing_key: Option<MissingKey>,
     #[arg(global = true, long, env = "IDEMRELAY_RETENTION", value_parser = humantime::parse_duration)]
@@ -536,6 +553,9 @@ impl Settings {
         }
         if !args.allow_networks.is_empty() {
             s.allow_networks = args.allow_networks.clone();
+        }
+        if !args.proxy_protocol_from.is_empty() {
+            s.proxy_protocol_from = args.proxy_protocol_from.clone();
         }
         macro_rules! overlay {
             ($($field:ident),*) => { $( if let Some(v) = &args.$field { s.$field = v.clone(); } )* };
@@ -727,6 +747,35 @@ mod tests {
         assert_eq!(s.retention, Duration::from_secs(5 * 3600));
         assert_eq!(s.scope, "flag");
         assert_eq!(s.missing_key, MissingKey::Pass);
+    }
+
+    #[test]
+    fn proxy_protocol_networks_per_listener_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "proxy_protocol_from = [\"10.0.0.5/32\"]\nsubmission_proxy_protocol_from = [\"10.0.1.0/24\", \"fd00::/8\"]\n",
+        )
+        .unwrap();
+        let args = ConfigArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        let s = Settings::load(&args).unwrap();
+        assert_eq!(s.proxy_protocol_from, vec!["10.0.0.5/32".parse().unwrap()]);
+        assert_eq!(s.submission_proxy_protocol_from.len(), 2);
+        // The flag replaces the plain listeners' list and leaves the TLS listeners' alone.
+        let args = ConfigArgs {
+            config: Some(path),
+            proxy_protocol_from: vec!["192.0.2.0/24".parse().unwrap()],
+            ..Default::default()
+        };
+        let s = Settings::load(&args).unwrap();
+        assert_eq!(s.proxy_protocol_from, vec!["192.0.2.0/24".parse().unwrap()]);
+        assert_eq!(s.submission_proxy_protocol_from.len(), 2);
+        assert!(Settings::default().proxy_protocol_from.is_empty());
+        assert!(Settings::from_toml("proxy_protocol_from = [\"not a network\"]").is_err());
     }
 
     /// A key given up while the upstream may still hold it would make a new operation under

@@ -1,6 +1,8 @@
-//! The SMTP side: framing and the session machine (pure), replies, and the thin server.
+//! The SMTP side: framing, the PROXY header and the session machine (pure), replies, and the
+//! thin server.
 
 pub mod framing;
+pub mod proxy_header;
 pub mod reply;
 pub mod sasl;
 pub mod server;

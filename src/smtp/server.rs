@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
+use super::proxy_header::{self, Framing, Refusal};
 use super::reply::Reply;
 use super::session::{Output, Session, SessionConfig};
 use super::tls::TlsCerts;
@@ -39,12 +40,20 @@ pub struct ListenerPolicy {
     pub allow_networks: Vec<IpNet>,
     /// Wait this long before the greeting, to catch clients that talk first.
     pub greet_delay: Duration,
+    /// Load balancers whose connections start with a PROXY header naming the real client.
+    pub proxy_from: Vec<IpNet>,
 }
 
 impl ListenerPolicy {
     pub fn allows(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         self.allow_networks.iter().any(|net| net.contains(&ip))
+    }
+
+    /// True when a connection from `ip` must start with a PROXY header.
+    pub fn expects_proxy_header(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.proxy_from.iter().any(|net| net.contains(&ip))
     }
 }
 
@@ -120,9 +129,11 @@ pub struct ConnectionLimits {
     open: Mutex<(usize, HashMap<IpAddr, usize>)>,
 }
 
+/// One connection's place under the caps; given back when dropped.
 pub struct ConnectionSlot<'a> {
     limits: &'a ConnectionLimits,
-    ip: IpAddr,
+    /// The client it counts against; `None` while a proxied connection's client is unknown.
+    ip: Option<IpAddr>,
 }
 
 impl ConnectionLimits {
@@ -139,16 +150,41 @@ impl ConnectionLimits {
         self.open.lock().expect("connection counts").0
     }
 
+    /// A slot under both caps, counted against `ip`.
     pub fn try_acquire(&self, ip: IpAddr) -> Option<ConnectionSlot<'_>> {
-        let ip = client_key(ip);
+        let mut slot = self.try_acquire_unattributed()?;
+        slot.attribute(ip).then_some(slot)
+    }
+
+    /// A slot under the global cap only, for a connection whose client is not known yet (a
+    /// proxy's, before its PROXY header): counting it against the proxy's address would cap
+    /// every client behind the proxy together.
+    pub fn try_acquire_unattributed(&self) -> Option<ConnectionSlot<'_>> {
         let mut open = self.open.lock().expect("connection counts");
-        let per_ip = open.1.get(&ip).copied().unwrap_or(0);
-        if open.0 >= self.max_total || per_ip >= self.max_per_ip {
+        if open.0 >= self.max_total {
             return None;
         }
         open.0 += 1;
+        Some(ConnectionSlot {
+            limits: self,
+            ip: None,
+        })
+    }
+}
+
+impl ConnectionSlot<'_> {
+    /// Counts the slot against `ip`; false (and nothing counted) when that client is at its
+    /// cap. A slot is attributed once.
+    pub fn attribute(&mut self, ip: IpAddr) -> bool {
+        debug_assert!(self.ip.is_none(), "a slot is attributed once");
+        let ip = client_key(ip);
+        let mut open = self.limits.open.lock().expect("connection counts");
+        if open.1.get(&ip).copied().unwrap_or(0) >= self.limits.max_per_ip {
+            return false;
+        }
         *open.1.entry(ip).or_insert(0) += 1;
-        Some(ConnectionSlot { limits: self, ip })
+        self.ip = Some(ip);
+        true
     }
 }
 
@@ -156,10 +192,11 @@ impl Drop for ConnectionSlot<'_> {
     fn drop(&mut self) {
         let mut open = self.limits.open.lock().expect("connection counts");
         open.0 -= 1;
-        if let Some(n) = open.1.get_mut(&self.ip) {
+        let Some(ip) = self.ip else { return };
+        if let Some(n) = open.1.get_mut(&ip) {
             *n -= 1;
             if *n == 0 {
-                open.1.remove(&self.ip);
+                open.1.remove(&ip);
             }
         }
     }
@@ -195,9 +232,7 @@ pub async fn serve(
                     let alive = alive.clone();
                     tokio::spawn(async move {
                         let _alive = alive;
-                        if let Err(err) = connection(stream, peer, &ctx, shutdown).await {
-                            tracing::debug!(%peer, error = %err, "connection ended with an I/O error");
-                        }
+                        connection(stream, peer, &ctx, shutdown).await;
                     });
                 }
                 Err(err) => {
@@ -235,40 +270,117 @@ async fn linger<S: AsyncRead + Unpin>(stream: &mut S) {
     .await;
 }
 
+/// How long a listed proxy may take to send its header: the spec asks for at least 3 s (a
+/// TCP retransmit); a proxy sends it at once, so only a broken one waits this long.
+const PROXY_HEADER_WAIT: Duration = Duration::from_secs(10);
+
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
     ctx: &ServerContext,
     shutdown: watch::Receiver<bool>,
-) -> std::io::Result<()> {
+) {
+    if let Err((client, err)) = admit(stream, peer, ctx, shutdown).await {
+        tracing::debug!(%client, %peer, error = %err, "connection ended with an I/O error");
+    }
+}
+
+/// The caps, the PROXY header when `peer` is a listed proxy, then the conversation with the
+/// client: the header's source, or `peer` itself. An I/O error comes back with that client.
+async fn admit(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    ctx: &ServerContext,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), (SocketAddr, std::io::Error)> {
     let _ = stream.set_nodelay(true);
-    let Some(_slot) = ctx.limits.try_acquire(peer.ip()) else {
-        return refuse(stream, Reply::too_many_connections()).await;
+    let proxied = ctx.policy.expects_proxy_header(peer.ip());
+    // A proxy's connection counts against its client once the header names it.
+    let slot = if proxied {
+        ctx.limits.try_acquire_unattributed()
+    } else {
+        ctx.limits.try_acquire(peer.ip())
+    };
+    let Some(mut slot) = slot else {
+        return refuse(stream, Reply::too_many_connections())
+            .await
+            .map_err(|e| (peer, e));
     };
     if *shutdown.borrow() {
-        return refuse(stream, Reply::shutting_down()).await;
+        return refuse(stream, Reply::shutting_down())
+            .await
+            .map_err(|e| (peer, e));
     }
     if !ctx.intake.store_healthy() {
         // Fail closed: nothing could be accepted, so say so before the client sends a message.
-        return refuse(stream, Reply::store_unavailable_at_connect()).await;
+        return refuse(stream, Reply::store_unavailable_at_connect())
+            .await
+            .map_err(|e| (peer, e));
     }
+    let client = if proxied {
+        let wait = ctx.timeouts.read.min(PROXY_HEADER_WAIT);
+        let named = match tokio::time::timeout(wait, read_proxy_header(&mut stream)).await {
+            Ok(Ok(named)) => named,
+            Ok(Err(why)) => return Ok(proxy_refused(peer, &why)),
+            Err(_) => return Ok(proxy_refused(peer, &HeaderFailure::TimedOut(wait))),
+        };
+        // UNKNOWN and LOCAL: the connection is the proxy's own (a health check).
+        let client = named.unwrap_or(peer);
+        tracing::debug!(target: "idemrelay::proxy", %client, proxy = %peer, "PROXY header read");
+        if !slot.attribute(client.ip()) {
+            return refuse(stream, Reply::too_many_connections())
+                .await
+                .map_err(|e| (client, e));
+        }
+        client
+    } else {
+        peer
+    };
+    converse(stream, peer, client, ctx, shutdown)
+        .await
+        .map_err(|e| (client, e))
+}
+
+async fn converse(
+    stream: TcpStream,
+    peer: SocketAddr,
+    client: SocketAddr,
+    ctx: &ServerContext,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()> {
     // On implicit TLS the client rightly speaks first (its ClientHello).
     let implicit = ctx.policy.kind == ListenerKind::ImplicitTls;
-    if !implicit && talks_first(&stream, ctx.policy.greet_delay).await {
-        return refuse(stream, Reply::early_talker()).await;
+    if !implicit {
+        if let Some(early) = talks_first(&stream, ctx.policy.greet_delay).await {
+            if proxy_header::looks_like_header(&early) {
+                unexpected_proxy_header(ctx, peer, client.ip());
+                return Ok(());
+            }
+            return refuse(stream, Reply::early_talker()).await;
+        }
     }
-    let may_submit = ctx.policy.allows(peer.ip());
+    let may_submit = ctx.policy.allows(client.ip());
     let started = Instant::now();
     let conv = Conversation {
         ctx,
         origin: Origin {
             scope: ctx.policy.scope.clone(),
-            peer: peer.ip().to_canonical(),
+            peer: client.ip().to_canonical(),
         },
+        peer,
         started,
     };
     match ctx.policy.kind {
         ListenerKind::ImplicitTls => {
+            match opens_with_proxy_header(&stream, ctx).await {
+                Some(false) => {}
+                Some(true) => {
+                    unexpected_proxy_header(ctx, peer, client.ip());
+                    return Ok(());
+                }
+                // Silent for the whole handshake allowance, or gone.
+                None => return Ok(()),
+            }
             let Some(tls) = handshake(stream, ctx).await else {
                 return Ok(());
             };
@@ -294,28 +406,128 @@ async fn connection(
     }
 }
 
-/// True when the client sent something before our greeting (a spam-bot habit and a sign it
-/// does not speak SMTP). Without a delay, only bytes already waiting are seen.
-async fn talks_first(stream: &TcpStream, delay: Duration) -> bool {
+/// Why a listed proxy's connection was closed before its client got a greeting.
+#[derive(Debug)]
+enum HeaderFailure {
+    Refused(Refusal),
+    TimedOut(Duration),
+    /// The proxy closed the connection inside the header.
+    Closed,
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for HeaderFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderFailure::Refused(why) => why.fmt(f),
+            HeaderFailure::TimedOut(wait) => {
+                write!(
+                    f,
+                    "no complete PROXY header within {}",
+                    humantime::format_duration(*wait)
+                )
+            }
+            HeaderFailure::Closed => f.write_str("closed before the end of its PROXY header"),
+            HeaderFailure::Io(err) => write!(f, "reading the PROXY header: {err}"),
+        }
+    }
+}
+
+/// The closing is silent (the spec has receivers just drop the connection); the log says why.
+fn proxy_refused(peer: SocketAddr, why: &HeaderFailure) {
+    tracing::warn!(target: "idemrelay::proxy", %peer, reason = %why, "connection closed: PROXY protocol");
+}
+
+/// A PROXY header where none was expected: from an address outside `proxy_protocol_from`
+/// (it could name any client it likes, so it is never believed), or a second one.
+fn unexpected_proxy_header(ctx: &ServerContext, peer: SocketAddr, client: IpAddr) {
+    let reason = if ctx.policy.expects_proxy_header(peer.ip()) {
+        format!("a second PROXY header, after the one naming {client}")
+    } else {
+        "PROXY header from an address not in this listener's proxy_protocol_from".to_string()
+    };
+    tracing::warn!(target: "idemrelay::proxy", %peer, %reason, "connection closed: PROXY protocol");
+}
+
+/// Consumes exactly the PROXY header at the start of `stream`, and returns the client it
+/// names (`None`: the connection's own address stands). Bytes are peeked first and only the
+/// header's are read, so what follows (SMTP, or a TLS ClientHello) stays in the socket.
+async fn read_proxy_header(stream: &mut TcpStream) -> Result<Option<SocketAddr>, HeaderFailure> {
+    let mut header = Vec::with_capacity(proxy_header::V1_MAX);
+    let mut window = vec![0u8; proxy_header::MAX_HEADER];
+    loop {
+        // `frame` says Incomplete only below MAX_HEADER, so there is always room.
+        let room = proxy_header::MAX_HEADER - header.len();
+        let seen = stream
+            .peek(&mut window[..room])
+            .await
+            .map_err(HeaderFailure::Io)?;
+        if seen == 0 {
+            return Err(HeaderFailure::Closed);
+        }
+        let had = header.len();
+        header.extend_from_slice(&window[..seen]);
+        match proxy_header::frame(&header) {
+            Framing::Complete(len) => {
+                stream
+                    .read_exact(&mut window[..len - had])
+                    .await
+                    .map_err(HeaderFailure::Io)?;
+                header.truncate(len);
+                return proxy_header::parse(&header).map_err(HeaderFailure::Refused);
+            }
+            // All of it is header: take it, so the next peek waits for new bytes.
+            Framing::Incomplete => {
+                stream
+                    .read_exact(&mut window[..seen])
+                    .await
+                    .map_err(HeaderFailure::Io)?;
+            }
+            Framing::Refused(why) => return Err(HeaderFailure::Refused(why)),
+        }
+    }
+}
+
+/// On implicit TLS, whether the first bytes (normally a ClientHello, which the handshake then
+/// reads) are a PROXY header instead; `None` when none came within the handshake allowance.
+/// Peeked, so nothing is taken from the handshake.
+async fn opens_with_proxy_header(stream: &TcpStream, ctx: &ServerContext) -> Option<bool> {
+    let mut first = [0u8; 16];
+    match tokio::time::timeout(handshake_limit(ctx), stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => Some(proxy_header::looks_like_header(&first[..n])),
+        _ => None,
+    }
+}
+
+/// A client that never sends its ClientHello must not hold a slot for a whole read timeout.
+fn handshake_limit(ctx: &ServerContext) -> Duration {
+    ctx.timeouts.read.min(Duration::from_secs(30))
+}
+
+/// What the client sent before our greeting, if anything (a spam-bot habit and a sign it does
+/// not speak SMTP; or a PROXY header it should not send). Without a delay, only bytes already
+/// waiting are seen.
+async fn talks_first(stream: &TcpStream, delay: Duration) -> Option<Vec<u8>> {
     let deadline = tokio::time::Instant::now() + delay;
-    let mut probe = [0u8; 1];
+    let mut probe = [0u8; 16];
     loop {
         // Readiness can be reported before any byte is there: only a read decides.
         match stream.try_read(&mut probe) {
-            Ok(n) => return n > 0,
+            Ok(0) => return None,
+            Ok(n) => return Some(probe[..n].to_vec()),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(_) => return false,
+            Err(_) => return None,
         }
         // Without a delay, only bytes already waiting count: a zero timeout would still wait
         // for the timer's next tick (a millisecond), before every greeting.
         if delay.is_zero() {
-            return false;
+            return None;
         }
         if tokio::time::timeout_at(deadline, stream.readable())
             .await
             .is_err()
         {
-            return false;
+            return None;
         }
     }
 }
@@ -325,9 +537,7 @@ async fn handshake(
     ctx: &ServerContext,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     let acceptor = ctx.tls.as_ref()?.acceptor();
-    // A client that never sends its ClientHello must not hold a slot for a whole read timeout.
-    let limit = ctx.timeouts.read.min(Duration::from_secs(30));
-    match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+    match tokio::time::timeout(handshake_limit(ctx), acceptor.accept(stream)).await {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(err)) => {
             tracing::debug!(error = %err, "TLS handshake failed");
@@ -345,7 +555,10 @@ enum Ended<S> {
 
 struct Conversation<'a> {
     ctx: &'a ServerContext,
+    /// `peer` is the client here: the real one when a proxy named it.
     origin: Origin,
+    /// The connection's own address (the proxy's, when there is one).
+    peer: SocketAddr,
     started: Instant,
 }
 
@@ -368,6 +581,8 @@ impl Conversation<'_> {
             write_all(&mut stream, &session.greeting().to_bytes(), t.read).await?;
         }
         let mut buf = vec![0u8; 64 * 1024];
+        // The client's first bytes are checked for a PROXY header it was not to send.
+        let mut first_read = greet;
         let mut told_shutdown = false;
         let mut rate: Option<DataRate> = None;
         loop {
@@ -384,6 +599,12 @@ impl Conversation<'_> {
                     Err(_) if left <= t.read => session.close_now(Reply::session_too_long()),
                     Err(_) => session.timed_out(),
                     Ok(Ok(0)) => return Ok(Ended::Closed),
+                    Ok(Ok(n)) if std::mem::take(&mut first_read)
+                        && proxy_header::looks_like_header(&buf[..n]) =>
+                    {
+                        unexpected_proxy_header(self.ctx, self.peer, self.origin.peer);
+                        return Ok(Ended::Closed);
+                    }
                     Ok(Ok(n)) => {
                         let mut outputs = session.feed(&buf[..n]);
                         if session.in_message() {
@@ -536,5 +757,47 @@ async fn write_all<S: AsyncWrite + Unpin>(
     {
         Ok(result) => result,
         Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    /// A proxy's connection holds a global slot until its header names the client, then
+    /// counts against that client; every way out gives back exactly what was taken.
+    #[test]
+    fn slots_are_attributed_once_and_never_leak() {
+        let limits = ConnectionLimits::new(3, 1);
+        let mut a = limits.try_acquire_unattributed().unwrap();
+        let mut b = limits.try_acquire_unattributed().unwrap();
+        assert_eq!(limits.open_connections(), 2);
+        assert!(a.attribute(ip("192.0.2.1")));
+        // The same client again is over its cap; the slot stays global-only.
+        assert!(!b.attribute(ip("192.0.2.1")));
+        assert!(limits.try_acquire(ip("192.0.2.1")).is_none());
+        assert!(b.attribute(ip("192.0.2.2")));
+        let c = limits.try_acquire(ip("127.0.0.1")).unwrap();
+        // The global cap holds unattributed slots too.
+        assert!(limits.try_acquire_unattributed().is_none());
+        drop((a, b, c));
+        assert_eq!(limits.open_connections(), 0);
+        assert!(limits.open.lock().unwrap().1.is_empty());
+        // An IPv6 client counts by its /64.
+        let d = limits.try_acquire(ip("2001:db8::1")).unwrap();
+        assert!(limits.try_acquire(ip("2001:db8::2")).is_none());
+        drop(d);
+        let mut e = limits.try_acquire_unattributed().unwrap();
+        assert!(!{
+            let _f = limits.try_acquire(ip("2001:db8::3")).unwrap();
+            e.attribute(ip("2001:db8::4"))
+        });
+        drop(e);
+        assert_eq!(limits.open_connections(), 0);
+        assert!(limits.open.lock().unwrap().1.is_empty());
     }
 }

@@ -63,6 +63,18 @@ impl Client {
         (client, greeting)
     }
 
+    /// Over a stream the caller opened: writes `first` (a PROXY header, say), then reads the
+    /// greeting; `None` when the server closed the connection instead.
+    pub async fn on_stream(mut stream: TcpStream, first: &[u8]) -> (Client, Option<Answer>) {
+        stream.write_all(first).await.expect("write");
+        let mut client = Client {
+            stream,
+            buf: Vec::new(),
+        };
+        let greeting = client.read_answer().await;
+        (client, greeting)
+    }
+
     /// Connects and says EHLO; panics unless both succeed.
     pub async fn ready(addr: SocketAddr) -> Client {
         let (mut client, greeting) = Client::connect(addr).await;
