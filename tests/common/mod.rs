@@ -84,6 +84,11 @@ impl Client {
         client
     }
 
+    /// The client's own port, which the relay's log lines name.
+    pub fn local_port(&self) -> u16 {
+        self.stream.local_addr().expect("local address").port()
+    }
+
     pub async fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).await.expect("write");
     }
