@@ -319,10 +319,14 @@ async fn admit(
     }
     let client = if proxied {
         let wait = ctx.timeouts.read.min(PROXY_HEADER_WAIT);
-        let named = match tokio::time::timeout(wait, read_proxy_header(&mut stream)).await {
-            Ok(Ok(named)) => named,
-            Ok(Err(why)) => return Ok(proxy_refused(peer, &why)),
-            Err(_) => return Ok(proxy_refused(peer, &HeaderFailure::TimedOut(wait))),
+        let read = tokio::time::timeout(wait, read_proxy_header(&mut stream)).await;
+        let named = match read.unwrap_or(Err(HeaderFailure::TimedOut(wait))) {
+            Ok(named) => named,
+            Err(why) => {
+                // The spec has receivers just drop the connection; the log says why.
+                tracing::warn!(target: "idemrelay::proxy", %peer, reason = %why, "connection closed: PROXY protocol");
+                return Ok(());
+            }
         };
         // UNKNOWN and LOCAL: the connection is the proxy's own (a health check).
         let client = named.unwrap_or(peer);
@@ -431,11 +435,6 @@ impl std::fmt::Display for HeaderFailure {
             HeaderFailure::Io(err) => write!(f, "reading the PROXY header: {err}"),
         }
     }
-}
-
-/// The closing is silent (the spec has receivers just drop the connection); the log says why.
-fn proxy_refused(peer: SocketAddr, why: &HeaderFailure) {
-    tracing::warn!(target: "idemrelay::proxy", %peer, reason = %why, "connection closed: PROXY protocol");
 }
 
 /// A PROXY header where none was expected: from an address outside `proxy_protocol_from`
