@@ -215,6 +215,44 @@ async fn the_per_client_cap_counts_the_real_client() {
     .await;
 }
 
+/// AUTH failures count per real client: one client behind the proxy locked out for a user
+/// name leaves another client behind the same proxy free to log in as that user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_failures_count_against_the_real_client() {
+    const LOCKED_OUT: &str = "421 4.7.0 Too many authentication failures; closing connection";
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    idemrelay::auth::Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[])
+        .unwrap();
+    let relay = proxied_relay(|s| {
+        s.users_file = Some(users);
+        s.auth_failure_delay = Duration::from_millis(10);
+        s.max_auth_failures = 5;
+        s.max_auth_failures_per_user = 2;
+        s.max_auth_failures_per_ip = 2;
+    })
+    .await;
+    let login = |password: &str| common::auth_plain("alice", password);
+    // Cleartext AUTH is offered to allow-listed clients, which the header's client is.
+    let (mut c, _) = via_proxy(relay.addr, &v1("192.0.2.1", 1)).await;
+    assert_eq!(c.cmd("EHLO client.test").await.code, 250);
+    for _ in 0..2 {
+        assert_eq!(c.cmd(&login("wrong")).await.code, 535);
+    }
+    assert_eq!(c.cmd(&login("correct horse")).await.line(), LOCKED_OUT);
+    let (mut c, _) = via_proxy(relay.addr, &v2("192.0.2.1", 2)).await;
+    assert_eq!(c.cmd("EHLO client.test").await.code, 250);
+    assert_eq!(c.cmd(&login("correct horse")).await.line(), LOCKED_OUT);
+    // Another client, through the same proxy.
+    let (mut c, _) = via_proxy(relay.addr, &v1("192.0.2.2", 3)).await;
+    assert_eq!(c.cmd("EHLO client.test").await.code, 250);
+    assert_eq!(
+        c.cmd(&login("correct horse")).await.line(),
+        "235 2.7.0 Authentication successful"
+    );
+    c.quit().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // TLS listeners: the header comes first, and exactly the header is taken
 // ---------------------------------------------------------------------------------------------
