@@ -81,6 +81,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The /usr/sbin/sendmail interface: read a message on standard input and submit it to
+    /// the relay (`idemrelay sendmail --help` for its sendmail-style options).
+    #[command(disable_help_flag = true)]
+    Sendmail {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Exit 0 if the relay's admin API answers GET /healthz with 200, else 1 (for container
     /// health checks; the image has no curl).
     /// The address probed is the configured `admin` (`--admin`, `IDEMRELAY_ADMIN`, the config
@@ -273,6 +280,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             crate::auth::Users::add_user(&users, &name, password, &scope, &allow_senders)?;
             println!("user {name} written to {} (scope {scope})", users.display());
             Ok(())
+        }
+        // Reached only when a global flag comes first (`idemrelay --log-format json sendmail`):
+        // main.rs hands `idemrelay sendmail ...` over before clap.
+        Command::Sendmail { args } => {
+            std::process::exit(crate::sendmail::main("idemrelay sendmail", args).into())
         }
         Command::Sink(args) => {
             let config = args.into_config()?;

@@ -15,6 +15,7 @@ pub mod config_env;
 pub mod delivery;
 pub mod intake;
 pub mod metrics;
+pub mod sendmail;
 pub mod sink;
 pub mod smtp;
 pub mod store;

@@ -8,6 +8,11 @@ use idemrelay::config_env::{blame_variable, known_variables, unknown_variable_wa
 
 fn main() -> ExitCode {
     let args: Vec<_> = std::env::args_os().collect();
+    // Before clap: sendmail's options are not GNU-style (`-oi`, `-fuser@x`), and a link named
+    // `sendmail` gets no subcommand at all.
+    if let Some((prog, sendmail_args)) = idemrelay::sendmail::invocation(&args) {
+        return ExitCode::from(idemrelay::sendmail::main(&prog, sendmail_args));
+    }
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(error) => {
