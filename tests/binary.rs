@@ -3,6 +3,8 @@
 //! its stdout/stderr and the SQLite file it leaves behind.
 
 mod common;
+#[path = "binary/sendmail.rs"]
+mod sendmail;
 
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
