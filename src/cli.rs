@@ -281,8 +281,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             println!("user {name} written to {} (scope {scope})", users.display());
             Ok(())
         }
-        // Reached only when a global flag comes first (`idemrelay --log-format json sendmail`):
-        // main.rs hands `idemrelay sendmail ...` over before clap.
+        // main.rs hands `idemrelay [global flags] sendmail ...` over before clap; this is
+        // reached only by lines it leaves to clap (a global flag's value that is not UTF-8).
         Command::Sendmail { args } => {
             std::process::exit(crate::sendmail::main("idemrelay sendmail", args).into())
         }

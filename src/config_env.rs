@@ -9,6 +9,8 @@ use std::ffi::OsString;
 const READ_ELSEWHERE: &[&str] = &[
     "IDEMRELAY_LOG",
     "IDEMRELAY_UPSTREAM_PASSWORD",
+    // `idemrelay sendmail --auth-user`'s password.
+    "IDEMRELAY_SENDMAIL_PASSWORD",
     "IDEMRELAY_FAILPOINTS",
     "IDEMRELAY_FAILPOINT_SEED",
     // The test suite's own (tests/, benches/, .ci/run): they reach relays it starts.

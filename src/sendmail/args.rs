@@ -158,6 +158,10 @@ pub fn parse(args: &[String]) -> Result<Invocation, UsageError> {
                     }
                     o.timeout = Some(d);
                 }
+                // A global flag of `idemrelay`: sendmail logs only warnings, in one format.
+                "log-format" => {
+                    value(name)?;
+                }
                 "" => return Err(usage("unexpected `--=`")),
                 // Every configuration flag takes a value; the settings loader checks the name.
                 _ => {
@@ -424,6 +428,7 @@ mod tests {
             ]
         );
         assert_eq!(send(&["--smtps"]).tls, Some(TlsChoice::Implicit));
+        assert_eq!(send(&["--log-format", "json", "-t"]), send(&["-t"]));
         let args: Vec<String> = vec!["-t".into(), "--help".into()];
         assert_eq!(parse(&args), Ok(Invocation::Help));
         assert_eq!(parse(&["--version".to_string()]), Ok(Invocation::Version));

@@ -88,7 +88,8 @@ Where to submit (long options, anywhere on the line):
   --timeout DURATION   deadline of each SMTP phase (connect, greeting, ..., final dot);
                        default 60s
   --config FILE and the other configuration flags (--hostname, --listen, ...; see
-  `idemrelay serve --help`) and IDEMRELAY_* variables are read as by the other commands.
+  `idemrelay serve --help`) and IDEMRELAY_* variables are read as by the other commands;
+  --log-format is accepted and ignored.
   --help, --version
 
 Exit status (sysexits.h):
@@ -108,15 +109,27 @@ The relay's reply goes to standard error.
 ";
 
 /// The sendmail arguments when this process is to act as sendmail: a link named `sendmail`
-/// (then every argument is sendmail's), or `idemrelay sendmail ...`. Returns the program name
-/// for messages and the arguments.
+/// (then every argument is sendmail's), or `idemrelay [global flags] sendmail ...`, whose
+/// global flags (`--config FILE`, `--log-format F`, all with a value) are handed over with the
+/// rest. Returns the program name for messages and the arguments.
 pub fn invocation(argv: &[OsString]) -> Option<(String, Vec<OsString>)> {
     let name = std::path::Path::new(argv.first()?).file_name()?;
     if name == "sendmail" {
         return Some(("sendmail".into(), argv[1..].to_vec()));
     }
-    if argv.get(1).is_some_and(|a| a == "sendmail") {
-        return Some(("idemrelay sendmail".into(), argv[2..].to_vec()));
+    let mut i = 1;
+    while let Some(arg) = argv.get(i).and_then(|a| a.to_str()) {
+        if arg == "sendmail" {
+            let mut args = argv[1..i].to_vec();
+            args.extend_from_slice(&argv[i + 1..]);
+            return Some(("idemrelay sendmail".into(), args));
+        }
+        match arg.strip_prefix("--") {
+            Some(flag) if !flag.is_empty() && flag.contains('=') => i += 1,
+            Some(flag) if !flag.is_empty() && flag != "help" && flag != "version" => i += 2,
+            // A subcommand, `-h`, `--help`, `--`: clap's business.
+            _ => return None,
+        }
     }
     None
 }
@@ -130,6 +143,15 @@ pub fn main(prog: &str, args: Vec<OsString>) -> u8 {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .try_init();
+    // The other commands warn about these in main.rs, after clap, which sendmail bypasses.
+    let known =
+        crate::config_env::known_variables(&<crate::cli::Cli as clap::CommandFactory>::command());
+    let names = std::env::vars_os().map(|(name, _)| name);
+    for warning in
+        crate::config_env::unknown_variable_warnings(&known, &Settings::file_setting_names(), names)
+    {
+        tracing::warn!("{warning}");
+    }
     match run(args) {
         Ok(replies) => {
             for line in replies {
@@ -419,8 +441,28 @@ mod tests {
             (prog.as_str(), args),
             ("idemrelay sendmail", os(&["-oi", "a@x"]))
         );
+        let (prog, args) = invocation(&os(&[
+            "idemrelay",
+            "--config",
+            "/etc/i.toml",
+            "--log-format=json",
+            "sendmail",
+            "-t",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (prog.as_str(), args),
+            (
+                "idemrelay sendmail",
+                os(&["--config", "/etc/i.toml", "--log-format=json", "-t"])
+            )
+        );
         assert!(invocation(&os(&["idemrelay", "serve"])).is_none());
         assert!(invocation(&os(&["idemrelay", "--log-format", "json", "serve"])).is_none());
+        assert!(invocation(&os(&["idemrelay", "--store", "sendmail"])).is_none());
+        assert!(invocation(&os(&["idemrelay", "--help", "sendmail"])).is_none());
+        assert!(invocation(&os(&["idemrelay", "-h", "sendmail"])).is_none());
+        assert!(invocation(&os(&["idemrelay", "help", "sendmail"])).is_none());
         assert!(invocation(&os(&["/usr/sbin/sendmail.postfix", "-t"])).is_none());
         assert!(invocation(&os(&[])).is_none());
     }

@@ -411,6 +411,8 @@ async fn a_link_named_sendmail_is_sendmail_and_finds_the_relay_in_the_configurat
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("IDEMRELAY_LISTEN", relay.addr.to_string())
+        // Read only with --auth-user, and known: no warning about it.
+        .env("IDEMRELAY_SENDMAIL_PASSWORD", "unused")
         .args(["-t", "-i", "-v", "r@example.com"]);
     let out = run(via_link, input);
     assert_eq!(out.code, 0, "{out:?}");
@@ -440,14 +442,20 @@ async fn a_link_named_sendmail_is_sendmail_and_finds_the_relay_in_the_configurat
             "{flag}: {out:?}"
         );
     }
-    // With a global flag first, clap hands the rest to sendmail as well.
+    // Global flags before `sendmail` count as on its own line; an IDEMRELAY_* variable that
+    // nothing reads is warned about, as with the other commands.
     let mut cmd = idemrelay();
-    cmd.args(["--log-format", "human", "sendmail", "--server"])
+    cmd.env("IDEMRELAY_MAX_ERRORS", "5")
+        .args(["--log-format", "human", "--listen"])
         .arg(relay.addr.to_string())
-        .args(["-v", "r@example.com"]);
+        .args(["sendmail", "-v", "r@example.com"]);
     let out = run(cmd, input);
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(out.ids(), [id]);
+    assert!(
+        out.stderr.contains("IDEMRELAY_MAX_ERRORS is ignored"),
+        "{out:?}"
+    );
     assert_eq!(record_count(&db), 1);
 }
 
