@@ -21,6 +21,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/messages", get(messages))
         .route("/messages/{id}/raw", get(raw_message))
         .route("/transactions", get(transactions))
+        .route("/webhooks", get(webhooks))
         .route("/stats", get(stats))
         .route("/counts", get(counts))
         .route("/faults", get(faults).post(set_faults).delete(clear_faults))
@@ -118,6 +119,28 @@ async fn transactions(
         .iter()
         .filter(|t| filter.key.is_none() || t.key == filter.key)
         .map(transaction_json)
+        .collect();
+    Json(Value::Array(list))
+}
+
+#[derive(Deserialize)]
+struct WebhookFilter {
+    key: Option<String>,
+    id: Option<String>,
+}
+
+/// Every post of an event batch, in the order the posts ended; `?key=` (the message's key)
+/// and `?id=` (the sink's message id) narrow it.
+async fn webhooks(
+    State(shared): State<Arc<Shared>>,
+    Query(filter): Query<WebhookFilter>,
+) -> Json<Value> {
+    let list: Vec<Value> = shared
+        .webhook_attempts()
+        .iter()
+        .filter(|a| filter.key.is_none() || a.key == filter.key)
+        .filter(|a| filter.id.as_ref().is_none_or(|id| *id == a.message_id))
+        .map(|a| json!(a))
         .collect();
     Json(Value::Array(list))
 }

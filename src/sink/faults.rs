@@ -4,6 +4,10 @@
 //! A rule that could never match is refused when it is set rather than silently never firing:
 //! the key is only known once the message has been read, so `key=` needs `phase=dot`; a
 //! recipient is only known from RCPT on, so `rcpt=` needs `rcpt`, `data` or `dot`.
+//!
+//! `phase=webhook` rules act on the signed events the sink posts for accepted messages
+//! (`--webhook`), not on the SMTP session: they are tried once per event batch, in the order
+//! the batches are planned (injection, then delivery, then bounce), when the message is accepted.
 
 use std::fmt;
 use std::str::FromStr;
@@ -26,6 +30,9 @@ pub enum Phase {
     Data,
     /// The final `.`: the message has been read completely.
     Dot,
+    /// An event batch the sink is about to post to its webhook (one per event type and
+    /// accepted message); the key and recipients are the message's.
+    Webhook,
 }
 
 impl Phase {
@@ -37,11 +44,19 @@ impl Phase {
             Phase::Rcpt => "rcpt",
             Phase::Data => "data",
             Phase::Dot => "dot",
+            Phase::Webhook => "webhook",
         }
     }
 
     fn knows_recipients(self) -> bool {
-        matches!(self, Phase::Rcpt | Phase::Data | Phase::Dot)
+        matches!(
+            self,
+            Phase::Rcpt | Phase::Data | Phase::Dot | Phase::Webhook
+        )
+    }
+
+    fn knows_key(self) -> bool {
+        matches!(self, Phase::Dot | Phase::Webhook)
     }
 }
 
@@ -56,6 +71,7 @@ impl FromStr for Phase {
             "rcpt" => Phase::Rcpt,
             "data" => Phase::Data,
             "dot" => Phase::Dot,
+            "webhook" => Phase::Webhook,
             _ => return Err(FaultError(format!("unknown phase {s:?}"))),
         })
     }
@@ -79,6 +95,36 @@ pub enum FaultAction {
     DelayReply { phase: Phase, delay: Duration },
     /// Close without a reply at this phase; nothing is accepted.
     Disconnect { phase: Phase },
+    /// Misbehaves with one webhook event batch (`phase=webhook`).
+    Webhook(WebhookFault),
+}
+
+/// What a `phase=webhook` rule does to the event batch it fires on. Each of them is something
+/// a real at-least-once sender does, which the receiver has to take in its stride.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookFault {
+    /// Post the batch a second time (same webhook-id, same body) once the first delivery is
+    /// over.
+    Duplicate,
+    /// Post the injection batch only after the message's later batches (delivery, bounce)
+    /// are done. Fires on injection batches only.
+    Reorder,
+    /// Hold the batch this long before its first post.
+    Late(Duration),
+    /// Treat the first 2xx as lost and post the batch again (same webhook-id, same body), as
+    /// a sender whose connection broke after the receiver had committed.
+    LoseAck,
+}
+
+impl WebhookFault {
+    fn name(self) -> &'static str {
+        match self {
+            WebhookFault::Duplicate => "duplicate",
+            WebhookFault::Reorder => "reorder",
+            WebhookFault::Late(_) => "late",
+            WebhookFault::LoseAck => "lose_ack",
+        }
+    }
 }
 
 impl FaultAction {
@@ -88,6 +134,7 @@ impl FaultAction {
             | FaultAction::DelayReply { phase, .. }
             | FaultAction::Disconnect { phase } => *phase,
             FaultAction::DropAfterDot => Phase::Dot,
+            FaultAction::Webhook(_) => Phase::Webhook,
         }
     }
 
@@ -97,6 +144,7 @@ impl FaultAction {
             FaultAction::DropAfterDot => "drop",
             FaultAction::DelayReply { .. } => "delay",
             FaultAction::Disconnect { .. } => "disconnect",
+            FaultAction::Webhook(fault) => fault.name(),
         }
     }
 }
@@ -106,7 +154,8 @@ impl FaultAction {
 #[serde(try_from = "RuleSpec", into = "RuleSpec")]
 pub struct FaultRule {
     pub action: FaultAction,
-    /// Fires only when the message's idempotency key contains this (case-sensitive).
+    /// Fires only when the message's idempotency key contains this (case-sensitive); at
+    /// `dot` and `webhook`.
     pub key: Option<String>,
     /// Fires only when a recipient contains this (ASCII case-insensitive).
     pub rcpt: Option<String>,
@@ -154,6 +203,10 @@ impl FaultRule {
         FaultRule::new(FaultAction::Disconnect { phase })
     }
 
+    pub fn webhook(fault: WebhookFault) -> Self {
+        FaultRule::new(FaultAction::Webhook(fault))
+    }
+
     pub fn with_key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
         self
@@ -179,11 +232,11 @@ impl FaultRule {
                 return err("reply text must be one line");
             }
         }
-        if self.key.is_some() && phase != Phase::Dot {
-            return err("key= needs phase=dot (the key is read from the message)");
+        if self.key.is_some() && !phase.knows_key() {
+            return err("key= needs phase=dot or webhook (the key is read from the message)");
         }
         if self.rcpt.is_some() && !phase.knows_recipients() {
-            return err("rcpt= needs phase=rcpt, data or dot");
+            return err("rcpt= needs phase=rcpt, data, dot or webhook");
         }
         if self.times == Some(0) {
             return err("times=0 would never fire");
@@ -193,6 +246,11 @@ impl FaultRule {
 
     fn matches(&self, phase: Phase, ctx: &Context<'_>) -> bool {
         if self.action.phase() != phase {
+            return false;
+        }
+        if self.action == FaultAction::Webhook(WebhookFault::Reorder)
+            && ctx.event != Some("injection")
+        {
             return false;
         }
         if let Some(want) = &self.key {
@@ -222,8 +280,10 @@ fn default_text(phase: Phase, code: u16) -> String {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Context<'a> {
     pub key: Option<&'a str>,
-    /// At `rcpt` the recipient of the command; at `data`/`dot` the whole envelope.
+    /// At `rcpt` the recipient of the command; at `data`/`dot`/`webhook` the whole envelope.
     pub rcpts: &'a [String],
+    /// At `webhook`: the type of the batch's events (`injection`, `delivery`, `bounce`).
+    pub event: Option<&'a str>,
 }
 
 /// A rule as reported back, with how often it has fired.
@@ -304,10 +364,43 @@ impl TryFrom<RuleSpec> for FaultRule {
                 Ok(())
             }
         };
+        let smtp_phase = |default: Option<Phase>| {
+            let p = phase(default)?;
+            if p == Phase::Webhook {
+                return err(format!(
+                    "action={} does not exist at phase=webhook (duplicate, reorder, late, lose_ack)",
+                    spec.action
+                ));
+            }
+            Ok(p)
+        };
+        let webhook = |fault: WebhookFault| {
+            unused("code", spec.code.is_some())?;
+            unused("text", spec.text.is_some())?;
+            if !matches!(fault, WebhookFault::Late(_)) {
+                unused("ms", spec.ms.is_some())?;
+            }
+            if phase(Some(Phase::Webhook))? != Phase::Webhook {
+                return err(format!(
+                    "action={} only exists at phase=webhook",
+                    spec.action
+                ));
+            }
+            Ok(FaultAction::Webhook(fault))
+        };
         let action = match spec.action.to_ascii_lowercase().as_str() {
+            "duplicate" => webhook(WebhookFault::Duplicate)?,
+            "reorder" => webhook(WebhookFault::Reorder)?,
+            "lose_ack" => webhook(WebhookFault::LoseAck)?,
+            "late" => {
+                let Some(ms) = spec.ms else {
+                    return err("action=late needs ms=");
+                };
+                webhook(WebhookFault::Late(Duration::from_millis(ms)))?
+            }
             "reply" => {
                 unused("ms", spec.ms.is_some())?;
-                let phase = phase(None)?;
+                let phase = smtp_phase(None)?;
                 let Some(code) = spec.code else {
                     return err("action=reply needs code=");
                 };
@@ -333,7 +426,7 @@ impl TryFrom<RuleSpec> for FaultRule {
                     return err("action=delay needs ms=");
                 };
                 FaultAction::DelayReply {
-                    phase: phase(None)?,
+                    phase: smtp_phase(None)?,
                     delay: Duration::from_millis(ms),
                 }
             }
@@ -342,12 +435,13 @@ impl TryFrom<RuleSpec> for FaultRule {
                 unused("text", spec.text.is_some())?;
                 unused("ms", spec.ms.is_some())?;
                 FaultAction::Disconnect {
-                    phase: phase(None)?,
+                    phase: smtp_phase(None)?,
                 }
             }
             other => {
                 return err(format!(
-                    "unknown action {other:?} (reply, drop, delay, disconnect)"
+                    "unknown action {other:?} (reply, drop, delay, disconnect; at phase=webhook: \
+                     duplicate, reorder, late, lose_ack)"
                 ))
             }
         };
@@ -377,10 +471,13 @@ impl From<FaultRule> for RuleSpec {
                 spec.code = Some(code);
                 spec.text = Some(text);
             }
-            FaultAction::DelayReply { delay, .. } => {
+            FaultAction::DelayReply { delay, .. }
+            | FaultAction::Webhook(WebhookFault::Late(delay)) => {
                 spec.ms = Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
             }
-            FaultAction::DropAfterDot | FaultAction::Disconnect { .. } => {}
+            FaultAction::DropAfterDot
+            | FaultAction::Disconnect { .. }
+            | FaultAction::Webhook(_) => {}
         }
         spec
     }
@@ -623,11 +720,11 @@ mod tests {
         .unwrap();
         let k1 = Context {
             key: Some("order-k1"),
-            rcpts: &[],
+            ..Context::default()
         };
         let k2 = Context {
             key: Some("order-k2"),
-            rcpts: &[],
+            ..Context::default()
         };
         let action = |r: Option<FaultRule>| r.map(|r| r.action.name());
         assert_eq!(action(set.fire(Phase::Dot, &k2)), Some("reply"));
@@ -639,12 +736,95 @@ mod tests {
 
         let good = ["good@example.com".to_string()];
         let bad = ["bad@example.com".to_string()];
-        let ctx = |rcpts| Context { key: None, rcpts };
+        let ctx = |rcpts| Context {
+            rcpts,
+            ..Context::default()
+        };
         assert_eq!(action(set.fire(Phase::Rcpt, &ctx(&good))), None);
         assert_eq!(action(set.fire(Phase::Rcpt, &ctx(&bad))), Some("reply"));
         assert_eq!(action(set.fire(Phase::Rcpt, &ctx(&bad))), Some("reply"));
         let fired: Vec<u32> = set.status().iter().map(|s| s.fired).collect();
         assert_eq!(fired, vec![1, 2, 2]);
+    }
+
+    #[test]
+    fn webhook_rules_parse_and_only_exist_at_phase_webhook() {
+        assert_eq!(
+            parse("phase=webhook,action=duplicate,times=2,key=k"),
+            FaultRule::webhook(WebhookFault::Duplicate)
+                .with_times(2)
+                .with_key("k")
+        );
+        assert_eq!(
+            parse("action=late,ms=1500"),
+            FaultRule::webhook(WebhookFault::Late(Duration::from_millis(1500)))
+        );
+        assert_eq!(
+            parse("action=reorder,rcpt=@slow"),
+            FaultRule::webhook(WebhookFault::Reorder).with_rcpt("@slow")
+        );
+        assert_eq!(
+            parse("phase=webhook,action=lose_ack"),
+            FaultRule::webhook(WebhookFault::LoseAck)
+        );
+        for s in [
+            "phase=webhook,action=duplicate,times=1,key=abc",
+            "phase=webhook,action=late,ms=300",
+            "phase=webhook,action=lose_ack,rcpt=x@y",
+        ] {
+            assert_eq!(parse(s).to_string(), s);
+        }
+        for bad in [
+            "phase=dot,action=duplicate",
+            "phase=webhook,action=drop",
+            "phase=webhook,action=reply,code=451",
+            "phase=webhook,action=delay,ms=5",
+            "phase=webhook,action=disconnect",
+            "action=late",
+            "action=duplicate,ms=5",
+            "action=reorder,code=500",
+        ] {
+            assert!(bad.parse::<FaultRule>().is_err(), "{bad:?} was accepted");
+        }
+        let json: FaultRule =
+            serde_json::from_str(r#"{"phase":"webhook","action":"late","ms":20}"#).unwrap();
+        assert_eq!(json, parse("action=late,ms=20"));
+    }
+
+    #[test]
+    fn reorder_fires_on_injection_batches_only() {
+        let mut set = FaultSet::new(vec![
+            parse("action=reorder,times=1"),
+            parse("action=duplicate,key=k2"),
+        ])
+        .unwrap();
+        let batch = |key, event| Context {
+            key: Some(key),
+            rcpts: &[],
+            event: Some(event),
+        };
+        let action = |r: Option<FaultRule>| r.map(|r| r.action.name());
+        assert_eq!(
+            action(set.fire(Phase::Webhook, &batch("k1", "delivery"))),
+            None
+        );
+        assert_eq!(
+            action(set.fire(Phase::Webhook, &batch("k2", "delivery"))),
+            Some("duplicate")
+        );
+        assert_eq!(
+            action(set.fire(Phase::Webhook, &batch("k1", "injection"))),
+            Some("reorder")
+        );
+        assert_eq!(
+            action(set.fire(Phase::Webhook, &batch("k1", "injection"))),
+            None
+        );
+        // SMTP phases never see webhook rules.
+        assert_eq!(
+            action(set.fire(Phase::Dot, &batch("k2", "injection"))),
+            None
+        );
     }
 
     #[test]

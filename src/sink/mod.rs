@@ -49,8 +49,26 @@
 //! `GET /messages[?key=K]` (id, key, mail_from, rcpt_to, size, received_at (Unix ms), blake3,
 //! body when UTF-8, tls, auth_user), `GET /messages/{id}/raw` (exact bytes),
 //! `GET /transactions[?key=K]` (same, plus seq, outcome, message_id, reply or `"none"`, fault),
-//! `GET /stats`, `GET|POST|DELETE /faults`, `POST /reset` (messages, transactions, records,
-//! counts and faults), `POST /pause?mode=refuse|greet421`, `POST /resume`.
+//! `GET /webhooks[?key=K][&id=ID]` (every post of an event batch: seq, webhook_id, type,
+//! message_id, key, events, copy, attempt, webhook_timestamp, status or error, response,
+//! outcome, fault, sent_at), `GET /stats` (with `webhooks`: batches, attempts, delivered,
+//! failed, dropped, pending), `GET|POST|DELETE /faults`, `POST /reset` (messages,
+//! transactions, records, webhook posts, counts and faults), `POST /pause?mode=refuse|greet421`,
+//! `POST /resume`.
+//!
+//! # Webhooks (`--webhook URL --webhook-secret whsec_...`)
+//!
+//! For every message it accepts (committed at the final dot, also when a `drop` rule then
+//! withholds the reply) the sink posts event batches, one JSON array per request and one event
+//! per recipient ([`webhook::batches`] has the shape): `injection` at once, and `delivery` a
+//! moment later (`--webhook-delivery-delay`), or `bounce` for the recipients that contain a
+//! `--webhook-bounce` substring. Requests are signed as Standard Webhooks define
+//! (`webhook-id` = `msg_<sink id>_<type>`, `webhook-timestamp`, `webhook-signature`). A post
+//! without a 2xx (or without an answer) is retried with exponential backoff and jitter, the same
+//! webhook-id and body, a fresh timestamp and signature, until `--webhook-attempts` or
+//! `--webhook-deadline` runs out. Posting runs in tasks of its own: the SMTP side never waits
+//! for it; at most 10 000 batches are pending, past that a message's batches are dropped and
+//! counted. Pending posts are abandoned at shutdown.
 //!
 //! # Down modes
 //!
@@ -67,6 +85,8 @@ pub mod ledger;
 mod smtp;
 mod state;
 mod tls;
+pub mod webhook;
+mod webhook_sender;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -77,10 +97,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use url::Url;
 
-pub use faults::{FaultAction, FaultError, FaultRule, Phase, RuleStatus};
+pub use faults::{FaultAction, FaultError, FaultRule, Phase, RuleStatus, WebhookFault};
 pub use ledger::KeyStats;
 pub use state::{Outcome, ReceivedMessage, SinkStats, Transaction};
+pub use webhook::{EventType, RetryPolicy, Secret};
+pub use webhook_sender::{AttemptOutcome, WebhookAttempt, WebhookConfig, WebhookStats};
 
 use state::{Life, Shared};
 
@@ -112,6 +135,8 @@ pub struct SinkConfig {
     /// Advertised in EHLO SIZE and enforced.
     pub max_message_size: usize,
     pub hostname: String,
+    /// Post signed events for accepted messages here.
+    pub webhook: Option<WebhookConfig>,
 }
 
 impl Default for SinkConfig {
@@ -127,6 +152,7 @@ impl Default for SinkConfig {
             require_auth: None,
             max_message_size: 25 * 1024 * 1024,
             hostname: "sink.localhost".into(),
+            webhook: None,
         }
     }
 }
@@ -150,6 +176,7 @@ impl fmt::Debug for SinkConfig {
             )
             .field("max_message_size", &self.max_message_size)
             .field("hostname", &self.hostname)
+            .field("webhook", &self.webhook)
             .finish()
     }
 }
@@ -162,12 +189,19 @@ Fault rule, repeatable: comma-separated name=value pairs.
   action=delay      wait ms=N before the normal reply (at dot: committed first)
   action=disconnect close without replying (nothing accepted)
   code=4xx|5xx  text=...  ms=N  times=N (then spent)
-  key=SUBSTRING (dot only)  rcpt=SUBSTRING (rcpt, data, dot)
+  key=SUBSTRING (dot, webhook)  rcpt=SUBSTRING (rcpt, data, dot, webhook)
 text= takes the rest of the rule, commas included; put it last.
+phase=webhook acts on the event batches posted to --webhook (tried per batch:
+injection, then delivery, then bounce, when the message is accepted):
+  action=duplicate  post the batch twice (same webhook-id and body)
+  action=reorder    post the injection batch after the delivery/bounce batches
+  action=late       hold the batch ms=N before its first post
+  action=lose_ack   treat the first 2xx as lost and post the batch again
 Examples:
   --fault 'phase=dot,action=drop,times=1,key=abc'
   --fault 'phase=rcpt,action=reply,code=451,text=4.3.0 try later'
-  --fault 'phase=dot,action=delay,ms=5000'";
+  --fault 'phase=dot,action=delay,ms=5000'
+  --fault 'phase=webhook,action=duplicate,times=3'";
 
 /// Run the test upstream: an SMTP server with idempotency replay, fault injection and an HTTP API
 #[derive(Clone, clap::Args)]
@@ -175,8 +209,8 @@ pub struct SinkArgs {
     /// SMTP listen address
     #[arg(long, env = "IDEMRELAY_SINK_LISTEN", default_value = "127.0.0.1:2526")]
     pub listen: SocketAddr,
-    /// HTTP API listen address (GET /messages, /transactions, /stats; POST|DELETE /faults;
-    /// POST /reset, /pause, /resume)
+    /// HTTP API listen address (GET /messages, /transactions, /webhooks, /stats;
+    /// POST|DELETE /faults; POST /reset, /pause, /resume)
     #[arg(long, env = "IDEMRELAY_SINK_API")]
     pub api: Option<SocketAddr>,
     /// Write each accepted message to DIR/<id>.eml
@@ -227,6 +261,54 @@ pub struct SinkArgs {
         default_value = "sink.localhost"
     )]
     pub hostname: String,
+    /// Post signed events (Standard Webhooks) for every accepted message to this http:// URL:
+    /// an `injection` batch at acceptance, a `delivery` (or `bounce`) batch a moment later
+    #[arg(
+        long,
+        env = "IDEMRELAY_SINK_WEBHOOK",
+        value_name = "URL",
+        requires = "webhook_secrets"
+    )]
+    pub webhook: Option<Url>,
+    /// Signing secret for --webhook (whsec_<base64>); repeat it (or separate with commas) to
+    /// sign with several, as during a rotation
+    #[arg(
+        long = "webhook-secret",
+        env = "IDEMRELAY_SINK_WEBHOOK_SECRET",
+        value_name = "whsec_...",
+        hide_env_values = true,
+        value_delimiter = ',',
+        requires = "webhook"
+    )]
+    pub webhook_secrets: Vec<String>,
+    /// How long after acceptance the delivery (or bounce) batch is due
+    #[arg(long, env = "IDEMRELAY_SINK_WEBHOOK_DELIVERY_DELAY", default_value = "200ms", value_parser = parse_duration)]
+    pub webhook_delivery_delay: Duration,
+    /// Recipients containing this (ASCII case-insensitive) get a `bounce` event instead of
+    /// `delivery`; repeatable, or separated by commas
+    #[arg(
+        long = "webhook-bounce",
+        env = "IDEMRELAY_SINK_WEBHOOK_BOUNCE",
+        value_name = "SUBSTRING",
+        value_delimiter = ','
+    )]
+    pub webhook_bounce: Vec<String>,
+    /// Wait after a failed post (no 2xx, or no answer); doubles after each further failure,
+    /// with jitter
+    #[arg(long, env = "IDEMRELAY_SINK_WEBHOOK_BACKOFF", default_value = "1s", value_parser = parse_duration)]
+    pub webhook_backoff: Duration,
+    /// Longest wait between two posts of a batch
+    #[arg(long, env = "IDEMRELAY_SINK_WEBHOOK_BACKOFF_MAX", default_value = "30s", value_parser = parse_duration)]
+    pub webhook_backoff_max: Duration,
+    /// Posts of one batch at most, the first included
+    #[arg(long, env = "IDEMRELAY_SINK_WEBHOOK_ATTEMPTS", default_value_t = 10)]
+    pub webhook_attempts: u32,
+    /// No post of a batch starts later than this after its first
+    #[arg(long, env = "IDEMRELAY_SINK_WEBHOOK_DEADLINE", default_value = "10m", value_parser = parse_duration)]
+    pub webhook_deadline: Duration,
+    /// Time allowed for one post, connecting included
+    #[arg(long, env = "IDEMRELAY_SINK_WEBHOOK_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    pub webhook_timeout: Duration,
 }
 
 impl fmt::Debug for SinkArgs {
@@ -247,6 +329,18 @@ impl fmt::Debug for SinkArgs {
             )
             .field("max_message_size", &self.max_message_size)
             .field("hostname", &self.hostname)
+            .field("webhook", &self.webhook)
+            .field(
+                "webhook_secrets",
+                &vec!["<redacted>"; self.webhook_secrets.len()],
+            )
+            .field("webhook_delivery_delay", &self.webhook_delivery_delay)
+            .field("webhook_bounce", &self.webhook_bounce)
+            .field("webhook_backoff", &self.webhook_backoff)
+            .field("webhook_backoff_max", &self.webhook_backoff_max)
+            .field("webhook_attempts", &self.webhook_attempts)
+            .field("webhook_deadline", &self.webhook_deadline)
+            .field("webhook_timeout", &self.webhook_timeout)
             .finish()
     }
 }
@@ -271,6 +365,29 @@ impl SinkArgs {
             (None, None) => None,
             _ => anyhow::bail!("--auth-user and --auth-password go together"),
         };
+        let webhook = match self.webhook {
+            Some(url) => {
+                let secrets = self
+                    .webhook_secrets
+                    .iter()
+                    .filter(|s| !s.trim().is_empty())
+                    .map(|s| s.parse::<Secret>())
+                    .collect::<Result<Vec<_>, _>>()?;
+                Some(WebhookConfig {
+                    delivery_delay: self.webhook_delivery_delay,
+                    bounce: self.webhook_bounce,
+                    retry: RetryPolicy {
+                        first: self.webhook_backoff,
+                        max_delay: self.webhook_backoff_max,
+                        max_attempts: self.webhook_attempts,
+                        deadline: self.webhook_deadline,
+                    },
+                    timeout: self.webhook_timeout,
+                    ..WebhookConfig::new(url, secrets)
+                })
+            }
+            None => None,
+        };
         let config = SinkConfig {
             listen: self.listen,
             api: self.api,
@@ -282,6 +399,7 @@ impl SinkArgs {
             require_auth,
             max_message_size: self.max_message_size,
             hostname: self.hostname,
+            webhook,
         };
         validate(&config)?;
         Ok(config)
@@ -299,6 +417,9 @@ fn validate(config: &SinkConfig) -> anyhow::Result<()> {
     );
     for rule in &config.faults {
         rule.validate()?;
+    }
+    if let Some(webhook) = &config.webhook {
+        webhook.validate()?;
     }
     Ok(())
 }
@@ -330,8 +451,13 @@ impl Sink {
         };
         let api_addr = api_listener.as_ref().map(|l| l.local_addr()).transpose()?;
 
+        let hooks = config
+            .webhook
+            .clone()
+            .map(webhook_sender::Sender::new)
+            .transpose()?;
         let (control_tx, control_rx) = mpsc::channel(8);
-        let shared = Arc::new(Shared::new(config, tls, control_tx)?);
+        let shared = Arc::new(Shared::new(config, tls, control_tx, hooks)?);
         let (alive_tx, alive_rx) = mpsc::channel(1);
         let mut tasks = vec![tokio::spawn(smtp::accept_loop(
             shared.clone(),
@@ -405,6 +531,11 @@ impl SinkHandle {
     /// Every transaction that reached the final dot, in order.
     pub fn transactions(&self) -> Vec<Transaction> {
         self.inner.shared.transactions()
+    }
+
+    /// Every post of a webhook event batch, in the order the posts ended.
+    pub fn webhooks(&self) -> Vec<WebhookAttempt> {
+        self.inner.shared.webhook_attempts()
     }
 
     pub fn stats(&self) -> SinkStats {
@@ -588,8 +719,55 @@ mod tests {
         assert_eq!(defaults.window, Duration::from_secs(3 * 3600));
         assert_eq!(defaults.listen, "127.0.0.1:2526".parse().unwrap());
 
+        assert!(defaults.webhook.is_none());
+
+        let config = parse(&[
+            "--webhook",
+            "http://127.0.0.1:8027/webhooks/upstream",
+            "--webhook-secret",
+            "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+            "--webhook-bounce",
+            "unknown@,nobody@",
+            "--webhook-backoff",
+            "20ms",
+            "--webhook-attempts",
+            "3",
+        ])
+        .unwrap();
+        let webhook = config.webhook.as_ref().unwrap();
+        assert_eq!(webhook.url.path(), "/webhooks/upstream");
+        assert_eq!(webhook.secrets.len(), 1);
+        assert_eq!(webhook.bounce, ["unknown@", "nobody@"]);
+        assert_eq!(webhook.delivery_delay, Duration::from_millis(200));
+        assert_eq!(webhook.retry.first, Duration::from_millis(20));
+        assert_eq!(webhook.retry.max_attempts, 3);
+        assert_eq!(webhook.timeout, Duration::from_secs(15));
+        assert!(!format!("{config:?}").contains("C2FVsBQ"), "secret leaked");
+
         for bad in [
-            &["--fault", "phase=rcpt,action=drop"][..],
+            &["--webhook", "http://127.0.0.1:8027/"][..],
+            &["--webhook-secret", "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"],
+            &[
+                "--webhook",
+                "https://x.example/",
+                "--webhook-secret",
+                "whsec_AAAA",
+            ],
+            &[
+                "--webhook",
+                "http://x.example/",
+                "--webhook-secret",
+                "nope!",
+            ],
+            &[
+                "--webhook",
+                "http://x.example/",
+                "--webhook-secret",
+                "whsec_AAAA",
+                "--webhook-attempts",
+                "0",
+            ],
+            &["--fault", "phase=rcpt,action=drop"],
             &["--tls-cert", "c.pem"],
             &["--auth-user", "relay"],
             &["--implicit-tls"],

@@ -347,7 +347,7 @@ impl Session {
                     return Ok(Flow::Close);
                 }
             }
-            Some(FaultAction::DropAfterDot) | None => {}
+            Some(FaultAction::DropAfterDot | FaultAction::Webhook(_)) | None => {}
         }
         let hostname = self.shared.config.hostname.clone();
         self.reply(220, format!("{hostname} ESMTP idemrelay sink"));
@@ -363,9 +363,12 @@ impl Session {
         rcpts: &[String],
         stream: &mut S,
     ) -> io::Result<Option<Flow>> {
-        let ctx = Context { key: None, rcpts };
+        let ctx = Context {
+            rcpts,
+            ..Context::default()
+        };
         Ok(match self.shared.fire(phase, &ctx) {
-            None | Some(FaultAction::DropAfterDot) => None,
+            None | Some(FaultAction::DropAfterDot | FaultAction::Webhook(_)) => None,
             Some(FaultAction::Reply { code, text, .. }) => {
                 self.reply(code, text);
                 Some(if code == 421 {

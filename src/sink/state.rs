@@ -13,6 +13,8 @@ use tokio_rustls::TlsAcceptor;
 
 use super::faults::{Context, FaultAction, FaultError, FaultRule, FaultSet, Phase, RuleStatus};
 use super::ledger::{fingerprint, KeyStats, Ledger, Verdict};
+use super::webhook::{self, Accepted};
+use super::webhook_sender::{AttemptOutcome, Sender, WebhookAttempt, WebhookStats};
 use super::{Down, SinkConfig};
 use crate::intake::key::KeyHeader;
 use crate::smtp::framing::BodyFault;
@@ -93,6 +95,8 @@ pub struct SinkStats {
     pub transactions: usize,
     /// TCP connections accepted.
     pub connections: u64,
+    /// Event batches posted to `--webhook` (all zero without one).
+    pub webhooks: WebhookStats,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +132,10 @@ struct State {
     connections: u64,
     next_message: u64,
     next_transaction: u64,
+    webhook_attempts: Vec<WebhookAttempt>,
+    /// `pending` is not kept here: the sender knows it.
+    webhook_stats: WebhookStats,
+    next_webhook_attempt: u64,
 }
 
 /// A transaction at its final dot, as the connection hands it over.
@@ -172,6 +180,8 @@ pub(crate) struct Shared {
     pub control: mpsc::Sender<Control>,
     /// Bumped on every change, for the handle's `wait_for_*`.
     pub version: watch::Sender<u64>,
+    /// Posts events for accepted messages, with `--webhook`.
+    hooks: Option<Sender>,
     state: Mutex<State>,
 }
 
@@ -229,6 +239,7 @@ impl Shared {
         config: SinkConfig,
         tls: Option<TlsAcceptor>,
         control: mpsc::Sender<Control>,
+        hooks: Option<Sender>,
     ) -> Result<Self, FaultError> {
         let faults = FaultSet::new(config.faults.clone())?;
         Ok(Shared {
@@ -236,6 +247,7 @@ impl Shared {
             life: watch::Sender::new(Life::Up),
             control,
             version: watch::Sender::new(0),
+            hooks,
             state: Mutex::new(State {
                 ledger: Ledger::new(config.window),
                 faults,
@@ -244,6 +256,9 @@ impl Shared {
                 connections: 0,
                 next_message: 1,
                 next_transaction: 1,
+                webhook_attempts: Vec::new(),
+                webhook_stats: WebhookStats::default(),
+                next_webhook_attempt: 1,
             }),
             config,
         })
@@ -255,7 +270,7 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn changed(&self) {
+    pub fn changed(&self) {
         self.version.send_modify(|v| *v += 1);
     }
 
@@ -278,7 +293,30 @@ impl Shared {
             messages: st.messages.len(),
             transactions: st.transactions.len(),
             connections: st.connections,
+            webhooks: WebhookStats {
+                pending: self.hooks.as_ref().map_or(0, Sender::pending),
+                ..st.webhook_stats.clone()
+            },
         }
+    }
+
+    pub fn webhook_attempts(&self) -> Vec<WebhookAttempt> {
+        self.lock().webhook_attempts.clone()
+    }
+
+    pub fn record_webhook(&self, mut attempt: WebhookAttempt) {
+        let mut st = self.lock();
+        attempt.seq = st.next_webhook_attempt;
+        st.next_webhook_attempt += 1;
+        st.webhook_stats.attempts += 1;
+        match attempt.outcome {
+            AttemptOutcome::Delivered => st.webhook_stats.delivered += 1,
+            AttemptOutcome::GaveUp => st.webhook_stats.failed += 1,
+            AttemptOutcome::AckLost | AttemptOutcome::Retrying => {}
+        }
+        st.webhook_attempts.push(attempt);
+        drop(st);
+        self.changed();
     }
 
     /// Accepted messages, transactions that reached the dot, and connections.
@@ -306,6 +344,8 @@ impl Shared {
         st.messages.clear();
         st.transactions.clear();
         st.connections = 0;
+        st.webhook_attempts.clear();
+        st.webhook_stats = WebhookStats::default();
         drop(st);
         self.changed();
     }
@@ -410,6 +450,11 @@ impl Shared {
             Decided::Done(plan) => return plan,
             Decided::Store(new) => new,
         };
+        // Parsed before the lock is taken; only events carry it.
+        let message_id = self
+            .hooks
+            .as_ref()
+            .and_then(|_| webhook::message_id_header(&new.sub.bytes));
         let stored = match &self.config.maildir {
             None => Ok(()),
             Some(dir) => {
@@ -419,7 +464,7 @@ impl Shared {
                     .unwrap_or_else(|e| Err(std::io::Error::other(e)))
             }
         };
-        self.commit(new, stored)
+        self.commit(new, stored, message_id)
     }
 
     fn finish(&self, st: MutexGuard<'_, State>, reply: Reply, how: &How) -> DotPlan {
@@ -442,6 +487,7 @@ impl Shared {
         let ctx = Context {
             key: key.as_deref(),
             rcpts: &sub.rcpt_to,
+            event: None,
         };
         let rule = st.faults.fire(Phase::Dot, &ctx);
         if let Some(rule) = &rule {
@@ -472,7 +518,7 @@ impl Shared {
                 withhold: false,
                 delay: Some(delay),
             },
-            None => How::default(),
+            Some(FaultAction::Webhook(_)) | None => How::default(),
         };
         let refusal = if let Some(body_fault) = sub.body_fault {
             Some((Outcome::Rejected, body_fault_reply(body_fault)))
@@ -539,7 +585,12 @@ impl Shared {
         })
     }
 
-    fn commit(self: &Arc<Self>, new: NewMessage, stored: std::io::Result<()>) -> DotPlan {
+    fn commit(
+        self: &Arc<Self>,
+        new: NewMessage,
+        stored: std::io::Result<()>,
+        message_id: Option<String>,
+    ) -> DotPlan {
         let NewMessage {
             sub,
             key,
@@ -577,6 +628,31 @@ impl Shared {
             tls: sub.tls,
             auth_user: sub.auth_user.clone(),
         });
+        // The events' faults are decided with the commit, under the same lock, so that
+        // `times=` counts batches in the order messages are accepted.
+        let events = self.hooks.as_ref().map(|hooks| {
+            let faults: Vec<Option<FaultRule>> = hooks
+                .event_types(&sub.rcpt_to)
+                .into_iter()
+                .map(|event| {
+                    let ctx = Context {
+                        key: key.as_deref(),
+                        rcpts: &sub.rcpt_to,
+                        event: Some(event.as_str()),
+                    };
+                    st.faults.fire(Phase::Webhook, &ctx)
+                })
+                .collect();
+            st.webhook_stats.batches += faults.len() as u64;
+            let accepted = Accepted {
+                id: id.clone(),
+                key: key.clone(),
+                message_id,
+                rcpt_to: sub.rcpt_to.clone(),
+                accepted_at_ms: unix_ms(),
+            };
+            (hooks, accepted, faults)
+        });
         let mut running = None;
         if let Some(k) = key {
             st.ledger.commit(&k, &id);
@@ -601,6 +677,13 @@ impl Shared {
         );
         let mut plan = self.finish(st, reply, &how);
         plan.running = running;
+        if let Some((hooks, accepted, faults)) = events {
+            let dropped = hooks.schedule(self, accepted, faults);
+            if dropped > 0 {
+                self.lock().webhook_stats.dropped += dropped as u64;
+                self.changed();
+            }
+        }
         plan
     }
 }
