@@ -50,7 +50,7 @@ pub enum Command {
     CheckConfig,
     /// Run the test upstream (`idemrelay sink`): an SMTP server with idempotent replay,
     /// fault injection and an HTTP API, for integration tests and demos.
-    Sink(crate::sink::SinkArgs),
+    Sink(Box<crate::sink::SinkArgs>),
     /// Idempotency keys.
     Key {
         #[command(subcommand)]

@@ -317,20 +317,20 @@ mod tests {
         assert_eq!(entries.len(), 2);
         assert_eq!(
             entries[0],
-            signature_header(&[a.clone()], "msg_1", 1, b"{}")
+            signature_header(std::slice::from_ref(&a), "msg_1", 1, b"{}")
         );
         assert_eq!(entries[1], signature_header(&[b], "msg_1", 1, b"{}"));
         assert_ne!(
             entries[0],
-            signature_header(&[a.clone()], "msg_1", 2, b"{}")
+            signature_header(std::slice::from_ref(&a), "msg_1", 2, b"{}")
         );
         assert_ne!(
             entries[0],
-            signature_header(&[a.clone()], "msg_2", 1, b"{}")
+            signature_header(std::slice::from_ref(&a), "msg_2", 1, b"{}")
         );
         assert_ne!(
             entries[0],
-            signature_header(&[a.clone()], "msg_1", 1, b"{ }")
+            signature_header(std::slice::from_ref(&a), "msg_1", 1, b"{ }")
         );
         assert_eq!(format!("{a:?}"), "whsec_<redacted>");
         for bad in ["", "whsec_", "whsec_not base64!", "whsec_===="] {
