@@ -7,6 +7,7 @@
 pub mod failpoint;
 
 pub mod admin;
+pub mod allocator;
 pub mod app;
 pub mod auth;
 pub mod cli;

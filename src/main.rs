@@ -7,6 +7,7 @@ use idemrelay::config::Settings;
 use idemrelay::config_env::{blame_variable, known_variables, unknown_variable_warnings};
 
 fn main() -> ExitCode {
+    idemrelay::allocator::return_large_buffers_to_the_os();
     let args: Vec<_> = std::env::args_os().collect();
     // Before clap: sendmail's options are not GNU-style (`-oi`, `-fuser@x`), and a link named
     // `sendmail` gets no subcommand at all.

@@ -559,3 +559,19 @@ async fn a_client_cycling_through_user_names_is_stopped_by_the_per_address_cap()
         assert!(c.is_closed().await);
     }
 }
+
+/// RFC 3207: STARTTLS takes no parameters; with one it is a syntax error, and the plain
+/// session goes on (a later STARTTLS still works).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starttls_with_a_parameter_gets_501() {
+    let r = tls_relay().await;
+    let mut c = Client::ready(r.submission).await;
+    for line in ["STARTTLS now", "STARTTLS =", "starttls x y"] {
+        let a = c.cmd(line).await;
+        assert!(a.line().starts_with("501 5.5.4 "), "{line}: {a:?}");
+    }
+    assert_eq!(
+        c.cmd("STARTTLS").await.line(),
+        "220 2.0.0 Ready to start TLS"
+    );
+}

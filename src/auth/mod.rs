@@ -5,12 +5,13 @@
 
 mod file;
 pub mod throttle;
+pub mod verify;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{bail, Context as _};
-use argon2::{Argon2, PasswordHash, PasswordHasher as _, PasswordVerifier as _};
+use argon2::{Argon2, PasswordHash, PasswordHasher as _};
 
 /// Longest user name; SMTP AUTH names are short, and a bound keeps them loggable.
 pub const MAX_NAME_LEN: usize = 64;
@@ -161,7 +162,8 @@ impl Users {
         Ok(self.users.insert(name.to_string(), user))
     }
 
-    /// Verifies a password. CPU-heavy (argon2): callers run it in spawn_blocking. Unknown
+    /// Verifies a password. CPU-heavy (argon2), and blocks while every memory slot is busy:
+    /// callers run it in spawn_blocking. Unknown
     /// users still spend one verification against a fixed dummy hash so that timing does not
     /// reveal which names exist.
     pub fn verify(&self, user: &str, password: &str) -> Option<Authenticated> {
@@ -224,14 +226,9 @@ pub fn hash_password(password: &str) -> anyhow::Result<String> {
     Ok(hash.to_string())
 }
 
+/// In the process's argon2 memory pool (`verify`): a check never allocates its own.
 fn password_matches(phc: &str, password: &str) -> bool {
-    let Ok(hash) = PasswordHash::new(phc) else {
-        return false;
-    };
-    // Argon2::default() only supplies the code; the parameters come from the stored hash.
-    Argon2::default()
-        .verify_password(password.as_bytes(), &hash)
-        .is_ok()
+    verify::pool().password_matches(phc, password)
 }
 
 /// Checks everything `verify` will need, so a bad hash fails at load time, not at AUTH time.

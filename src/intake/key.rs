@@ -62,9 +62,24 @@ fn unfold(raw: &[u8]) -> Option<String> {
     )
 }
 
+/// 1-255 characters, none of them invisible: control characters, format characters (Unicode
+/// category Cf: bidi overrides, zero-width spaces and joiners, the BOM) and the line and
+/// paragraph separators (Zl, Zp). Those let two keys that differ look the same to a person
+/// reading a log or the admin API, or reorder what is shown around them.
 pub fn is_valid_key(key: &str) -> bool {
     let count = key.chars().count();
-    (1..=MAX_KEY_CHARS).contains(&count) && !key.chars().any(char::is_control)
+    (1..=MAX_KEY_CHARS).contains(&count) && !key.chars().any(is_invisible)
+}
+
+fn is_invisible(c: char) -> bool {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
+    c.is_control()
+        || matches!(
+            c.general_category(),
+            GeneralCategory::Format
+                | GeneralCategory::LineSeparator
+                | GeneralCategory::ParagraphSeparator
+        )
 }
 
 /// Interprets every raw value of the key header found in a message.
@@ -210,7 +225,31 @@ mod tests {
             (vec![v(" a\tb")], KeyHeader::Invalid),
             (vec![vec![b' ', 0xff, 0xfe]], KeyHeader::Invalid),
             (vec![v(" ключ-✓")], KeyHeader::Present("ключ-✓".into())),
+            (
+                vec![v(" 名前 ünïcödé")],
+                KeyHeader::Present("名前 ünïcödé".into()),
+            ),
         ];
+        for c in [
+            '\u{202e}',
+            '\u{202a}',
+            '\u{2066}',
+            '\u{200b}',
+            '\u{200c}',
+            '\u{200d}',
+            '\u{200e}',
+            '\u{2060}',
+            '\u{feff}',
+            '\u{00ad}',
+            '\u{2028}',
+            '\u{2029}',
+            '\u{061c}',
+            '\u{e0041}',
+            '\u{0085}',
+        ] {
+            let value = format!(" order-{c}1");
+            assert_eq!(read_key_header(&[v(&value)]), KeyHeader::Invalid, "{c:?}");
+        }
         for (input, want) in cases {
             assert_eq!(read_key_header(&input), want, "{input:?}");
         }

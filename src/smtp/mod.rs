@@ -1,7 +1,9 @@
 //! The SMTP side: framing, the PROXY header and the session machine (pure), replies, and the
 //! thin server.
 
+pub mod address;
 pub mod framing;
+pub mod mail_rcpt;
 pub mod proxy_header;
 pub mod reply;
 pub mod sasl;

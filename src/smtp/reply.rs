@@ -196,7 +196,18 @@ impl Reply {
     }
 
     pub fn bad_recipient_address() -> Self {
-        Reply::new(501, "5.1.3 Bad recipient address syntax")
+        Reply::new(553, "5.1.3 Bad recipient address syntax")
+    }
+
+    pub fn bad_helo_name() -> Self {
+        Reply::new(
+            501,
+            "5.5.2 HELO/EHLO needs a domain name or address literal",
+        )
+    }
+
+    pub fn duplicate_parameter(param: &str) -> Self {
+        Reply::new(501, format!("5.5.4 Duplicate parameter {param}"))
     }
 
     pub fn non_ascii_address() -> Self {

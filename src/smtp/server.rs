@@ -91,9 +91,8 @@ pub struct AuthThrottle {
 
 impl AuthThrottle {
     pub fn new(limits: ThrottleLimits) -> Self {
-        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         AuthThrottle {
-            running: tokio::sync::Semaphore::new(cpus),
+            running: tokio::sync::Semaphore::new(crate::auth::verify::concurrent_checks()),
             failures: Mutex::new(AuthFailures::new(limits)),
         }
     }

@@ -8,12 +8,11 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use smtp_proto::{
-    Error as ProtoError, MailFrom, RcptTo, Request, AUTH_LOGIN, AUTH_PLAIN, MAIL_BODY_7BIT,
-    MAIL_BODY_8BITMIME, MAIL_BODY_BINARYMIME, MAIL_SMTPUTF8,
-};
+use smtp_proto::{Error as ProtoError, Request, AUTH_LOGIN, AUTH_PLAIN};
 
+use super::address;
 use super::framing::{next_piece, BodyFault, BodyLimits, BodyReceiver, BodyStatus, Piece};
+use super::mail_rcpt::{self, LineError, ParamError, Verb};
 use super::reply::Reply;
 use super::sasl::{Mechanism as SaslMechanism, Presented, SaslExchange, SaslStep};
 use crate::auth::Authenticated;
@@ -503,10 +502,29 @@ impl Session {
             self.error(out, reply);
             return;
         }
-        let request = Request::parse(&mut line.iter());
-        let reply = match request {
-            Ok(request) => self.request(request, out),
-            Err(err) => Some(Err(proto_error_reply(&err))),
+        // MAIL, RCPT and HELO/EHLO are read from the raw line: smtp-proto rewrites their
+        // arguments (see `mail_rcpt`). Everything else goes through its parser.
+        let body = line.strip_suffix(b"\r\n").unwrap_or(line);
+        let verb_end = body
+            .iter()
+            .position(u8::is_ascii_whitespace)
+            .unwrap_or(body.len());
+        let (verb, args) = body.split_at(verb_end);
+        let is = |name: &str| verb.eq_ignore_ascii_case(name.as_bytes());
+        let reply = if is("MAIL") {
+            Some(self.mail(args))
+        } else if is("RCPT") {
+            Some(self.rcpt(args))
+        } else if is("EHLO") || is("HELO") {
+            Some(self.hello(args, is("EHLO")))
+        } else if is("STARTTLS") && args.iter().any(|&b| b != b' ') {
+            // RFC 3207: STARTTLS takes no parameters.
+            Some(Err(Reply::syntax("STARTTLS (no parameters)")))
+        } else {
+            match Request::parse(&mut line.iter()) {
+                Ok(request) => self.request(request, out),
+                Err(err) => Some(Err(proto_error_reply(&err))),
+            }
         };
         match reply {
             Some(Ok(reply)) => out.push(Output::Reply(reply)),
@@ -523,10 +541,6 @@ impl Session {
         out: &mut Vec<Output>,
     ) -> Option<Result<Reply, Reply>> {
         Some(match request {
-            Request::Ehlo { host } => self.hello(&host, true),
-            Request::Helo { host } => self.hello(&host, false),
-            Request::Mail { from } => self.mail(from),
-            Request::Rcpt { to } => self.rcpt(to),
             Request::Data => self.data(),
             Request::Bdat {
                 chunk_size,
@@ -555,10 +569,26 @@ impl Session {
         })
     }
 
-    fn hello(&mut self, host: &str, esmtp: bool) -> Result<Reply, Reply> {
-        if host.is_empty() || host.bytes().any(|b| b <= b' ' || b == 0x7f) {
-            return Err(Reply::bad_characters());
-        }
+    /// `args` is what follows the verb: SP and the client's name; anything after the name
+    /// is ignored, as most servers do.
+    fn hello(&mut self, args: &[u8], esmtp: bool) -> Result<Reply, Reply> {
+        let name = args
+            .strip_prefix(b" ")
+            .and_then(|a| a.split(|&b| b == b' ').find(|w| !w.is_empty()));
+        let Some(name) = name else {
+            return Err(Reply::syntax(if esmtp {
+                "EHLO domain"
+            } else {
+                "HELO domain"
+            }));
+        };
+        // Only an ASCII domain or address literal reaches the Received: line (DESIGN §3).
+        let Some(host) = std::str::from_utf8(name)
+            .ok()
+            .filter(|h| address::is_helo_name(h))
+        else {
+            return Err(Reply::bad_helo_name());
+        };
         self.txn = None;
         self.helo = Some((host.to_string(), esmtp));
         Ok(if esmtp {
@@ -575,7 +605,20 @@ impl Session {
         })
     }
 
-    fn mail(&mut self, from: MailFrom<Cow<'_, str>>) -> Result<Reply, Reply> {
+    fn mail(&mut self, args: &[u8]) -> Result<Reply, Reply> {
+        let command = mail_rcpt::parse(Verb::Mail, args).map_err(|e| {
+            line_error_reply(
+                e,
+                "MAIL FROM:<reverse-path> [parameters]",
+                Reply::bad_sender_address,
+            )
+        })?;
+        let params = match mail_rcpt::mail_params(&command.params) {
+            Err(ParamError::Invalid(param)) => {
+                return Err(Reply::syntax(&format!("invalid {param}")))
+            }
+            other => other,
+        };
         if self.helo.is_none() {
             return Err(Reply::need_helo());
         }
@@ -585,79 +628,88 @@ impl Session {
         if !self.may_submit && self.user.is_none() {
             return Err(Reply::auth_required());
         }
-        if let Some(user) = &self.user {
-            if !user.may_send_as(&from.address) {
-                return Err(Reply::sender_not_allowed());
-            }
-        }
         if self.txn.is_some() {
             return Err(Reply::nested_mail());
         }
-        if has_control_chars(&from.address) {
+        let smtputf8 = params.as_ref().is_ok_and(|p| p.smtputf8);
+        let path = command.path;
+        if has_control_chars(path) {
             return Err(Reply::bad_characters());
         }
-        if from.flags & MAIL_SMTPUTF8 == 0 && !from.address.is_ascii() {
+        if !smtputf8 && !path.is_ascii() {
             return Err(Reply::non_ascii_address());
         }
-        if from.flags & MAIL_BODY_BINARYMIME != 0 {
-            return Err(Reply::unsupported_parameter("BODY=BINARYMIME"));
+        let Some(mailbox) = address::reverse_path(path, smtputf8) else {
+            return Err(Reply::bad_sender_address());
+        };
+        if let Some(user) = &self.user {
+            if !user.may_send_as(mailbox) {
+                return Err(Reply::sender_not_allowed());
+            }
         }
-        let supported = MAIL_BODY_7BIT | MAIL_BODY_8BITMIME | MAIL_SMTPUTF8;
-        if from.flags & !supported != 0
-            || from.env_id.is_some()
-            || from.auth.is_some()
-            || from.trans_id.is_some()
-            || from.mtrk.is_some()
-            || from.solicit.is_some()
-            || from.by != 0
-            || from.hold_for != 0
-            || from.hold_until != 0
-            || from.mt_priority != 0
+        let params = match params {
+            Ok(params) => params,
+            Err(ParamError::Unsupported(param)) => {
+                return Err(Reply::unsupported_parameter(&param))
+            }
+            Err(ParamError::Invalid(_)) => unreachable!("answered above"),
+        };
+        if params
+            .size
+            .as_deref()
+            .is_some_and(|size| mail_rcpt::size_exceeds(size, self.config.max_message_size))
         {
-            return Err(Reply::unsupported_parameter("in MAIL FROM"));
-        }
-        if from.size > self.config.max_message_size {
             return Err(Reply::message_too_big());
         }
         self.txn = Some(Transaction {
-            mail_from: from.address.into_owned(),
-            body: if from.flags & MAIL_BODY_8BITMIME != 0 {
+            mail_from: mailbox.to_string(),
+            body: if params.eight_bit {
                 BodyType::EightBitMime
             } else {
                 BodyType::SevenBit
             },
-            smtputf8: from.flags & MAIL_SMTPUTF8 != 0,
+            smtputf8,
             rcpt_to: Vec::new(),
             bdat: None,
         });
         Ok(Reply::sender_ok())
     }
 
-    fn rcpt(&mut self, to: RcptTo<Cow<'_, str>>) -> Result<Reply, Reply> {
+    fn rcpt(&mut self, args: &[u8]) -> Result<Reply, Reply> {
+        let command = mail_rcpt::parse(Verb::Rcpt, args).map_err(|e| {
+            line_error_reply(
+                e,
+                "RCPT TO:<forward-path> [parameters]",
+                Reply::bad_recipient_address,
+            )
+        })?;
         let max = self.config.max_recipients;
         let Some(txn) = self.txn.as_mut() else {
             return Err(Reply::need_mail());
         };
-        if to.address.is_empty() {
-            return Err(Reply::bad_recipient_address());
-        }
-        if has_control_chars(&to.address) {
+        let path = command.path;
+        if has_control_chars(path) {
             return Err(Reply::bad_characters());
         }
-        if to.flags != 0 || to.orcpt.is_some() || to.rrvs != 0 {
-            return Err(Reply::unsupported_parameter("in RCPT TO"));
-        }
-        if txn.rcpt_to.iter().any(|r| *r == to.address) {
-            return Ok(Reply::recipient_ok());
-        }
-        if !txn.smtputf8 && !to.address.is_ascii() {
+        if !txn.smtputf8 && !path.is_ascii() {
             return Err(Reply::non_ascii_address());
+        }
+        let Some(mailbox) = address::forward_path(path, txn.smtputf8) else {
+            return Err(Reply::bad_recipient_address());
+        };
+        if let Some(param) = command.params.first() {
+            return Err(Reply::unsupported_parameter(
+                &param.keyword.to_ascii_uppercase(),
+            ));
+        }
+        if txn.rcpt_to.iter().any(|r| r == mailbox) {
+            return Ok(Reply::recipient_ok());
         }
         if txn.rcpt_to.len() >= max {
             // Not a client error: RFC 5321 §4.5.3.1.10 has the client send the rest later.
             return Ok(Reply::too_many_recipients());
         }
-        txn.rcpt_to.push(to.address.into_owned());
+        txn.rcpt_to.push(mailbox.to_string());
         Ok(Reply::recipient_ok())
     }
 
@@ -762,6 +814,7 @@ impl Session {
 
 /// smtp-proto 0.2 turns an overflowing number into its last digit (`...99995` reads as 5),
 /// which would let BDAT framing disagree with the client's; such numbers are refused here.
+/// (MAIL's SIZE is read by `mail_rcpt`, which has no such limit.)
 fn overflowing_number(line: &[u8]) -> Option<Reply> {
     let text = std::str::from_utf8(line).ok()?;
     let mut words = text.split_ascii_whitespace();
@@ -769,19 +822,18 @@ fn overflowing_number(line: &[u8]) -> Option<Reply> {
     let overflows = |v: &str| {
         !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && v.parse::<usize>().is_err()
     };
-    if verb.eq_ignore_ascii_case("BDAT") {
-        if words.next().is_some_and(overflows) {
-            return Some(Reply::syntax("BDAT chunk-size [LAST]"));
-        }
-    } else if verb.eq_ignore_ascii_case("MAIL") {
-        let size_too_big = words.any(|w| {
-            w.get(..5).is_some_and(|p| p.eq_ignore_ascii_case("SIZE=")) && overflows(&w[5..])
-        });
-        if size_too_big {
-            return Some(Reply::message_too_big());
-        }
+    (verb.eq_ignore_ascii_case("BDAT") && words.next().is_some_and(overflows))
+        .then(|| Reply::syntax("BDAT chunk-size [LAST]"))
+}
+
+/// The reply to a MAIL or RCPT line that could not be read.
+fn line_error_reply(error: LineError, usage: &str, bad_address: fn() -> Reply) -> Reply {
+    match error {
+        LineError::Syntax => Reply::syntax(usage),
+        LineError::NotUtf8 => bad_address(),
+        LineError::BadParameter(param) => Reply::syntax(&format!("invalid {param}")),
+        LineError::Duplicate(param) => Reply::duplicate_parameter(&param),
     }
-    None
 }
 
 /// Control characters in a name or address are refused as such, before smtp-proto's parser

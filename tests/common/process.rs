@@ -145,6 +145,18 @@ impl RelayProcess {
         }
     }
 
+    /// The relay's resident memory now (VmRSS from /proc), in bytes.
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("read /proc/PID/status");
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no VmRSS in {status}"));
+        kb * 1024
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }

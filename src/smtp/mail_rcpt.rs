@@ -1,0 +1,290 @@
+//! The MAIL FROM and RCPT TO command lines, read from the client's bytes (RFC 5321 §4.1.1.2,
+//! §4.1.1.3 and §4.1.2; RFC 1870 SIZE, RFC 6152 BODY, RFC 6531 SMTPUTF8). Pure.
+//!
+//! smtp-proto's parser unquotes and rewrites addresses (`<"">` becomes the null sender,
+//! `<postmaster>` an empty recipient, invalid mailboxes pass through): these two commands are
+//! read here instead, so the path is kept exactly as sent and judged by `address`.
+
+/// A MAIL or RCPT line split into its path and parameters, nothing judged yet but the shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathCommand<'a> {
+    /// The text between `<` and `>`, as sent.
+    pub path: &'a str,
+    /// `keyword[=value]` parameters in order; keywords are unique (case-insensitively).
+    pub params: Vec<Param<'a>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Param<'a> {
+    pub keyword: &'a str,
+    pub value: Option<&'a str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LineError {
+    /// Not `FROM:<...>` / `TO:<...>` followed by parameters.
+    Syntax,
+    /// Bytes that are not UTF-8: no address can be read from them.
+    NotUtf8,
+    /// A parameter that is not `esmtp-keyword ["=" esmtp-value]`.
+    BadParameter(String),
+    /// The same parameter twice.
+    Duplicate(String),
+}
+
+/// Which command a line is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Mail,
+    Rcpt,
+}
+
+impl Verb {
+    fn prefix(self) -> &'static str {
+        match self {
+            Verb::Mail => "FROM:",
+            Verb::Rcpt => "TO:",
+        }
+    }
+}
+
+/// Parses a MAIL or RCPT line (CRLF removed). `args` is what follows the verb.
+pub fn parse(verb: Verb, args: &[u8]) -> Result<PathCommand<'_>, LineError> {
+    let args = std::str::from_utf8(args).map_err(|_| LineError::NotUtf8)?;
+    let rest = args.strip_prefix(' ').ok_or(LineError::Syntax)?;
+    let prefix = verb.prefix();
+    let rest = rest
+        .get(..prefix.len())
+        .filter(|p| p.eq_ignore_ascii_case(prefix))
+        .map(|_| &rest[prefix.len()..])
+        .ok_or(LineError::Syntax)?;
+    // RFC 5321 has no space after the colon, but many clients send one and most servers
+    // accept it; it changes nothing about the path.
+    let rest = rest.trim_start_matches(' ');
+    let inner = rest.strip_prefix('<').ok_or(LineError::Syntax)?;
+    let close = closing_bracket(inner).ok_or(LineError::Syntax)?;
+    let path = &inner[..close];
+    let tail = &inner[close + 1..];
+    if !(tail.is_empty() || tail.starts_with([' ', '\t'])) {
+        return Err(LineError::Syntax);
+    }
+    let mut params: Vec<Param<'_>> = Vec::new();
+    for word in tail.split([' ', '\t']).filter(|w| !w.is_empty()) {
+        let (keyword, value) = match word.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (word, None),
+        };
+        if !is_keyword(keyword) || value.is_some_and(|v| !is_value(v)) {
+            return Err(LineError::BadParameter(keyword.to_ascii_uppercase()));
+        }
+        if params
+            .iter()
+            .any(|p| p.keyword.eq_ignore_ascii_case(keyword))
+        {
+            return Err(LineError::Duplicate(keyword.to_ascii_uppercase()));
+        }
+        params.push(Param { keyword, value });
+    }
+    Ok(PathCommand { path, params })
+}
+
+/// The `>` that closes the path: one outside a quoted string (a quoted local part may hold
+/// `>`, and a backslash there escapes the next character).
+fn closing_bracket(text: &str) -> Option<usize> {
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, c) in text.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '>' if !quoted => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// esmtp-keyword = (ALPHA / DIGIT) *(ALPHA / DIGIT / "-")
+fn is_keyword(text: &str) -> bool {
+    text.bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric())
+        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// esmtp-value = 1*(%d33-60 / %d62-126), and UTF-8 under RFC 6531.
+fn is_value(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .chars()
+            .all(|c| matches!(c, '!'..='<' | '>'..='~') || (!c.is_ascii() && !c.is_control()))
+}
+
+/// The MAIL parameters the relay implements.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MailParams {
+    /// SIZE as sent (all digits; may exceed any integer type).
+    pub size: Option<String>,
+    pub eight_bit: bool,
+    pub smtputf8: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParamError {
+    /// A known parameter with a value it cannot have (501).
+    Invalid(&'static str),
+    /// A parameter this relay does not implement (555).
+    Unsupported(String),
+}
+
+/// Reads MAIL's parameters: SIZE (RFC 1870), BODY=7BIT/8BITMIME (RFC 6152) and SMTPUTF8.
+pub fn mail_params(params: &[Param<'_>]) -> Result<MailParams, ParamError> {
+    let mut out = MailParams::default();
+    for p in params {
+        let keyword = p.keyword.to_ascii_uppercase();
+        match (keyword.as_str(), p.value) {
+            ("SIZE", Some(v)) if v.bytes().all(|b| b.is_ascii_digit()) => {
+                out.size = Some(v.to_string())
+            }
+            ("SIZE", _) => return Err(ParamError::Invalid("SIZE")),
+            ("BODY", Some(v)) if v.eq_ignore_ascii_case("7BIT") => out.eight_bit = false,
+            ("BODY", Some(v)) if v.eq_ignore_ascii_case("8BITMIME") => out.eight_bit = true,
+            ("BODY", Some(v)) if v.eq_ignore_ascii_case("BINARYMIME") => {
+                return Err(ParamError::Unsupported("BODY=BINARYMIME".into()))
+            }
+            ("BODY", _) => return Err(ParamError::Invalid("BODY")),
+            ("SMTPUTF8", None) => out.smtputf8 = true,
+            ("SMTPUTF8", Some(_)) => return Err(ParamError::Invalid("SMTPUTF8")),
+            _ => return Err(ParamError::Unsupported(keyword)),
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a SIZE value (all digits) exceeds `max`; a number too large for any integer type
+/// exceeds every limit.
+pub fn size_exceeds(size: &str, max: usize) -> bool {
+    size.parse::<usize>().map_or(true, |n| n > max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mail(args: &str) -> Result<PathCommand<'_>, LineError> {
+        parse(Verb::Mail, args.as_bytes())
+    }
+
+    #[test]
+    fn shapes() {
+        let c = mail(" FROM:<a@x>").unwrap();
+        assert_eq!(c.path, "a@x");
+        assert!(c.params.is_empty());
+        assert_eq!(mail(" from:<>").unwrap().path, "");
+        assert_eq!(mail(" FROM: <a@x>").unwrap().path, "a@x");
+        assert_eq!(mail(" FROM:<\"a>b\"@x>").unwrap().path, "\"a>b\"@x");
+        assert_eq!(mail(" FROM:<\"a\\\">\"@x>").unwrap().path, "\"a\\\">\"@x");
+        assert_eq!(
+            mail(" FROM:<app@\"\"\"\"\"\">").unwrap().path,
+            "app@\"\"\"\"\"\""
+        );
+        let c = mail(" FROM:<a@x> SIZE=10  body=8BITMIME\tSMTPUTF8 ").unwrap();
+        assert_eq!(
+            c.params,
+            vec![
+                Param {
+                    keyword: "SIZE",
+                    value: Some("10")
+                },
+                Param {
+                    keyword: "body",
+                    value: Some("8BITMIME")
+                },
+                Param {
+                    keyword: "SMTPUTF8",
+                    value: None
+                },
+            ]
+        );
+        for bad in [
+            "",
+            " FROM:",
+            " FROM:a@x",
+            " FROM:<a@x",
+            " FROM:<a@x>SIZE=1",
+            "FROM:<a@x>",
+            " TO:<a@x>",
+        ] {
+            assert_eq!(mail(bad), Err(LineError::Syntax), "{bad:?}");
+        }
+        assert_eq!(parse(Verb::Rcpt, b" To:<b@x>").unwrap().path, "b@x");
+        assert_eq!(
+            parse(Verb::Mail, b" FROM:<\xff@x>"),
+            Err(LineError::NotUtf8)
+        );
+    }
+
+    #[test]
+    fn parameters() {
+        assert_eq!(
+            mail(" FROM:<a@x> SIZE=1 size=2"),
+            Err(LineError::Duplicate("SIZE".into()))
+        );
+        assert_eq!(
+            mail(" FROM:<a@x> BODY=7BIT BODY=8BITMIME"),
+            Err(LineError::Duplicate("BODY".into()))
+        );
+        assert_eq!(
+            mail(" FROM:<a@x> SMTPUTF8 SMTPUTF8"),
+            Err(LineError::Duplicate("SMTPUTF8".into()))
+        );
+        assert_eq!(
+            mail(" FROM:<a@x> -X=1"),
+            Err(LineError::BadParameter("-X".into()))
+        );
+        assert_eq!(
+            mail(" FROM:<a@x> SIZE="),
+            Err(LineError::BadParameter("SIZE".into()))
+        );
+        assert_eq!(
+            mail(" FROM:<a@x> X=a=b"),
+            Err(LineError::BadParameter("X".into()))
+        );
+        let p = |args| mail_params(&mail(args).unwrap().params);
+        assert_eq!(
+            p(" FROM:<a@x> SIZE=18446744073709551616 BODY=8bitmime SMTPUTF8"),
+            Ok(MailParams {
+                size: Some("18446744073709551616".into()),
+                eight_bit: true,
+                smtputf8: true
+            })
+        );
+        assert_eq!(p(" FROM:<a@x> SIZE=12a"), Err(ParamError::Invalid("SIZE")));
+        assert_eq!(p(" FROM:<a@x> SIZE=-1"), Err(ParamError::Invalid("SIZE")));
+        assert_eq!(p(" FROM:<a@x> BODY=9BIT"), Err(ParamError::Invalid("BODY")));
+        assert_eq!(
+            p(" FROM:<a@x> SMTPUTF8=1"),
+            Err(ParamError::Invalid("SMTPUTF8"))
+        );
+        assert_eq!(
+            p(" FROM:<a@x> BODY=BINARYMIME"),
+            Err(ParamError::Unsupported("BODY=BINARYMIME".into()))
+        );
+        assert_eq!(
+            p(" FROM:<a@x> RET=FULL"),
+            Err(ParamError::Unsupported("RET".into()))
+        );
+    }
+
+    #[test]
+    fn size_limits() {
+        assert!(!size_exceeds("0", 10));
+        assert!(!size_exceeds("10", 10));
+        assert!(!size_exceeds("0000000000000000000000010", 10));
+        assert!(size_exceeds("11", 10));
+        assert!(size_exceeds("18446744073709551615", 10));
+        assert!(size_exceeds("18446744073709551616", usize::MAX));
+        assert!(size_exceeds("99999999999999999999999", 10));
+    }
+}
