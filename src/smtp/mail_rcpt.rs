@@ -88,19 +88,40 @@ pub fn parse(verb: Verb, args: &[u8]) -> Result<PathCommand<'_>, LineError> {
     Ok(PathCommand { path, params })
 }
 
-/// The `>` that closes the path: one outside a quoted string (a quoted local part may hold
-/// `>`, and a backslash there escapes the next character).
+/// The `>` that closes the path. Two parts of a valid path may hold a `>` of their own: a
+/// quoted local part (where a backslash escapes the next character) and an address literal
+/// (General-address-literal's dcontent includes `>`, and `"` there means nothing).
 fn closing_bracket(text: &str) -> Option<usize> {
-    let mut quoted = false;
-    let mut escaped = false;
-    for (i, c) in text.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
-            '>' if !quoted => return Some(i),
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    // A source route (`@a,@b:`) holds neither; the local part starts after its colon.
+    if bytes.first() == Some(&b'@') {
+        i = bytes.iter().position(|&b| b == b':' || b == b'>')?;
+        if bytes[i] == b'>' {
+            return Some(i);
+        }
+        i += 1;
+    }
+    if bytes.get(i) == Some(&b'"') {
+        i += 1;
+        loop {
+            match bytes.get(i)? {
+                b'\\' => i += 2,
+                b'"' => break,
+                _ => i += 1,
+            }
+        }
+        i += 1;
+    }
+    let mut in_literal = false;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'[' => in_literal = true,
+            b']' => in_literal = false,
+            b'>' if !in_literal => return Some(i),
             _ => {}
         }
+        i += 1;
     }
     None
 }
@@ -189,6 +210,13 @@ mod tests {
             mail(" FROM:<app@\"\"\"\"\"\">").unwrap().path,
             "app@\"\"\"\"\"\""
         );
+        // Quotes mean something only in the local part; `>` may sit in an address literal.
+        assert_eq!(mail(" FROM:<\"\"@[a:\"]>").unwrap().path, "\"\"@[a:\"]");
+        assert_eq!(mail(" FROM:<a@[x:>]> SIZE=1").unwrap().path, "a@[x:>]");
+        assert_eq!(mail(" FROM:<@r:\">\"@x>").unwrap().path, "@r:\">\"@x");
+        assert_eq!(mail(" FROM:<@r>").unwrap().path, "@r");
+        assert_eq!(mail(" FROM:<a\"b>").unwrap().path, "a\"b");
+        assert_eq!(mail(" FROM:<\"a>"), Err(LineError::Syntax));
         let c = mail(" FROM:<a@x> SIZE=10  body=8BITMIME\tSMTPUTF8 ").unwrap();
         assert_eq!(
             c.params,
