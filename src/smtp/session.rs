@@ -572,9 +572,10 @@ impl Session {
     /// `args` is what follows the verb: SP and the client's name; anything after the name
     /// is ignored, as most servers do.
     fn hello(&mut self, args: &[u8], esmtp: bool) -> Result<Reply, Reply> {
-        let name = args
-            .strip_prefix(b" ")
-            .and_then(|a| a.split(|&b| b == b' ').find(|w| !w.is_empty()));
+        let name = args.strip_prefix(b" ").and_then(|a| {
+            a.split(|&b| b == b' ' || b == b'\t')
+                .find(|w| !w.is_empty())
+        });
         let Some(name) = name else {
             return Err(Reply::syntax(if esmtp {
                 "EHLO domain"
