@@ -614,11 +614,14 @@ impl Session {
                 Reply::bad_sender_address,
             )
         })?;
+        // A malformed parameter is a syntax error, answered before the session's state is
+        // looked at; an unimplemented one only once the path has been judged.
         let params = match mail_rcpt::mail_params(&command.params) {
+            Ok(params) => Ok(params),
             Err(ParamError::Invalid(param)) => {
                 return Err(Reply::syntax(&format!("invalid {param}")))
             }
-            other => other,
+            Err(ParamError::Unsupported(param)) => Err(param),
         };
         if self.helo.is_none() {
             return Err(Reply::need_helo());
@@ -648,13 +651,7 @@ impl Session {
                 return Err(Reply::sender_not_allowed());
             }
         }
-        let params = match params {
-            Ok(params) => params,
-            Err(ParamError::Unsupported(param)) => {
-                return Err(Reply::unsupported_parameter(&param))
-            }
-            Err(ParamError::Invalid(_)) => unreachable!("answered above"),
-        };
+        let params = params.map_err(|param| Reply::unsupported_parameter(&param))?;
         if params
             .size
             .as_deref()
