@@ -188,18 +188,48 @@ mod tests {
     }
 
     #[test]
-    fn never_more_blocks_than_slots_under_contention() {
+    fn a_check_waits_while_every_slot_is_busy() {
         let pool = Arc::new(MemoryPool::new(2));
-        let phc = hash("pw", 32);
+        let phc = hash("pw", 16);
+        let (entered, inside) = std::sync::mpsc::channel();
+        let release = Arc::new(std::sync::Barrier::new(3));
+        let holders: Vec<_> = (0..2)
+            .map(|_| {
+                let (pool, entered, release) = (pool.clone(), entered.clone(), release.clone());
+                std::thread::spawn(move || {
+                    pool.with_blocks(8, |_| {
+                        entered.send(()).unwrap();
+                        release.wait();
+                    })
+                })
+            })
+            .collect();
+        inside.recv().unwrap();
+        inside.recv().unwrap();
+        let third = {
+            let (pool, phc) = (pool.clone(), phc.clone());
+            std::thread::spawn(move || pool.password_matches(&phc, "pw"))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            !third.is_finished(),
+            "a third check ran beside two busy slots"
+        );
+        release.wait();
+        assert!(third.join().unwrap());
+        for h in holders {
+            h.join().unwrap();
+        }
+        assert_eq!(pool.created(), 2);
+
+        // Many threads, many checks: still two blocks at most.
         let threads: Vec<_> = (0..8)
             .map(|i| {
                 let (pool, phc) = (pool.clone(), phc.clone());
                 std::thread::spawn(move || {
                     for _ in 0..5 {
-                        assert_eq!(
-                            pool.password_matches(&phc, if i % 2 == 0 { "pw" } else { "no" }),
-                            i % 2 == 0
-                        );
+                        let password = if i % 2 == 0 { "pw" } else { "no" };
+                        assert_eq!(pool.password_matches(&phc, password), i % 2 == 0);
                     }
                 })
             })
