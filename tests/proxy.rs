@@ -257,22 +257,6 @@ async fn auth_failures_count_against_the_real_client() {
 // TLS listeners: the header comes first, and exactly the header is taken
 // ---------------------------------------------------------------------------------------------
 
-fn connector_trusting(cert: &std::path::Path) -> tokio_rustls::TlsConnector {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for der in rustls::pki_types::CertificateDer::pem_file_iter(cert).unwrap() {
-        roots.add(der.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
-}
-
 /// One whole reply (its last line), read a byte at a time so nothing past it is taken.
 async fn reply<S: AsyncRead + Unpin>(stream: &mut S) -> String {
     let mut got = Vec::new();
@@ -344,7 +328,7 @@ async fn tls_listeners_read_the_header_before_starttls_and_the_handshake() {
     let relay = TestRelay::start_in(dir, settings).await;
     let addrs = relay.relay.local_addrs().to_vec();
     let (plain, submission, submissions) = (addrs[0], addrs[1], addrs[2]);
-    let tls = connector_trusting(&cert);
+    let tls = common::connector_trusting(&cert);
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
 
     // Implicit TLS: the header, then at once the ClientHello (they may share a segment).

@@ -233,23 +233,6 @@ async fn before_tls_the_submission_listener_refuses_mail_and_auth() {
     );
 }
 
-/// A TLS client that trusts exactly the certificate in `cert` (PEM).
-fn connector_trusting(cert: &std::path::Path) -> tokio_rustls::TlsConnector {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for der in rustls::pki_types::CertificateDer::pem_file_iter(cert).unwrap() {
-        roots.add(der.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
-}
-
 async fn read_reply<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> String {
     use tokio::io::AsyncReadExt;
     let mut got = Vec::new();
@@ -295,7 +278,10 @@ async fn plaintext_injected_after_starttls_is_not_obeyed() {
         .unwrap();
     assert!(read_reply(&mut tcp).await.starts_with("220 2.0.0"));
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = connector_trusting(&cert).connect(name, tcp).await.unwrap();
+    let mut tls = common::connector_trusting(&cert)
+        .connect(name, tcp)
+        .await
+        .unwrap();
     tls.write_all(b"NOOP\r\n").await.unwrap();
     // Had RSET/MAIL been kept, their replies would come first.
     assert_eq!(read_reply(&mut tls).await, "250 2.0.0 OK\r\n");
@@ -327,7 +313,7 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
     let handshake = |trust: std::path::PathBuf| async move {
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-        connector_trusting(&trust).connect(name, tcp).await
+        common::connector_trusting(&trust).connect(name, tcp).await
     };
     let old_copy = relay.dir.path().join("old.pem");
     std::fs::write(&old_copy, &first).unwrap();

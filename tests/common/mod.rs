@@ -476,3 +476,20 @@ pub async fn wait_state(relay: &TestRelay, id: &str, state: idemrelay::store::St
     )
     .await;
 }
+
+/// A TLS client that trusts exactly the certificate in `cert` (PEM).
+pub fn connector_trusting(cert: &std::path::Path) -> tokio_rustls::TlsConnector {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for der in rustls::pki_types::CertificateDer::pem_file_iter(cert).unwrap() {
+        roots.add(der.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
