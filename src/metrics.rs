@@ -322,6 +322,7 @@ mod tests {
             by_state: vec![(State::Queued, 3), (State::Failed, 1)],
             oldest_queued_at_ms: Some(10_000),
             damaged: 1,
+            unmatched_events: 4,
         };
         let text = m.render(&stats, 12_500, 7, true);
         let v = |series: &str| sample(&text, series).unwrap_or_else(|| panic!("{series}\n{text}"));

@@ -356,6 +356,15 @@ impl Store for FlakyIntent {
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
         self.inner.lookup_id_by_key(scope, key).await
     }
+    async fn apply_webhook(
+        &self,
+        receipt: &idemrelay::store::WebhookReceipt,
+    ) -> Result<idemrelay::store::WebhookApplied, StoreError> {
+        self.inner.apply_webhook(receipt).await
+    }
+    async fn events(&self, record_id: &str) -> Result<Vec<idemrelay::store::EventRow>, StoreError> {
+        self.inner.events(record_id).await
+    }
 }
 
 async fn relay_on_flaky_intents(sink: &SinkHandle, commit_first: bool) -> TestRelay {

@@ -6,4 +6,5 @@ pub mod outcome;
 pub mod ratelimit;
 pub mod retry;
 pub mod upstream;
+pub mod upstream_id;
 pub mod worker;

@@ -545,6 +545,8 @@ impl Worker {
             content: Some(content),
             state: State::Queued,
             dsn_of: Some(job.id.clone()),
+            // Events name the message the DSN reports on, not the DSN.
+            message_id: None,
         })
     }
 }

@@ -328,6 +328,10 @@ impl Intake {
             part,
             message_fp: facts.message_fp,
             upstream_key,
+            message_id: scan
+                .message_id
+                .as_deref()
+                .and_then(crate::store::webhook::normalize_message_id),
         }
     }
 

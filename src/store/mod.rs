@@ -3,10 +3,13 @@
 mod group_commit;
 mod migrate;
 pub mod postgres;
+mod postgres_webhook;
 mod rows;
 mod spool;
 pub mod sqlite;
+mod sqlite_webhook;
 mod sqlite_writes;
+pub mod webhook;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,6 +18,9 @@ use async_trait::async_trait;
 
 use crate::intake::fingerprint::Fingerprint;
 use crate::smtp::session::Envelope;
+pub use webhook::{
+    EventKind, EventRow, UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,
+};
 
 /// Lifecycle of a record. Everything but `Queued` is terminal and may expire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +90,8 @@ pub struct NewRecord {
     pub message_fp: Fingerprint,
     /// The key the upstream sees, as written into `content` (DESIGN §1).
     pub upstream_key: Option<String>,
+    /// The Message-ID header's value (without angle brackets), for matching upstream events.
+    pub message_id: Option<String>,
 }
 
 /// A live record (one part) under the same (scope, key).
@@ -131,6 +139,11 @@ pub struct StoredMessage {
     /// Why the stored body cannot be used (unreadable, or not matching its checksum): as
     /// recorded when a claim found it, or as found by this read.
     pub damage: Option<String>,
+    /// The Message-ID header's value at intake (without angle brackets).
+    pub message_id: Option<String>,
+    /// The upstream event that resolved this record (`source/webhook-id#index type`), when
+    /// one did.
+    pub resolved_by: Option<String>,
 }
 
 /// One record as listed by `queue list`.
@@ -236,6 +249,8 @@ pub struct AttemptRow {
     pub phase: Option<String>,
     pub code: Option<u16>,
     pub reply: Option<String>,
+    /// The upstream's id for the message, from its reply to an accepted attempt.
+    pub upstream_id: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -366,6 +381,14 @@ pub trait Store: Send + Sync {
 
     /// The id of the record under (scope, key), expired or not (operators look up old keys too).
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError>;
+
+    /// Receives one webhook request exactly once, in ONE transaction: the receipt under the
+    /// unique (source, webhook id) (a duplicate changes nothing), every event, its match and
+    /// its effect (DESIGN §7).
+    async fn apply_webhook(&self, receipt: &WebhookReceipt) -> Result<WebhookApplied, StoreError>;
+
+    /// The upstream events matched to a record, by recipient and event time.
+    async fn events(&self, record_id: &str) -> Result<Vec<EventRow>, StoreError>;
 }
 
 /// How long a terminal record keeps its key and replays (DESIGN §1 "Retention").
@@ -449,6 +472,11 @@ pub struct DailyCounts {
     pub delivered: u64,
     pub failed: u64,
     pub unresolved: u64,
+    /// `unresolved` records that an upstream event resolved to `delivered` (also counted in
+    /// `delivered`, on the day of the resolution).
+    pub resolved_by_event: u64,
+    /// Bounce events matched to a record of the scope.
+    pub bounced: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -458,6 +486,8 @@ pub struct QueueStats {
     pub oldest_queued_at_ms: Option<i64>,
     /// Records failed because their stored body was damaged (each needs an operator).
     pub damaged: u64,
+    /// Upstream events kept without a record to match (yet).
+    pub unmatched_events: u64,
 }
 
 /// The UTC calendar day of a Unix time in milliseconds, as `YYYY-MM-DD`.
@@ -512,6 +542,7 @@ pub(crate) fn queue_stats(
     counts: impl IntoIterator<Item = (String, i64)>,
     oldest_queued_at_ms: Option<i64>,
     damaged: i64,
+    unmatched_events: i64,
 ) -> QueueStats {
     let mut by_state: Vec<(State, u64)> = [State::Queued]
         .into_iter()
@@ -527,6 +558,7 @@ pub(crate) fn queue_stats(
         by_state,
         oldest_queued_at_ms,
         damaged: damaged.max(0) as u64,
+        unmatched_events: unmatched_events.max(0) as u64,
     }
 }
 
@@ -598,6 +630,13 @@ pub(crate) fn requeued_first_attempt(
     } else {
         first_attempt_at_ms
     }
+}
+
+/// The upstream's id for the message, kept with an accepted attempt (from its reply).
+pub(crate) fn accepted_upstream_id(result: &AttemptResult) -> Option<String> {
+    (result.outcome == "accepted")
+        .then(|| crate::delivery::upstream_id::parse(&result.reply))
+        .flatten()
 }
 
 pub(crate) fn now_ms() -> i64 {

@@ -12,10 +12,11 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, Row};
 
 use super::migrate::{Embedded, Steps};
+use super::postgres_webhook as webhook;
 use super::{
-    retention_ms, rows, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, Insert,
+    retention_ms, rows, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, EventRow, Insert,
     MessageSummary, NewRecord, Pause, QueueStats, Requeue, Retention, Settle, State, Store,
-    StoreError, StoredMessage,
+    StoreError, StoredMessage, WebhookApplied, WebhookReceipt,
 };
 
 const MIGRATIONS: Steps = &[
@@ -53,6 +54,11 @@ const MIGRATIONS: Steps = &[
         7,
         "parts",
         include_str!("../../migrations/postgres/0007_parts.sql"),
+    ),
+    (
+        8,
+        "webhooks",
+        include_str!("../../migrations/postgres/0008_webhooks.sql"),
     ),
 ];
 
@@ -189,9 +195,9 @@ async fn insert_message(
     Ok(sqlx::query(
         "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
             rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
-            content_hash, part, message_fp, upstream_key)
+            content_hash, part, message_fp, upstream_key, header_message_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-            $18, $19)
+            $18, $19, $20)
          ON CONFLICT (scope, idem_key, part) DO NOTHING",
     )
     .bind(&record.id)
@@ -218,6 +224,7 @@ async fn insert_message(
     .bind(i64::from(record.part))
     .bind(&record.message_fp.as_bytes()[..])
     .bind(&record.upstream_key)
+    .bind(&record.message_id)
     .execute(&mut *conn)
     .await?
     .rows_affected())
@@ -272,6 +279,18 @@ impl Store for PostgresStore {
     async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError> {
         let mut tx = self.pool.begin().await?;
         let now = db_now(&mut tx).await?;
+        let known = webhook::Known {
+            id: &record.id,
+            upstream_key: record.upstream_key.as_deref(),
+            message_id: record.message_id.as_deref(),
+            upstream_id: None,
+            rcpt_to: &record.envelope.rcpt_to,
+            unresolved: false,
+        };
+        let queued = record.state == State::Queued;
+        if queued {
+            webhook::lock(&mut tx, known.lock_names()).await?;
+        }
         // A concurrent insert of the same key (on any instance) makes ours wait for its
         // commit and then do nothing; the loop covers two inserts both replacing the same
         // expired record, where the slower one finds the faster one's row.
@@ -319,8 +338,9 @@ impl Store for PostgresStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        if record.state == State::Queued {
+        if queued {
             insert_job(&mut tx, &record.id, now).await?;
+            webhook::attach_unmatched(&mut tx, &known, now).await?;
         }
         failpoint!("intake.before_commit");
         tx.commit().await?;
@@ -396,7 +416,7 @@ impl Store for PostgresStore {
 
     async fn purge_expired(&self, retention: Retention) -> Result<u64, StoreError> {
         let [replay, parked, window] = retention.sql_params();
-        Ok(sqlx::query(&format!(
+        let purged = sqlx::query(&format!(
             "DELETE FROM messages m WHERE {}",
             Retention::expired_sql("idemrelay_now_ms()", "$1", "$2", "$3")
         ))
@@ -405,7 +425,21 @@ impl Store for PostgresStore {
         .bind(window)
         .execute(&self.pool)
         .await?
-        .rows_affected())
+        .rows_affected();
+        // A sender retries a webhook for days at most: its receipt (the duplicate check) and
+        // an event that never found its record are kept as long as a parked record.
+        sqlx::query("DELETE FROM webhook_receipts WHERE received_at <= idemrelay_now_ms() - $1")
+            .bind(parked)
+            .execute(&self.pool)
+            .await?;
+        sqlx::query(
+            "DELETE FROM upstream_events
+             WHERE record_id IS NULL AND received_at <= idemrelay_now_ms() - $1",
+        )
+        .bind(parked)
+        .execute(&self.pool)
+        .await?;
+        Ok(purged)
     }
 
     async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
@@ -503,10 +537,32 @@ impl Store for PostgresStore {
             tx.rollback().await?;
             return Ok(false);
         }
+        // Late matching: the record is known by more now, its upstream id or its being
+        // unresolved. The locks come before the record's row is written (see the module).
+        let upstream_id = attempt.and_then(|(_, r)| super::accepted_upstream_id(r));
+        let unresolved = matches!(settle, Settle::Unresolved { .. });
+        let facts = if upstream_id.is_some() || unresolved {
+            webhook::known_facts(&mut tx, id).await?
+        } else {
+            None
+        };
+        let known = facts
+            .as_ref()
+            .map(|(key, message_id, rcpt_to)| webhook::Known {
+                id,
+                upstream_key: key.as_deref().filter(|_| unresolved),
+                message_id: message_id.as_deref().filter(|_| unresolved),
+                upstream_id: upstream_id.as_deref(),
+                rcpt_to,
+                unresolved,
+            });
+        if let Some(known) = &known {
+            webhook::lock(&mut tx, known.lock_names()).await?;
+        }
         if let Some((attempt, result)) = attempt {
             sqlx::query(
                 "UPDATE attempts SET finished_at = $1, outcome = $2, phase = $3, code = $4,
-                    reply = $5
+                    reply = $5, upstream_id = $8
                  WHERE message_id = $6 AND attempt = $7",
             )
             .bind(now)
@@ -516,6 +572,7 @@ impl Store for PostgresStore {
             .bind(&result.reply)
             .bind(id)
             .bind(i64::from(attempt))
+            .bind(&upstream_id)
             .execute(&mut *tx)
             .await?;
         }
@@ -567,6 +624,9 @@ impl Store for PostgresStore {
         }
         if !matches!(settle, Settle::Retry { .. }) {
             delete_job(&mut tx, id).await?;
+        }
+        if let Some(known) = &known {
+            webhook::attach_unmatched(&mut tx, known, now).await?;
         }
         tx.commit().await?;
         Ok(true)
@@ -633,7 +693,8 @@ impl Store for PostgresStore {
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
         let found = sqlx::query(
-            "SELECT attempt, owner, started_at, finished_at, outcome, phase, code, reply
+            "SELECT attempt, owner, started_at, finished_at, outcome, phase, code, reply,
+                upstream_id
              FROM attempts WHERE message_id = $1 ORDER BY attempt",
         )
         .bind(id)
@@ -811,7 +872,9 @@ impl Store for PostgresStore {
         let found = sqlx::query(
             "SELECT scope, day, SUM(accepted)::BIGINT AS accepted,
                     SUM(replayed)::BIGINT AS replayed, SUM(delivered)::BIGINT AS delivered,
-                    SUM(failed)::BIGINT AS failed, SUM(unresolved)::BIGINT AS unresolved
+                    SUM(failed)::BIGINT AS failed, SUM(unresolved)::BIGINT AS unresolved,
+                    SUM(resolved_by_event)::BIGINT AS resolved_by_event,
+                    SUM(bounced)::BIGINT AS bounced
              FROM daily_counts WHERE ($1::TEXT IS NULL OR day >= $1)
              GROUP BY scope, day
              ORDER BY day, scope",
@@ -835,7 +898,11 @@ impl Store for PostgresStore {
             sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE damage IS NOT NULL")
                 .fetch_one(&self.pool)
                 .await?;
-        Ok(super::queue_stats(counts, oldest, damaged))
+        let unmatched: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM upstream_events WHERE record_id IS NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(super::queue_stats(counts, oldest, damaged, unmatched))
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
@@ -847,6 +914,26 @@ impl Store for PostgresStore {
         .bind(key)
         .fetch_optional(&self.pool)
         .await?)
+    }
+
+    async fn apply_webhook(&self, receipt: &WebhookReceipt) -> Result<WebhookApplied, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = db_now(&mut tx).await?;
+        let applied = webhook::apply(&mut tx, receipt, now).await?;
+        if applied == WebhookApplied::Duplicate {
+            tx.rollback().await?;
+        } else {
+            tx.commit().await?;
+        }
+        Ok(applied)
+    }
+
+    async fn events(&self, record_id: &str) -> Result<Vec<EventRow>, StoreError> {
+        let found = sqlx::query(rows::EVENTS_OF_RECORD)
+            .bind(record_id)
+            .fetch_all(&self.pool)
+            .await?;
+        found.iter().map(rows::event).collect()
     }
 }
 

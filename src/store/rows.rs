@@ -6,7 +6,8 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use super::{
-    AttemptRow, Claimed, DailyCounts, Existing, MessageSummary, State, StoreError, StoredMessage,
+    AttemptRow, Claimed, DailyCounts, EventKind, EventRow, Existing, MessageSummary, State,
+    StoreError, StoredMessage,
 };
 use crate::intake::fingerprint::Fingerprint;
 
@@ -155,6 +156,8 @@ pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreE
         has_job: row.flag("has_job")?,
         finished_at_ms: row.opt_int("finished_at")?,
         upstream_reply: row.opt_text("upstream_reply")?,
+        message_id: row.opt_text("header_message_id")?,
+        resolved_by: row.opt_text("resolved_by")?,
     })
 }
 
@@ -189,7 +192,7 @@ pub(crate) fn claimed(
     })
 }
 
-/// Columns: attempt, owner, started_at, finished_at, outcome, phase, code, reply.
+/// Columns: attempt, owner, started_at, finished_at, outcome, phase, code, reply, upstream_id.
 pub(crate) fn attempt(row: &impl Columns) -> Result<AttemptRow, StoreError> {
     Ok(AttemptRow {
         attempt: u32::try_from(row.int("attempt")?).unwrap_or(u32::MAX),
@@ -200,6 +203,7 @@ pub(crate) fn attempt(row: &impl Columns) -> Result<AttemptRow, StoreError> {
         phase: row.opt_text("phase")?,
         code: code(row)?,
         reply: row.opt_text("reply")?,
+        upstream_id: row.opt_text("upstream_id")?,
     })
 }
 
@@ -232,5 +236,39 @@ pub(crate) fn daily_counts(row: &impl Columns) -> Result<DailyCounts, StoreError
         delivered: count("delivered")?,
         failed: count("failed")?,
         unresolved: count("unresolved")?,
+        resolved_by_event: count("resolved_by_event")?,
+        bounced: count("bounced")?,
+    })
+}
+
+/// A record's events, by recipient and event time (one parameter: the record's id; the
+/// same text in both dialects).
+pub(crate) const EVENTS_OF_RECORD: &str =
+    "SELECT source, webhook_id, idx, event_type, kind, event_time, received_at, recipient,
+            idem_key, upstream_id, header_message_id, applied, evidence, body
+     FROM upstream_events WHERE record_id = $1 ORDER BY recipient, event_time, seq";
+
+/// Columns: those of `EVENTS_OF_RECORD`.
+pub(crate) fn event(row: &impl Columns) -> Result<EventRow, StoreError> {
+    let kind = row.text("kind")?;
+    let recipient = row.text("recipient")?;
+    Ok(EventRow {
+        source: row.text("source")?,
+        webhook_id: row.text("webhook_id")?,
+        index: u32::try_from(row.int("idx")?).unwrap_or(u32::MAX),
+        event_type: row.text("event_type")?,
+        kind: EventKind::parse(&kind).ok_or(StoreError::Corrupt {
+            id: row.text("webhook_id")?,
+            what: "event kind",
+        })?,
+        event_time_ms: row.int("event_time")?,
+        received_at_ms: row.int("received_at")?,
+        recipient: (!recipient.is_empty()).then_some(recipient),
+        key: row.opt_text("idem_key")?,
+        upstream_id: row.opt_text("upstream_id")?,
+        message_id: row.opt_text("header_message_id")?,
+        applied: row.flag("applied")?,
+        evidence: row.flag("evidence")?,
+        json: row.text("body")?,
     })
 }

@@ -18,9 +18,9 @@ use super::rows;
 use super::spool::{Spool, SpoolReader, WithSpool};
 use super::sqlite_writes as writes;
 use super::{
-    now_ms, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Insert,
+    now_ms, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, EventRow, Existing, Insert,
     MessageSummary, NewRecord, Pause, QueueStats, Requeue, Retention, Settle, State, Store,
-    StoreError, StoredMessage,
+    StoreError, StoredMessage, WebhookApplied, WebhookReceipt,
 };
 
 const MIGRATIONS: Steps = &[
@@ -68,6 +68,11 @@ const MIGRATIONS: Steps = &[
         9,
         "parts",
         include_str!("../../migrations/sqlite/0009_parts.sql"),
+    ),
+    (
+        10,
+        "webhooks",
+        include_str!("../../migrations/sqlite/0010_webhooks.sql"),
     ),
 ];
 
@@ -336,7 +341,8 @@ impl Store for SqliteStore {
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
         let found = sqlx::query(
-            "SELECT attempt, owner, started_at, finished_at, outcome, phase, code, reply
+            "SELECT attempt, owner, started_at, finished_at, outcome, phase, code, reply,
+                upstream_id
              FROM attempts WHERE message_id = ? ORDER BY attempt",
         )
         .bind(id)
@@ -423,7 +429,8 @@ impl Store for SqliteStore {
 
     async fn report(&self, since_day: Option<&str>) -> Result<Vec<DailyCounts>, StoreError> {
         let rows = sqlx::query(
-            "SELECT scope, day, accepted, replayed, delivered, failed, unresolved
+            "SELECT scope, day, accepted, replayed, delivered, failed, unresolved,
+                resolved_by_event, bounced
              FROM daily_counts WHERE (?1 IS NULL OR day >= ?1)
              ORDER BY day, scope",
         )
@@ -446,7 +453,11 @@ impl Store for SqliteStore {
             sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE damage IS NOT NULL")
                 .fetch_one(&self.pool)
                 .await?;
-        Ok(super::queue_stats(counts, oldest, damaged))
+        let unmatched: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM upstream_events WHERE record_id IS NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(super::queue_stats(counts, oldest, damaged, unmatched))
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
@@ -457,6 +468,21 @@ impl Store for SqliteStore {
         .bind(key)
         .fetch_optional(&self.pool)
         .await?)
+    }
+
+    async fn apply_webhook(&self, receipt: &WebhookReceipt) -> Result<WebhookApplied, StoreError> {
+        let receipt = receipt.clone();
+        self.writer
+            .write(move |conn| super::sqlite_webhook::apply(conn, &receipt))
+            .await
+    }
+
+    async fn events(&self, record_id: &str) -> Result<Vec<EventRow>, StoreError> {
+        let found = sqlx::query(rows::EVENTS_OF_RECORD)
+            .bind(record_id)
+            .fetch_all(&self.pool)
+            .await?;
+        found.iter().map(rows::event).collect()
     }
 }
 
@@ -496,6 +522,7 @@ mod tests {
             part: 1,
             message_fp: Fingerprint::from_bytes([8; 32]),
             upstream_key: Some(key.into()),
+            message_id: None,
         }
     }
 

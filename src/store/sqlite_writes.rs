@@ -8,6 +8,7 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::spool::{Spool, SpoolReader, WithSpool, SPOOL_MIN};
+use super::sqlite_webhook as webhook;
 use super::{
     body_checksum, now_ms, report_damage, requeue_refusal, requeued_first_attempt, retention_ms,
     rows, AttemptResult, Claimed, Insert, NewRecord, Requeue, Retention, Settle, State, StoreError,
@@ -53,8 +54,9 @@ fn insert_message(
         .prepare_cached(
             "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                 rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
-                spool_segment, spool_offset, content_hash, part, message_fp, upstream_key)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                spool_segment, spool_offset, content_hash, part, message_fp, upstream_key,
+                header_message_id)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (scope, idem_key, part) DO NOTHING",
         )?
         .execute(params![
@@ -79,6 +81,7 @@ fn insert_message(
             record.part,
             &record.message_fp.as_bytes()[..],
             record.upstream_key,
+            record.message_id,
         ])?)
 }
 
@@ -134,6 +137,19 @@ pub fn insert(
         let inserted = insert_message(conn, spool, record, now)?;
         debug_assert_eq!(inserted, 1);
     }
+    if record.state == State::Queued {
+        webhook::attach_unmatched(
+            conn,
+            &webhook::Known {
+                id: &record.id,
+                upstream_key: record.upstream_key.as_deref(),
+                message_id: record.message_id.as_deref(),
+                upstream_id: None,
+                rcpt_to: &record.envelope.rcpt_to,
+                unresolved: false,
+            },
+        )?;
+    }
     // The batch commits after this: the record is written but not durable.
     failpoint!("intake.before_commit");
     Ok(Insert::Inserted)
@@ -164,6 +180,15 @@ pub fn purge_expired(conn: &Connection, retention: Retention) -> Result<u64, Sto
             Retention::expired_sql("?1", "?2", "?3", "?4")
         ))?
         .execute(params![now_ms(), replay, parked, window])?;
+    // A sender retries a webhook for days at most: its receipt (the duplicate check) and an
+    // event that never found its record are kept as long as a parked record.
+    let before = now_ms().saturating_sub(parked);
+    conn.prepare_cached("DELETE FROM webhook_receipts WHERE received_at <= ?")?
+        .execute([before])?;
+    conn.prepare_cached(
+        "DELETE FROM upstream_events WHERE record_id IS NULL AND received_at <= ?",
+    )?
+    .execute([before])?;
     Ok(deleted as u64)
 }
 
@@ -328,9 +353,12 @@ pub fn settle(
         // Our lease was taken over; the new holder owns the record now.
         return Ok(false);
     }
+    let mut upstream_id = None;
     if let Some((attempt, result)) = attempt {
+        upstream_id = super::accepted_upstream_id(result);
         conn.prepare_cached(
-            "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?
+            "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?,
+                upstream_id = ?
              WHERE message_id = ? AND attempt = ?",
         )?
         .execute(params![
@@ -339,6 +367,7 @@ pub fn settle(
             result.phase,
             result.code.map(i64::from),
             result.reply,
+            upstream_id,
             id,
             i64::from(attempt),
         ])?;
@@ -365,7 +394,36 @@ pub fn settle(
             }
         }
     }
+    late_match_after_settle(conn, id, upstream_id.as_deref(), settle)?;
     Ok(true)
+}
+
+/// The record is known by more now: its upstream id (an accepted attempt), or its being
+/// unresolved, which events already kept may resolve at once.
+fn late_match_after_settle(
+    conn: &Connection,
+    id: &str,
+    upstream_id: Option<&str>,
+    settle: &Settle,
+) -> Result<(), StoreError> {
+    let unresolved = matches!(settle, Settle::Unresolved { .. });
+    if upstream_id.is_none() && !unresolved {
+        return Ok(());
+    }
+    let Some((upstream_key, message_id, rcpt_to)) = webhook::known_facts(conn, id)? else {
+        return Ok(());
+    };
+    webhook::attach_unmatched(
+        conn,
+        &webhook::Known {
+            id,
+            upstream_key: upstream_key.as_deref().filter(|_| unresolved),
+            message_id: message_id.as_deref().filter(|_| unresolved),
+            upstream_id,
+            rcpt_to: &rcpt_to,
+            unresolved,
+        },
+    )
 }
 
 pub fn renew_lease(

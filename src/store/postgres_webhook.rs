@@ -1,0 +1,356 @@
+//! Upstream events on Postgres: the same steps as SQLite's (`sqlite_webhook`), inside the
+//! caller's transaction. Several instances write at once, so two transactions that could
+//! match an event to a record (an event looking for its record, a record becoming known by
+//! an identifier) first take an advisory lock per identifier: the later one waits for the
+//! earlier's commit and then sees its rows. Locks are taken in one sorted statement, always
+//! before any row lock on `messages`, so they cannot deadlock with one another.
+
+use sqlx::postgres::PgConnection;
+use sqlx::Row;
+
+use super::webhook::{
+    choose_record, evidence, is_applied, late_match_fits, lock_names, match_order,
+    resolution_reply, Candidate, EventKind, MatchBy, RecordIdentifiers, Resolution, UpstreamEvent,
+    WebhookApplied, WebhookOutcome, WebhookReceipt,
+};
+use super::StoreError;
+
+/// The advisory lock space of event matching (the first key of the two-key form).
+const MATCH_LOCKS: i32 = 0x1d3e;
+
+pub async fn lock(conn: &mut PgConnection, mut names: Vec<String>) -> Result<(), StoreError> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    names.sort();
+    names.dedup();
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock($1, h)
+         FROM (SELECT DISTINCT hashtext(n) AS h FROM unnest($2::TEXT[]) n ORDER BY 1) s",
+    )
+    .bind(MATCH_LOCKS)
+    .bind(&names)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn apply(
+    conn: &mut PgConnection,
+    receipt: &WebhookReceipt,
+    now: i64,
+) -> Result<WebhookApplied, StoreError> {
+    let fresh = sqlx::query(
+        "INSERT INTO webhook_receipts (source, webhook_id, received_at, events)
+         VALUES ($1, $2, $3, $4) ON CONFLICT (source, webhook_id) DO NOTHING",
+    )
+    .bind(&receipt.source)
+    .bind(&receipt.webhook_id)
+    .bind(now)
+    .bind(receipt.events.len() as i64)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if fresh == 0 {
+        return Ok(WebhookApplied::Duplicate);
+    }
+    let names = receipt
+        .events
+        .iter()
+        .flat_map(|e| {
+            lock_names(
+                e.key.as_deref(),
+                e.message_id.as_deref(),
+                e.upstream_id.as_deref(),
+            )
+        })
+        .collect();
+    lock(conn, names).await?;
+    let mut outcome = WebhookOutcome {
+        events: receipt.events.len() as u32,
+        ..WebhookOutcome::default()
+    };
+    for (index, event) in receipt.events.iter().enumerate() {
+        apply_event(conn, receipt, index as u32, event, now, &mut outcome).await?;
+    }
+    Ok(WebhookApplied::Applied(outcome))
+}
+
+async fn apply_event(
+    conn: &mut PgConnection,
+    receipt: &WebhookReceipt,
+    index: u32,
+    event: &UpstreamEvent,
+    now: i64,
+    outcome: &mut WebhookOutcome,
+) -> Result<(), StoreError> {
+    let mut record = find_record(conn, event).await?;
+    // The row lock holds off a settle or requeue of the record until this commit, and waits
+    // for one in flight: the state read here is the state this commit changes.
+    let mut state = None;
+    if let Some(id) = &record {
+        state =
+            sqlx::query_scalar::<_, String>("SELECT state FROM messages WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await?;
+        if state.is_none() {
+            // Purged meanwhile.
+            record = None;
+        }
+    }
+    let recipient = event.recipient.as_deref().unwrap_or("");
+    let applied = match &record {
+        Some(id) => is_applied(
+            event.event_time_ms,
+            newest_applied(conn, id, recipient).await?,
+        ),
+        None => false,
+    };
+    let seq: i64 = sqlx::query_scalar(
+        "INSERT INTO upstream_events (source, webhook_id, idx, event_type, kind, event_time,
+            received_at, idem_key, upstream_id, header_message_id, recipient, record_id,
+            applied, body)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+         RETURNING seq",
+    )
+    .bind(&receipt.source)
+    .bind(&receipt.webhook_id)
+    .bind(i64::from(index))
+    .bind(&event.event_type)
+    .bind(event.kind.as_str())
+    .bind(event.event_time_ms)
+    .bind(now)
+    .bind(&event.key)
+    .bind(&event.upstream_id)
+    .bind(&event.message_id)
+    .bind(recipient)
+    .bind(&record)
+    .bind(applied)
+    .bind(&event.json)
+    .fetch_one(&mut *conn)
+    .await?;
+    let Some(id) = record else {
+        outcome.unmatched += 1;
+        return Ok(());
+    };
+    outcome.matched += 1;
+    outcome.stale += u32::from(!applied);
+    outcome.bounced += u32::from(event.kind == EventKind::Bounced);
+    // Any accepted-type event proves the attempt happened, stale for its recipient or not.
+    if event.kind == EventKind::Accepted && state.as_deref() == Some("unresolved") {
+        let named = evidence(
+            &receipt.source,
+            &receipt.webhook_id,
+            index,
+            &event.event_type,
+        );
+        if resolve(conn, &id, seq, &named, event.event_time_ms, now).await? {
+            outcome.resolved.push(Resolution {
+                id,
+                evidence: named,
+            });
+        }
+    }
+    Ok(())
+}
+
+async fn find_record(
+    conn: &mut PgConnection,
+    event: &UpstreamEvent,
+) -> Result<Option<String>, StoreError> {
+    for (by, value) in match_order(event) {
+        let sql = match by {
+            MatchBy::UpstreamId => {
+                "SELECT DISTINCT m.id, m.rcpt_to, m.accepted_at FROM attempts a
+                 JOIN messages m ON m.id = a.message_id
+                 WHERE a.upstream_id = $1 AND m.state <> 'rejected'"
+            }
+            MatchBy::Key => {
+                "SELECT id, rcpt_to, accepted_at FROM messages
+                 WHERE upstream_key = $1 AND state <> 'rejected'"
+            }
+            MatchBy::MessageId => {
+                "SELECT id, rcpt_to, accepted_at FROM messages
+                 WHERE header_message_id = $1 AND state <> 'rejected'"
+            }
+        };
+        let rows = sqlx::query(sql).bind(value).fetch_all(&mut *conn).await?;
+        let mut candidates = Vec::with_capacity(rows.len());
+        for row in rows {
+            candidates.push(Candidate {
+                id: row.try_get(0)?,
+                rcpt_to: row
+                    .try_get::<String, _>(1)?
+                    .split('\n')
+                    .map(str::to_string)
+                    .collect(),
+                accepted_at_ms: row.try_get(2)?,
+            });
+        }
+        if let Some(found) = choose_record(&candidates, event.recipient.as_deref()) {
+            return Ok(Some(found.id.clone()));
+        }
+    }
+    Ok(None)
+}
+
+async fn newest_applied(
+    conn: &mut PgConnection,
+    record: &str,
+    recipient: &str,
+) -> Result<Option<i64>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT MAX(event_time) FROM upstream_events
+         WHERE record_id = $1 AND recipient = $2 AND applied",
+    )
+    .bind(record)
+    .bind(recipient)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+async fn resolve(
+    conn: &mut PgConnection,
+    id: &str,
+    seq: i64,
+    named: &str,
+    event_time_ms: i64,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let changed = sqlx::query(
+        "UPDATE messages SET state = 'delivered', finished_at = $1, upstream_reply = $2,
+            resolved_by = $3
+         WHERE id = $4 AND state = 'unresolved'",
+    )
+    .bind(now)
+    .bind(resolution_reply(named, event_time_ms))
+    .bind(named)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if changed == 0 {
+        return Ok(false);
+    }
+    sqlx::query("UPDATE upstream_events SET evidence = true WHERE seq = $1")
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    Ok(true)
+}
+
+/// A record as it becomes known by an identifier an event may already have named.
+pub struct Known<'a> {
+    pub id: &'a str,
+    pub upstream_key: Option<&'a str>,
+    pub message_id: Option<&'a str>,
+    pub upstream_id: Option<&'a str>,
+    pub rcpt_to: &'a [String],
+    pub unresolved: bool,
+}
+
+impl Known<'_> {
+    /// The advisory locks to take before the record's row is written.
+    pub fn lock_names(&self) -> Vec<String> {
+        lock_names(self.upstream_key, self.message_id, self.upstream_id)
+    }
+}
+
+/// Late matching (see `sqlite_webhook::attach_unmatched`); the caller holds `lock_names`.
+pub async fn attach_unmatched(
+    conn: &mut PgConnection,
+    known: &Known<'_>,
+    now: i64,
+) -> Result<(), StoreError> {
+    let found = sqlx::query(
+        "SELECT seq, event_time, recipient FROM upstream_events
+             WHERE record_id IS NULL AND idem_key = $1
+         UNION SELECT seq, event_time, recipient FROM upstream_events
+             WHERE record_id IS NULL AND upstream_id = $2
+         UNION SELECT seq, event_time, recipient FROM upstream_events
+             WHERE record_id IS NULL AND header_message_id = $3
+         ORDER BY event_time, seq",
+    )
+    .bind(known.upstream_key)
+    .bind(known.upstream_id)
+    .bind(known.message_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    for row in found {
+        let seq: i64 = row.try_get(0)?;
+        let event_time: i64 = row.try_get(1)?;
+        let recipient: String = row.try_get(2)?;
+        let named = (!recipient.is_empty()).then_some(recipient.as_str());
+        if !late_match_fits(known.rcpt_to, named) {
+            continue;
+        }
+        let applied = is_applied(
+            event_time,
+            newest_applied(conn, known.id, &recipient).await?,
+        );
+        sqlx::query("UPDATE upstream_events SET record_id = $1, applied = $2 WHERE seq = $3")
+            .bind(known.id)
+            .bind(applied)
+            .bind(seq)
+            .execute(&mut *conn)
+            .await?;
+    }
+    if known.unresolved {
+        resolve_from_attached(conn, known.id, now).await?;
+    }
+    Ok(())
+}
+
+async fn resolve_from_attached(
+    conn: &mut PgConnection,
+    id: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    let first = sqlx::query(
+        "SELECT seq, source, webhook_id, idx, event_type, event_time FROM upstream_events
+         WHERE record_id = $1 AND kind = 'accepted' ORDER BY event_time, seq LIMIT 1",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = first else {
+        return Ok(());
+    };
+    let index: i64 = row.try_get("idx")?;
+    let named = evidence(
+        &row.try_get::<String, _>("source")?,
+        &row.try_get::<String, _>("webhook_id")?,
+        index as u32,
+        &row.try_get::<String, _>("event_type")?,
+    );
+    let seq: i64 = row.try_get("seq")?;
+    let event_time: i64 = row.try_get("event_time")?;
+    if resolve(conn, id, seq, &named, event_time, now).await? {
+        super::webhook::log_resolution(id, &named);
+    }
+    Ok(())
+}
+
+/// The identifiers of a record, for late matching after its attempt settled.
+pub async fn known_facts(
+    conn: &mut PgConnection,
+    id: &str,
+) -> Result<Option<RecordIdentifiers>, StoreError> {
+    let row =
+        sqlx::query("SELECT upstream_key, header_message_id, rcpt_to FROM messages WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    Ok(Some((
+        row.try_get(0)?,
+        row.try_get(1)?,
+        row.try_get::<String, _>(2)?
+            .split('\n')
+            .map(str::to_string)
+            .collect(),
+    )))
+}
