@@ -1,5 +1,6 @@
 //! Settings: TOML file, then `IDEMRELAY_*` environment, then flags. Validation and redaction.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -245,6 +246,131 @@ pub struct Settings {
     pub admin_token: Option<Secret>,
     /// Delivery upstream (used only when `upstream` is set).
     pub delivery: DeliveryConfig,
+    /// Listener for upstream events (`POST /webhooks/{name}`, DESIGN §7); unset: off. TLS when
+    /// `tls_cert` and `tls_key` are set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_listen: Option<SocketAddr>,
+    /// Webhook sources by name (the `{name}` of the endpoint).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub webhooks: BTreeMap<String, WebhookSource>,
+}
+
+/// One upstream that posts signed events (`[webhooks.NAME]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSource {
+    /// `whsec_<base64>` signing secrets; a request signed with any of them is taken, so a
+    /// secret can be rotated without a gap.
+    pub secrets: Vec<Secret>,
+    pub fields: WebhookFields,
+    #[serde(default)]
+    pub types: WebhookTypes,
+}
+
+/// JSON Pointers (RFC 6901) from one event to what the relay needs of it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookFields {
+    pub event_type: String,
+    /// Unix seconds (integer or fractional) or RFC 3339; unset or absent: the request's
+    /// `webhook-timestamp`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<String>,
+    /// The idempotency key the upstream saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The upstream's own message id (as in its reply to the final dot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_id: Option<String>,
+    /// The Message-ID header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recipient: Option<String>,
+}
+
+/// Which event types mean what; other types are stored and shown, nothing more.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebhookTypes {
+    /// Types that prove the upstream accepted the message: they resolve an `unresolved` record.
+    pub accepted: Vec<String>,
+    /// Types recorded (and counted) as bounces for their recipient.
+    pub bounced: Vec<String>,
+}
+
+impl WebhookSource {
+    /// The signing keys: the bytes of each secret after `whsec_`.
+    pub fn keys(&self) -> anyhow::Result<Vec<Vec<u8>>> {
+        use base64::Engine;
+        self.secrets
+            .iter()
+            .enumerate()
+            .map(|(i, secret)| {
+                let key = secret
+                    .expose()
+                    .strip_prefix("whsec_")
+                    .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
+                    .filter(|key| !key.is_empty());
+                key.ok_or_else(|| {
+                    anyhow::anyhow!("secrets[{i}]: not whsec_ followed by base64 of the key")
+                })
+            })
+            .collect()
+    }
+
+    fn validate(&self, name: &str) -> anyhow::Result<()> {
+        let ok_name = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !ok_name {
+            bail!("webhooks.{name:?}: a source name is letters, digits, - and _ (it is the URL's last segment)");
+        }
+        if self.secrets.is_empty() {
+            bail!("webhooks.{name}.secrets: at least one whsec_ secret is required");
+        }
+        self.keys().with_context(|| format!("webhooks.{name}"))?;
+        let f = &self.fields;
+        for (field, pointer) in [
+            ("event_type", Some(&f.event_type)),
+            ("event_time", f.event_time.as_ref()),
+            ("key", f.key.as_ref()),
+            ("upstream_id", f.upstream_id.as_ref()),
+            ("message_id", f.message_id.as_ref()),
+            ("recipient", f.recipient.as_ref()),
+        ] {
+            if let Some(pointer) = pointer {
+                if !is_json_pointer(pointer) {
+                    bail!("webhooks.{name}.fields.{field}: {pointer:?} is not a JSON Pointer (RFC 6901) like \"/type\" or \"/headers/message-id\"");
+                }
+            }
+        }
+        if f.key.is_none() && f.upstream_id.is_none() && f.message_id.is_none() {
+            bail!("webhooks.{name}.fields: at least one of key, upstream_id and message_id is required (events are matched by them)");
+        }
+        if let Some(both) = self
+            .types
+            .accepted
+            .iter()
+            .find(|t| self.types.bounced.contains(t))
+        {
+            bail!("webhooks.{name}.types: {both:?} is listed as both accepted and bounced");
+        }
+        Ok(())
+    }
+}
+
+/// RFC 6901: empty (the whole event), or `/`-separated tokens where `~` is only `~0` or `~1`.
+fn is_json_pointer(pointer: &str) -> bool {
+    if pointer.is_empty() {
+        return true;
+    }
+    pointer.starts_with('/')
+        && pointer
+            .split('~')
+            .skip(1)
+            .all(|rest| rest.starts_with('0') || rest.starts_with('1'))
 }
 
 /// How accepted messages are forwarded upstream (DESIGN §2).
@@ -381,6 +507,8 @@ impl Default for Settings {
             admin: AdminListen(Some(SocketAddr::from(([127, 0, 0, 1], 8025)))),
             admin_token: None,
             delivery: DeliveryConfig::default(),
+            webhook_listen: None,
+            webhooks: BTreeMap::new(),
         }
     }
 }
@@ -497,6 +625,10 @@ pub struct ConfigArgs {
         hide_env_values = true
     )]
     pub admin_token: Option<String>,
+    /// Listener for signed upstream events (`POST /webhooks/{name}`), e.g. 127.0.0.1:8027;
+    /// the sources are configured in the file (`[webhooks.NAME]`).
+    #[arg(global = true, long, env = "IDEMRELAY_WEBHOOK_LISTEN")]
+    pub webhook_listen: Option<SocketAddr>,
 }
 
 impl Settings {
@@ -599,6 +731,9 @@ impl Settings {
         if let Some(token) = &args.admin_token {
             s.admin_token = Some(Secret(token.clone()));
         }
+        if let Some(addr) = args.webhook_listen {
+            s.webhook_listen = Some(addr);
+        }
         s.validate()?;
         Ok(s)
     }
@@ -688,6 +823,12 @@ impl Settings {
         {
             bail!("retention, parked_retention, purge_interval and store_probe_interval must be positive");
         }
+        if self.webhook_listen.is_some() && self.webhooks.is_empty() {
+            bail!("webhook_listen: no webhook source is configured ([webhooks.NAME] with secrets and fields)");
+        }
+        for (name, source) in &self.webhooks {
+            source.validate(name)?;
+        }
         // A key must stay taken while the upstream may still hold it (DESIGN §1 Retention).
         if self.retention < d.upstream_window || self.parked_retention < d.upstream_window {
             bail!(
@@ -727,6 +868,82 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const WEBHOOKS: &str = r#"
+webhook_listen = "127.0.0.1:8027"
+[webhooks.upstream]
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_c2Vjb25k"]
+[webhooks.upstream.fields]
+event_type = "/type"
+event_time = "/timestamp"
+key = "/idempotency_key"
+upstream_id = "/message_id"
+message_id = "/headers/message-id"
+recipient = "/rcpt_to"
+[webhooks.upstream.types]
+accepted = ["injection", "delivery"]
+bounced = ["bounce"]
+"#;
+
+    #[test]
+    fn webhook_sources_are_read_checked_and_their_secrets_never_shown() {
+        let s = Settings::from_toml(WEBHOOKS).unwrap();
+        s.validate().unwrap();
+        let source = &s.webhooks["upstream"];
+        assert_eq!(source.keys().unwrap()[1], b"second");
+        assert_eq!(
+            source.fields.message_id.as_deref(),
+            Some("/headers/message-id")
+        );
+        let shown = s.to_redacted_toml();
+        assert!(!shown.contains("whsec_"), "{shown}");
+        assert!(!format!("{s:?}").contains("whsec_"));
+        assert!(shown.contains("[webhooks.upstream.fields]"), "{shown}");
+
+        let broken = |from: &str, to: &str, expect: &str| {
+            let text = WEBHOOKS.replace(from, to);
+            let err = match Settings::from_toml(&text) {
+                Ok(s) => s.validate().unwrap_err(),
+                Err(e) => e,
+            };
+            let err = format!("{err:#}");
+            assert!(err.contains(expect), "{from} -> {to}: {err}");
+            assert!(!err.contains("MfKQ9r8G"), "a secret in an error: {err}");
+        };
+        broken(r#""/type""#, r#""type""#, "fields.event_type");
+        broken(r#""/rcpt_to""#, r#""/a~2b""#, "fields.recipient");
+        broken("whsec_c2Vjb25k", "c2Vjb25k", "secrets[1]");
+        broken("whsec_c2Vjb25k", "whsec_!!", "secrets[1]");
+        broken("event_type = \"/type\"\n", "", "event_type");
+        broken(
+            "key = \"/idempotency_key\"\nupstream_id = \"/message_id\"\nmessage_id = \"/headers/message-id\"\n",
+            "",
+            "at least one of key",
+        );
+        broken(
+            r#"bounced = ["bounce"]"#,
+            r#"bounced = ["delivery"]"#,
+            "both",
+        );
+        broken("webhooks.upstream", "webhooks.\"up stream\"", "source name");
+
+        let lonely = Settings {
+            webhook_listen: Some("127.0.0.1:8027".parse().unwrap()),
+            ..Settings::default()
+        };
+        let err = lonely.validate().unwrap_err().to_string();
+        assert!(err.contains("no webhook source"), "{err}");
+    }
+
+    #[test]
+    fn json_pointers() {
+        for ok in ["", "/", "/type", "/headers/message-id", "/a~0b/c~1d", "/0"] {
+            assert!(is_json_pointer(ok), "{ok}");
+        }
+        for bad in ["type", "/a~", "/a~2", "#/type"] {
+            assert!(!is_json_pointer(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn file_values_are_overridden_by_flags() {

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use idemrelay::config::{Secret, SecretUrl, Settings};
+use idemrelay::config::{Secret, SecretUrl, Settings, WebhookFields, WebhookSource, WebhookTypes};
 
 const EXAMPLE: &str = include_str!("../idemrelay.example.toml");
 
@@ -12,7 +12,8 @@ fn documented_keys(text: &str) -> BTreeSet<(String, String)> {
     let mut table = String::new();
     let mut keys = BTreeSet::new();
     for line in text.lines() {
-        if let Some(header) = line.strip_prefix('[') {
+        let header = line.strip_prefix('[').or_else(|| line.strip_prefix("# ["));
+        if let Some(header) = header {
             table = header.trim_end_matches(']').to_string();
         } else if let Some(key) = setting_key(line.strip_prefix("# ").unwrap_or(line)) {
             keys.insert((table.clone(), key.to_string()));
@@ -51,7 +52,7 @@ fn serialized_keys(table: &toml::Table, prefix: &str, out: &mut BTreeSet<(String
 fn uncommented(text: &str) -> String {
     text.lines()
         .map(|line| match line.strip_prefix("# ") {
-            Some(rest) if setting_key(rest).is_some() => rest,
+            Some(rest) if setting_key(rest).is_some() || rest.starts_with('[') => rest,
             _ => line,
         })
         .map(|line| format!("{line}\n"))
@@ -88,9 +89,25 @@ fn example_documents_every_setting() {
         users_file: Some(PathBuf::from("users.toml")),
         upstream: Some(SecretUrl("smtp://smtp.example.com:587".into())),
         admin_token: Some(Secret("0123456789abcdef".into())),
+        webhook_listen: Some("127.0.0.1:8027".parse().unwrap()),
         ..Settings::default()
     };
     all.delivery.ca_file = Some(PathBuf::from("ca.pem"));
+    all.webhooks.insert(
+        "upstream".into(),
+        WebhookSource {
+            secrets: vec![Secret("whsec_c2Vjb25k".into())],
+            fields: WebhookFields {
+                event_type: "/type".into(),
+                event_time: Some("/t".into()),
+                key: Some("/k".into()),
+                upstream_id: Some("/u".into()),
+                message_id: Some("/m".into()),
+                recipient: Some("/r".into()),
+            },
+            types: WebhookTypes::default(),
+        },
+    );
 
     let mut expected = BTreeSet::new();
     for settings in [&Settings::default(), &all] {
@@ -134,6 +151,10 @@ fn commented_out_examples_parse() {
     );
     let upstream = s.upstream.as_ref().expect("upstream is set");
     assert_eq!(upstream.expose(), "smtp://user@smtp.example.com:587");
+    assert!(s.webhook_listen.is_some());
+    let source = &s.webhooks["upstream"];
+    assert_eq!(source.types.accepted, ["injection", "delivery"]);
+    assert_eq!(source.fields.recipient.as_deref(), Some("/rcpt_to"));
     s.validate().expect("the uncommented example validates");
 }
 
