@@ -26,6 +26,7 @@ use crate::smtp::server::{
 use crate::smtp::session::SessionConfig;
 use crate::smtp::tls::TlsCerts;
 use crate::store::{self, Store};
+use crate::webhook::{self, WebhookState};
 
 /// A relay that is running; dropping it does not stop it, `shutdown` does.
 pub struct Relay {
@@ -40,6 +41,7 @@ pub struct Relay {
     /// Stops the admin listener, which outlives the drain so health checks see it.
     admin_stop: watch::Sender<bool>,
     admin_task: Option<JoinHandle<()>>,
+    webhook_addr: Option<SocketAddr>,
 }
 
 impl Relay {
@@ -69,8 +71,16 @@ impl Relay {
             ),
             None => None,
         };
+        let webhooks = match settings.webhook_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (webhooks): {e}"))?,
+            ),
+            None => None,
+        };
         let store = store::open(settings.store.expose(), settings.store_busy_timeout).await?;
-        Relay::with_admin_parts(settings, store, listeners, admin)
+        Relay::with_all_parts(settings, store, listeners, admin, webhooks)
     }
 
     /// Starts on listeners and a store the caller made (tests bind port 0), without the
@@ -89,6 +99,17 @@ impl Relay {
         store: Arc<dyn Store>,
         listeners: Vec<(ListenerKind, TcpListener)>,
         admin: Option<TcpListener>,
+    ) -> anyhow::Result<Relay> {
+        Relay::with_all_parts(settings, store, listeners, admin, None)
+    }
+
+    /// `with_admin_parts` plus the webhook listener, if one is given.
+    pub fn with_all_parts(
+        settings: &Settings,
+        store: Arc<dyn Store>,
+        listeners: Vec<(ListenerKind, TcpListener)>,
+        admin: Option<TcpListener>,
+        webhooks: Option<TcpListener>,
     ) -> anyhow::Result<Relay> {
         let started = Instant::now();
         if let Some(addr) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
@@ -192,6 +213,29 @@ impl Relay {
         let (alive, alive_rx) = mpsc::channel(1);
         let mut addrs = Vec::new();
         let mut tasks = Vec::new();
+        // Started before the SMTP listeners log "listening on": by then every listener is up.
+        let mut webhook_addr = None;
+        if let Some(listener) = webhooks {
+            let addr = listener.local_addr()?;
+            let state = Arc::new(WebhookState::new(
+                store.clone(),
+                &settings.webhooks,
+                metrics.clone(),
+            )?);
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let names: Vec<&str> = settings.webhooks.keys().map(String::as_str).collect();
+            tracing::info!(
+                "webhooks at {scheme}://{addr}/webhooks/{{name}} for {}",
+                names.join(", ")
+            );
+            webhook_addr = Some(addr);
+            tasks.push(tokio::spawn(webhook::serve(
+                listener,
+                tls.clone(),
+                state,
+                stop_rx.clone(),
+            )));
+        }
         for (kind, listener) in listeners {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!("listening on {addr} ({kind:?})");
@@ -291,7 +335,13 @@ impl Relay {
             admin_addr,
             admin_stop,
             admin_task,
+            webhook_addr,
         })
+    }
+
+    /// Where the webhook listener listens, if it runs.
+    pub fn webhook_addr(&self) -> Option<SocketAddr> {
+        self.webhook_addr
     }
 
     pub fn local_addrs(&self) -> &[SocketAddr] {

@@ -20,3 +20,4 @@ pub mod sendmail;
 pub mod sink;
 pub mod smtp;
 pub mod store;
+pub mod webhook;

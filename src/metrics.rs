@@ -15,7 +15,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::delivery::breaker::BreakerState;
 use crate::intake::Outcome as SubmissionOutcome;
-use crate::store::{QueueStats, State};
+use crate::store::{QueueStats, State, WebhookOutcome};
 
 type Labels = Vec<(&'static str, &'static str)>;
 
@@ -31,6 +31,45 @@ const SUBMISSION_RESULTS: [SubmissionOutcome; 7] = [
 ];
 
 const DECISIONS: [&str; 4] = ["delivered", "retry", "failed", "unresolved"];
+
+/// Why a webhook request was refused (nothing of it stored), as the metric's `reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookRefusal {
+    /// 401: no valid signature under a configured secret.
+    Signature,
+    /// 400: signed, but the timestamp is more than 5 minutes off.
+    Timestamp,
+    /// 413: body over 1 MiB.
+    TooLarge,
+    /// 400 (408 for a body that never came): not events, or headers missing or garbled.
+    Malformed,
+    /// 404: no such source.
+    UnknownSource,
+    /// 503: the store could not commit.
+    Store,
+}
+
+impl WebhookRefusal {
+    pub const ALL: [WebhookRefusal; 6] = [
+        WebhookRefusal::Signature,
+        WebhookRefusal::Timestamp,
+        WebhookRefusal::TooLarge,
+        WebhookRefusal::Malformed,
+        WebhookRefusal::UnknownSource,
+        WebhookRefusal::Store,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebhookRefusal::Signature => "signature",
+            WebhookRefusal::Timestamp => "timestamp",
+            WebhookRefusal::TooLarge => "too_large",
+            WebhookRefusal::Malformed => "malformed",
+            WebhookRefusal::UnknownSource => "unknown_source",
+            WebhookRefusal::Store => "store",
+        }
+    }
+}
 
 /// Upstream attempts run from milliseconds (a local smarthost) to the 10-minute dot timeout.
 const ATTEMPT_BUCKETS: [f64; 15] = [
@@ -56,6 +95,13 @@ pub struct Metrics {
     breaker: Family<Labels, Gauge>,
     connections_open: Gauge,
     delivery_paused: Gauge,
+    webhook_requests: Counter,
+    webhook_duplicates: Counter,
+    webhook_refused: Family<Labels, Counter>,
+    webhook_events_unmatched: Counter,
+    webhook_resolved: Counter,
+    webhook_bounces: Counter,
+    unmatched_events: Gauge,
     /// Last time a delivery worker finished a step or renewed a lease (readiness).
     heartbeat: Mutex<Option<Instant>>,
 }
@@ -92,6 +138,48 @@ impl Metrics {
         let breaker = Family::<Labels, Gauge>::default();
         let connections_open = Gauge::default();
         let delivery_paused = Gauge::default();
+        let webhook_requests = Counter::default();
+        let webhook_duplicates = Counter::default();
+        let webhook_refused = Family::<Labels, Counter>::default();
+        let webhook_events_unmatched = Counter::default();
+        let webhook_resolved = Counter::default();
+        let webhook_bounces = Counter::default();
+        let unmatched_events = Gauge::default();
+        registry.register(
+            "webhook_requests",
+            "Webhook requests received and committed (duplicates not included)",
+            webhook_requests.clone(),
+        );
+        registry.register(
+            "webhook_duplicates",
+            "Webhook requests whose webhook-id was received before: answered 200, nothing changed",
+            webhook_duplicates.clone(),
+        );
+        registry.register(
+            "webhook_rejected",
+            "Webhook requests refused, nothing stored, by reason (signature, timestamp, too_large, malformed, unknown_source, store)",
+            webhook_refused.clone(),
+        );
+        registry.register(
+            "webhook_events_unmatched",
+            "Upstream events received that matched no record (kept, and matched when the record becomes known)",
+            webhook_events_unmatched.clone(),
+        );
+        registry.register(
+            "webhook_resolved",
+            "Unresolved records resolved to delivered by an upstream event on receipt",
+            webhook_resolved.clone(),
+        );
+        registry.register(
+            "webhook_bounces",
+            "Bounce events received that matched a record",
+            webhook_bounces.clone(),
+        );
+        registry.register(
+            "upstream_events_unmatched",
+            "Upstream events in the store that match no record yet",
+            unmatched_events.clone(),
+        );
         registry.register(
             "submissions",
             "Submissions answered at the end of DATA, by result",
@@ -163,6 +251,9 @@ impl Metrics {
         for decision in DECISIONS {
             let _ = decisions.get_or_create(&label("decision", decision));
         }
+        for reason in WebhookRefusal::ALL {
+            let _ = webhook_refused.get_or_create(&label("reason", reason.as_str()));
+        }
         let metrics = Metrics {
             registry,
             submissions,
@@ -177,6 +268,13 @@ impl Metrics {
             breaker,
             connections_open,
             delivery_paused,
+            webhook_requests,
+            webhook_duplicates,
+            webhook_refused,
+            webhook_events_unmatched,
+            webhook_resolved,
+            webhook_bounces,
+            unmatched_events,
             heartbeat: Mutex::new(None),
         };
         metrics.breaker_state(BreakerState::Closed);
@@ -224,6 +322,24 @@ impl Metrics {
             .inc();
     }
 
+    pub fn webhook_refused(&self, reason: WebhookRefusal) {
+        self.webhook_refused
+            .get_or_create(&label("reason", reason.as_str()))
+            .inc();
+    }
+
+    pub fn webhook_duplicate(&self) {
+        self.webhook_duplicates.inc();
+    }
+
+    pub fn webhook_applied(&self, outcome: &WebhookOutcome) {
+        self.webhook_requests.inc();
+        self.webhook_events_unmatched
+            .inc_by(u64::from(outcome.unmatched));
+        self.webhook_resolved.inc_by(outcome.resolved.len() as u64);
+        self.webhook_bounces.inc_by(u64::from(outcome.bounced));
+    }
+
     pub fn breaker_state(&self, state: BreakerState) {
         for s in [
             BreakerState::Closed,
@@ -267,6 +383,8 @@ impl Metrics {
         self.oldest_queued.set(age_ms as f64 / 1000.0);
         self.damaged
             .set(i64::try_from(stats.damaged).unwrap_or(i64::MAX));
+        self.unmatched_events
+            .set(i64::try_from(stats.unmatched_events).unwrap_or(i64::MAX));
         self.connections_open
             .set(i64::try_from(connections_open).unwrap_or(i64::MAX));
         self.delivery_paused.set(i64::from(paused));
@@ -352,6 +470,11 @@ mod tests {
         assert_eq!(v("idemrelay_queue_depth{state=\"queued\"}"), 3.0);
         assert_eq!(v("idemrelay_oldest_queued_age_seconds"), 2.5);
         assert_eq!(v("idemrelay_damaged_records"), 1.0);
+        assert_eq!(v("idemrelay_upstream_events_unmatched"), 4.0);
+        assert_eq!(
+            v("idemrelay_webhook_rejected_total{reason=\"too_large\"}"),
+            0.0
+        );
         assert_eq!(v("idemrelay_circuit_breaker_state{state=\"open\"}"), 1.0);
         assert_eq!(v("idemrelay_circuit_breaker_state{state=\"closed\"}"), 0.0);
         assert_eq!(v("idemrelay_connections_open"), 7.0);
