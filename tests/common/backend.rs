@@ -124,9 +124,11 @@ impl WriteLock {
         if store.starts_with("postgres") {
             let mut conn = sqlx::PgConnection::connect(store).await.unwrap();
             conn.execute("BEGIN").await.unwrap();
-            conn.execute("LOCK TABLE messages, delivery_jobs, attempts IN EXCLUSIVE MODE")
-                .await
-                .unwrap();
+            conn.execute(
+                "LOCK TABLE messages, delivery_jobs, attempts, webhook_receipts IN EXCLUSIVE MODE",
+            )
+            .await
+            .unwrap();
             WriteLock::Postgres(conn)
         } else {
             let mut conn = sqlx::SqliteConnection::connect(store).await.unwrap();

@@ -34,20 +34,61 @@ pub async fn request(
     path: &str,
     token: Option<&str>,
 ) -> HttpResponse {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+    send(addr, method, path, &headers, Body::Bytes(b"")).await
+}
+
+/// A request body as it goes over the socket.
+pub enum Body<'a> {
+    /// With its Content-Length.
+    Bytes(&'a [u8]),
+    /// `Transfer-Encoding: chunked`, in chunks of this many bytes (no length declared).
+    Chunked(&'a [u8], usize),
+}
+
+/// One request with `headers` and `body` on a fresh connection.
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Body<'_>,
+) -> HttpResponse {
     let mut stream = TcpStream::connect(addr).await.expect("connect to admin");
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n"
-    );
-    if let Some(token) = token {
-        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    let mut payload = Vec::new();
+    match body {
+        Body::Bytes(bytes) => {
+            head.push_str(&format!("Content-Length: {}\r\n", bytes.len()));
+            payload.extend_from_slice(bytes);
+        }
+        Body::Chunked(bytes, size) => {
+            head.push_str("Transfer-Encoding: chunked\r\n");
+            for chunk in bytes.chunks(size) {
+                payload.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+                payload.extend_from_slice(chunk);
+                payload.extend_from_slice(b"\r\n");
+            }
+            payload.extend_from_slice(b"0\r\n\r\n");
+        }
     }
     head.push_str("\r\n");
     stream.write_all(head.as_bytes()).await.expect("write");
+    // A server that refuses early may close before taking the whole body.
+    let _ = stream.write_all(&payload).await;
     let mut raw = Vec::new();
-    tokio::time::timeout(super::TIMEOUT, stream.read_to_end(&mut raw))
+    let read = tokio::time::timeout(super::TIMEOUT, stream.read_to_end(&mut raw))
         .await
-        .expect("admin API answered in time")
-        .expect("read");
+        .expect("the server answered in time");
+    // A server that answered before reading the whole body may reset the connection after
+    // its answer: what came before the reset counts.
+    if let Err(err) = read {
+        assert!(!raw.is_empty(), "read: {err}");
+    }
     let text = String::from_utf8(raw).expect("UTF-8 response");
     let (head, body) = text.split_once("\r\n\r\n").expect("header/body separator");
     let mut lines = head.split("\r\n");
