@@ -12,7 +12,7 @@ use crate::intake::fingerprint::fingerprint;
 use crate::intake::key::{derive_key, read_key_header, KeyHeader};
 use crate::intake::message::scan_headers;
 use crate::smtp::session::{BodyType, Envelope};
-use crate::store::{AttemptRow, MessageSummary, Requeue, State, StoredMessage};
+use crate::store::{AttemptRow, EventRow, MessageSummary, Requeue, State, StoredMessage};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -357,11 +357,12 @@ fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
                     );
                 };
                 let attempts = store.attempts(&message.id).await?;
+                let events = store.events(&message.id).await?;
                 if json {
-                    let value = show_json(&message, &attempts);
+                    let value = show_json(&message, &attempts, &events);
                     println!("{}", serde_json::to_string_pretty(&value)?);
                 } else {
-                    print!("{}", show_text(&message, &attempts));
+                    print!("{}", show_text(&message, &attempts, &events));
                 }
             }
             QueueCommand::Retry {
@@ -434,9 +435,17 @@ fn report(settings: &Settings, since: Option<&str>, json: bool) -> anyhow::Resul
 
 fn report_table(rows: &[crate::store::DailyCounts]) -> String {
     let mut cells: Vec<Vec<String>> = Vec::new();
-    let mut total = [0u64; 5];
+    let mut total = [0u64; 7];
     for r in rows {
-        let counts = [r.accepted, r.replayed, r.delivered, r.failed, r.unresolved];
+        let counts = [
+            r.accepted,
+            r.replayed,
+            r.delivered,
+            r.failed,
+            r.unresolved,
+            r.resolved_by_event,
+            r.bounced,
+        ];
         for (t, n) in total.iter_mut().zip(counts) {
             *t += n;
         }
@@ -456,6 +465,8 @@ fn report_table(rows: &[crate::store::DailyCounts]) -> String {
             "DELIVERED",
             "FAILED",
             "UNRESOLVED",
+            "RESOLVED-BY-EVENT",
+            "BOUNCED",
         ],
         &cells,
     )
@@ -529,7 +540,7 @@ fn list_table(rows: &[MessageSummary]) -> String {
     )
 }
 
-fn show_text(m: &StoredMessage, attempts: &[AttemptRow]) -> String {
+fn show_text(m: &StoredMessage, attempts: &[AttemptRow], events: &[EventRow]) -> String {
     let mut out = String::new();
     let mut field = |name: &str, value: String| out.push_str(&format!("{name:<16}{value}\n"));
     field("id", m.id.clone());
@@ -548,6 +559,10 @@ fn show_text(m: &StoredMessage, attempts: &[AttemptRow]) -> String {
     field("finished at", or_dash(m.finished_at_ms.map(time_ms)));
     field("reply", m.reply.clone());
     field("upstream reply", or_dash(m.upstream_reply.as_deref()));
+    field("message-id", or_dash(m.message_id.as_deref()));
+    if let Some(evidence) = &m.resolved_by {
+        field("resolved by", format!("upstream event {evidence}"));
+    }
     field(
         "content",
         if m.content.is_some() {
@@ -572,13 +587,53 @@ fn show_text(m: &StoredMessage, attempts: &[AttemptRow]) -> String {
                     a.outcome.clone().unwrap_or_else(|| "open".into()),
                     or_dash(a.phase.as_deref()),
                     or_dash(a.code),
+                    or_dash(a.upstream_id.as_deref()),
                     or_dash(a.reply.as_deref()),
                 ]
             })
             .collect();
         out.push_str(&table(
             &[
-                "#", "STARTED", "FINISHED", "OUTCOME", "PHASE", "CODE", "REPLY",
+                "#",
+                "STARTED",
+                "FINISHED",
+                "OUTCOME",
+                "PHASE",
+                "CODE",
+                "UPSTREAM-ID",
+                "REPLY",
+            ],
+            &rows,
+        ));
+    }
+    out.push_str(&format!("upstream events {}\n", events.len()));
+    if !events.is_empty() {
+        let rows: Vec<Vec<String>> = events
+            .iter()
+            .map(|e| {
+                let applied = match (e.applied, e.evidence) {
+                    (_, true) => "evidence",
+                    (true, false) => "applied",
+                    (false, false) => "stale",
+                };
+                vec![
+                    e.recipient.clone().unwrap_or_else(|| "*".into()),
+                    time_ms(e.event_time_ms),
+                    e.event_type.clone(),
+                    e.kind.as_str().to_string(),
+                    applied.to_string(),
+                    format!("{}/{}#{}", e.source, e.webhook_id, e.index),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &[
+                "RECIPIENT",
+                "EVENT TIME",
+                "TYPE",
+                "KIND",
+                "APPLIED",
+                "REQUEST",
             ],
             &rows,
         ));

@@ -582,7 +582,9 @@ async fn a_replay_is_answered_when_its_count_cannot_be_written() {
                 accepted INTEGER NOT NULL DEFAULT 0,
                 replayed INTEGER NOT NULL DEFAULT 0 CHECK (replayed = 0),
                 delivered INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
-                unresolved INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (scope, day)) STRICT;
+                unresolved INTEGER NOT NULL DEFAULT 0,
+                resolved_by_event INTEGER NOT NULL DEFAULT 0,
+                bounced INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (scope, day)) STRICT;
              COMMIT",
         )
         .await;

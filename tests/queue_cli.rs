@@ -367,6 +367,8 @@ async fn report_counts_each_scope_and_day() {
             "delivered": 2,
             "failed": 1,
             "unresolved": 0,
+            "resolved_by_event": 0,
+            "bounced": 0,
         }])
     );
     let table = report(&relay, &["--since", &today]).await;
@@ -386,10 +388,22 @@ async fn report_counts_each_scope_and_day() {
                 "REPLAYED",
                 "DELIVERED",
                 "FAILED",
-                "UNRESOLVED"
+                "UNRESOLVED",
+                "RESOLVED-BY-EVENT",
+                "BOUNCED"
             ],
-            vec![today.as_str(), "tenant-a", "2", "2", "2", "1", "0"],
-            vec!["total", "-", "2", "2", "2", "1", "0"],
+            vec![
+                today.as_str(),
+                "tenant-a",
+                "2",
+                "2",
+                "2",
+                "1",
+                "0",
+                "0",
+                "0"
+            ],
+            vec!["total", "-", "2", "2", "2", "1", "0", "0", "0"],
         ],
         "{}",
         table.stdout

@@ -473,6 +473,55 @@ async fn an_accepted_event_resolves_an_unresolved_record() {
     assert_eq!(metric(&page, "idemrelay_webhook_resolved_total"), 1.0);
     let report = relay.store().report(None).await.unwrap();
     assert_eq!(report.iter().map(|d| d.resolved_by_event).sum::<u64>(), 1);
+
+    // Where people see it: the admin API, `queue show` (text and JSON) and `report`.
+    let shown = get(relay.admin(), &format!("/api/v1/messages/{id}"), None).await;
+    let m = shown.json();
+    assert_eq!(m["state"], "delivered");
+    assert_eq!(m["resolved_by"], "upstream/msg_inj#0 injection");
+    let events = m["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2, "{m}");
+    let injection = events.iter().find(|e| e["type"] == "injection").unwrap();
+    assert_eq!(injection["recipient"], "rcpt@example.com");
+    assert_eq!(injection["kind"], "accepted");
+    assert_eq!(injection["evidence"], true);
+    assert_eq!(injection["applied"], true);
+    assert_eq!(injection["event_time"], "2026-12-02T06:00:00.123Z");
+    assert_eq!(m["recipient_status"]["rcpt@example.com"], "injection");
+    let store = relay.settings.store.expose().to_string();
+    let cli = |args: &[&str]| {
+        let out = tokio::task::block_in_place(|| {
+            common::process::idemrelay()
+                .args(args)
+                .args(["--store", &store])
+                .output()
+                .unwrap()
+        });
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = cli(&["queue", "show", &id]);
+    assert!(
+        text.contains("resolved by     upstream event upstream/msg_inj#0 injection"),
+        "{text}"
+    );
+    let row = text
+        .lines()
+        .find(|l| l.contains("evidence"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        row.starts_with("rcpt@example.com") && row.contains("injection"),
+        "{row}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&cli(&["queue", "show", &id, "--json"])).unwrap();
+    assert_eq!(json["events"], m["events"]);
+    let report: serde_json::Value = serde_json::from_str(&cli(&["report", "--json"])).unwrap();
+    assert_eq!(report[0]["resolved_by_event"], 1, "{report}");
     relay.relay.shutdown().await;
 }
 

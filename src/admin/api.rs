@@ -32,15 +32,19 @@ fn not_found(id: &str) -> Response {
     )
 }
 
-/// The record with its replies and every attempt, or 404.
+/// The record with its replies, every attempt and its upstream events, or 404.
 async fn record(state: &AdminState, id: &str) -> Response {
     let message = match state.store.message(id).await {
         Ok(Some(message)) => message,
         Ok(None) => return not_found(id),
         Err(err) => return store_error(err),
     };
-    match state.store.attempts(id).await {
-        Ok(attempts) => Json(show_json(&message, &attempts)).into_response(),
+    let attempts = match state.store.attempts(id).await {
+        Ok(attempts) => attempts,
+        Err(err) => return store_error(err),
+    };
+    match state.store.events(id).await {
+        Ok(events) => Json(show_json(&message, &attempts, &events)).into_response(),
         Err(err) => store_error(err),
     }
 }

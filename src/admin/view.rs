@@ -1,7 +1,9 @@
 //! The JSON shapes of records and ledger rows, shared by the admin API and `queue --json`, so
 //! a script can switch between the two without translating.
 
-use crate::store::{AttemptRow, DailyCounts, MessageSummary, StoredMessage};
+use std::collections::BTreeMap;
+
+use crate::store::{AttemptRow, DailyCounts, EventRow, MessageSummary, StoredMessage};
 
 /// RFC 3339 UTC with milliseconds, from Unix milliseconds.
 pub fn time_ms(ms: i64) -> String {
@@ -38,10 +40,53 @@ pub fn attempt_json(a: &AttemptRow) -> serde_json::Value {
         "phase": a.phase,
         "code": a.code,
         "reply": a.reply,
+        "upstream_id": a.upstream_id,
     })
 }
 
-pub fn show_json(m: &StoredMessage, attempts: &[AttemptRow]) -> serde_json::Value {
+pub fn event_json(e: &EventRow) -> serde_json::Value {
+    serde_json::json!({
+        "recipient": e.recipient,
+        "type": e.event_type,
+        "kind": e.kind.as_str(),
+        "event_time": time_ms(e.event_time_ms),
+        "event_time_ms": e.event_time_ms,
+        "received_at": time_ms(e.received_at_ms),
+        "received_at_ms": e.received_at_ms,
+        "source": e.source,
+        "webhook_id": e.webhook_id,
+        "index": e.index,
+        "applied": e.applied,
+        "stale": !e.applied,
+        "evidence": e.evidence,
+        "key": e.key,
+        "upstream_id": e.upstream_id,
+        "message_id": e.message_id,
+    })
+}
+
+/// Per recipient (`*` for events about the whole message), the type of the newest applied
+/// event: what the upstream last said about it.
+pub fn recipient_status(events: &[EventRow]) -> BTreeMap<String, String> {
+    let mut newest: BTreeMap<String, &EventRow> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.applied) {
+        let who = e.recipient.clone().unwrap_or_else(|| "*".into());
+        let slot = newest.entry(who).or_insert(e);
+        if e.event_time_ms >= slot.event_time_ms {
+            *slot = e;
+        }
+    }
+    newest
+        .into_iter()
+        .map(|(who, e)| (who, e.event_type.clone()))
+        .collect()
+}
+
+pub fn show_json(
+    m: &StoredMessage,
+    attempts: &[AttemptRow],
+    events: &[EventRow],
+) -> serde_json::Value {
     serde_json::json!({
         "id": m.id,
         "scope": m.scope,
@@ -61,7 +106,11 @@ pub fn show_json(m: &StoredMessage, attempts: &[AttemptRow]) -> serde_json::Valu
         "queued_job": m.has_job,
         "content_stored": m.content.is_some(),
         "damage": m.damage,
+        "message_id": m.message_id,
+        "resolved_by": m.resolved_by,
         "attempts": attempts.iter().map(attempt_json).collect::<Vec<_>>(),
+        "events": events.iter().map(event_json).collect::<Vec<_>>(),
+        "recipient_status": recipient_status(events),
     })
 }
 
@@ -74,5 +123,7 @@ pub fn daily_json(r: &DailyCounts) -> serde_json::Value {
         "delivered": r.delivered,
         "failed": r.failed,
         "unresolved": r.unresolved,
+        "resolved_by_event": r.resolved_by_event,
+        "bounced": r.bounced,
     })
 }
