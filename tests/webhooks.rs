@@ -586,3 +586,104 @@ fn which(program: &str) -> Option<std::path::PathBuf> {
         .map(|dir| std::path::Path::new(dir).join(program))
         .find(|p| p.is_file())
 }
+
+/// End to end, with the sink as the upstream and the sender of its own events (an independent
+/// signer): the reply to the final dot is dropped every time, so the record ends `unresolved`
+/// once the window has passed; the sink's `injection` and `delivery` events (each posted twice,
+/// and in reverse order) resolve it to `delivered` with no person involved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sinks_own_webhooks_resolve_an_unresolved_record() {
+    use idemrelay::app::Relay;
+    use idemrelay::sink::{SinkConfig, WebhookConfig};
+    use idemrelay::smtp::server::ListenerKind;
+    use tokio::net::TcpListener;
+
+    // The webhook listener is bound first: the sink needs its address, the relay the sink's.
+    let hooks = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/webhooks/upstream", hooks.local_addr().unwrap());
+    let mut webhook = WebhookConfig::new(url.parse().unwrap(), vec![SECRET.parse().unwrap()]);
+    webhook.delivery_delay = Duration::from_millis(100);
+    let sink = idemrelay::sink::Sink::start(SinkConfig {
+        webhook: Some(webhook),
+        ..SinkConfig::default()
+    })
+    .await
+    .unwrap();
+    sink.set_faults(vec![
+        FaultRule::drop_after_dot(),
+        "phase=webhook,action=duplicate".parse().unwrap(),
+        "phase=webhook,action=reorder".parse().unwrap(),
+    ])
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = common::test_settings(dir.path());
+    settings.store = common::backend::store_url(dir.path()).await;
+    common::fast_delivery(&mut settings, sink.smtp_addr());
+    with_webhooks(&mut settings);
+    settings.delivery.upstream_window = common::UNKNOWN_WINDOW;
+    settings.delivery.window_margin = common::UNKNOWN_WINDOW_MARGIN;
+    settings.delivery.timeouts.dot = Duration::from_secs(1);
+    let store = idemrelay::store::open(settings.store.expose(), settings.store_busy_timeout)
+        .await
+        .unwrap();
+    let smtp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay = Relay::with_all_parts(
+        &settings,
+        store,
+        vec![(ListenerKind::Plain, smtp)],
+        Some(admin),
+        Some(hooks),
+    )
+    .unwrap();
+    let addr = relay.local_addrs()[0];
+    let relay = TestRelay {
+        relay,
+        addr,
+        dir,
+        settings,
+    };
+
+    let id = common::submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(Some("wh-e2e"), "end to end", "b"),
+    )
+    .await;
+    // Events arrive while the record is still queued (every attempt's reply is dropped): they
+    // are stored, and resolve it the moment it is settled unresolved.
+    wait_state(&relay, &id, State::Delivered).await;
+    let m = relay.stored(&id).await;
+    let evidence = m.resolved_by.clone().expect("resolved by an event");
+    assert!(evidence.starts_with("upstream/msg_S"), "{evidence}");
+    let ledger = relay.store().attempts(&id).await.unwrap();
+    assert!(
+        ledger
+            .iter()
+            .all(|a| a.outcome.as_deref() == Some("unknown")),
+        "{ledger:?}"
+    );
+    let events = relay.store().events(&id).await.unwrap();
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    assert!(
+        types.contains(&"injection") && types.contains(&"delivery"),
+        "{types:?}"
+    );
+    // Each batch came twice: the second copy of each was a duplicate, stored once.
+    common::eventually(Duration::from_secs(10), "the duplicate posts", || async {
+        let page = metrics(&relay).await;
+        (metric(&page, "idemrelay_webhook_duplicates_total") >= 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(relay.store().events(&id).await.unwrap().len(), 2);
+    assert_eq!(sink.stats().messages, 1, "delivered once at the sink");
+    // It was settled unresolved first, and resolved in that same commit.
+    let report = relay.store().report(None).await.unwrap();
+    let sum = |f: fn(&idemrelay::store::DailyCounts) -> u64| report.iter().map(f).sum::<u64>();
+    assert_eq!(
+        (sum(|d| d.unresolved), sum(|d| d.resolved_by_event)),
+        (1, 1)
+    );
+    relay.relay.shutdown().await;
+}
