@@ -583,22 +583,10 @@ async fn a_4xx_or_no_answer_at_the_dot_is_75_and_the_retry_replays() {
     assert_eq!(sink.messages().len(), 1);
 }
 
-/// The port of the relay's listener of `kind` (`Plain`, `StartTls`, `ImplicitTls`), from its
-/// log.
+/// The port of the relay's listener of `kind` (`Plain`, `StartTls`, `ImplicitTls`), once its
+/// log names it (the listeners are logged one after another, after the first is ready).
 fn listener_port(relay: &RelayProcess, kind: &str) -> u16 {
-    let log = relay.log();
-    log.lines()
-        .find_map(|l| {
-            let rest = l.split_once("listening on ")?.1;
-            let (addr, what) = rest.split_once(' ')?;
-            if what.trim() == format!("({kind})") {
-                addr.parse::<SocketAddr>().ok()
-            } else {
-                None
-            }
-        })
-        .unwrap_or_else(|| panic!("no {kind} listener in the log:\n{log}"))
-        .port()
+    super::logged_listeners(relay, kind, 1)[0].port()
 }
 
 /// Runs an `idemrelay` setup command, which must succeed.
