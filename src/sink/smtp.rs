@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use super::faults::{Context, FaultAction, Phase};
-use super::state::{not_up, shutting_down, Control, Life, Shared, Submission};
+use super::state::{shutting_down, went_down, Control, Life, Shared, Submission};
 use super::Down;
 use crate::intake::key::read_key_header;
 use crate::intake::message::scan_headers;
@@ -268,7 +268,7 @@ impl Session {
     async fn sleep(&mut self, delay: Duration) -> bool {
         let interrupted = tokio::select! {
             _ = tokio::time::sleep(delay) => None,
-            life = not_up(&mut self.life) => Some(life),
+            life = went_down(&mut self.life, &self.shared.last_down) => Some(life),
         };
         match interrupted {
             None => true,
@@ -314,7 +314,7 @@ impl Session {
             self.buf.reserve(READ_CHUNK);
             let event = tokio::select! {
                 read = tokio::time::timeout(IDLE_TIMEOUT, stream.read_buf(&mut self.buf)) => Event::Read(read),
-                life = not_up(&mut self.life) => Event::Life(life),
+                life = went_down(&mut self.life, &self.shared.last_down) => Event::Life(life),
             };
             match event {
                 Event::Read(Ok(Ok(0))) => return Ok(End::Closed),

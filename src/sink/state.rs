@@ -106,12 +106,19 @@ pub(crate) enum Life {
     ShuttingDown,
 }
 
-/// Resolves with the new state once the sink is no longer up. Never holds the watch guard
-/// across an await (it is not `Send`).
-pub(crate) async fn not_up(life: &mut watch::Receiver<Life>) -> Life {
-    match life.wait_for(|l| *l != Life::Up).await {
-        Ok(l) => *l,
-        Err(_) => Life::ShuttingDown,
+/// Resolves once the sink has gone down since `life` was last seen, with how. A session
+/// subscribes while the sink is up, so any change means it went down, also when a pause and a
+/// resume came back to back and the sink is up again by the time this task looks (waiting for
+/// "not up" missed those, and the connection lived through the outage). Never holds the watch
+/// guard across an await (it is not `Send`).
+pub(crate) async fn went_down(life: &mut watch::Receiver<Life>, last_down: &Mutex<Down>) -> Life {
+    if life.changed().await.is_err() {
+        return Life::ShuttingDown;
+    }
+    let now = *life.borrow_and_update();
+    match now {
+        Life::Up => Life::Down(*last_down.lock().expect("last_down")),
+        down => down,
     }
 }
 
@@ -177,6 +184,8 @@ pub(crate) struct Shared {
     pub config: SinkConfig,
     pub tls: Option<TlsAcceptor>,
     pub life: watch::Sender<Life>,
+    /// How the sink last went down, for sessions that see it only after a resume.
+    pub last_down: Mutex<Down>,
     pub control: mpsc::Sender<Control>,
     /// Bumped on every change, for the handle's `wait_for_*`.
     pub version: watch::Sender<u64>,
@@ -245,6 +254,7 @@ impl Shared {
         Ok(Shared {
             tls,
             life: watch::Sender::new(Life::Up),
+            last_down: Mutex::new(Down::Refuse),
             control,
             version: watch::Sender::new(0),
             hooks,
@@ -361,21 +371,27 @@ impl Shared {
         Ok(())
     }
 
+    /// Sessions are woken only by a real change: a resume of a sink that is up must not look
+    /// like an outage to them.
     fn set_life(&self, to: Life) -> anyhow::Result<()> {
-        let changed = self.life.send_if_modified(|life| {
-            let ok = *life != Life::ShuttingDown;
-            if ok {
-                *life = to;
+        let mut refused = false;
+        self.life.send_if_modified(|life| {
+            if *life == Life::ShuttingDown {
+                refused = true;
+                return false;
             }
-            ok
+            let changed = *life != to;
+            *life = to;
+            changed
         });
-        anyhow::ensure!(changed, "the sink is shutting down");
+        anyhow::ensure!(!refused, "the sink is shutting down");
         Ok(())
     }
 
     /// Open connections are closed first (they watch `life`), then the listener follows the
     /// mode: closed for `Refuse`, open for `Greet421`.
     pub async fn pause(&self, down: Down) -> anyhow::Result<()> {
+        *self.last_down.lock().expect("last_down") = down;
         self.set_life(Life::Down(down))?;
         self.listen(down == Down::Greet421).await
     }
@@ -715,4 +731,40 @@ struct NewMessage {
     id: String,
     how: How,
     fault: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The race behind a flaky `delivery_policy` test: a pause and a resume back to back, before
+    /// the session's task runs. The session must still close, with the mode of the outage.
+    #[tokio::test]
+    async fn a_session_sees_an_outage_that_is_over_by_the_time_it_looks() {
+        let life = watch::Sender::new(Life::Up);
+        let last_down = Mutex::new(Down::Greet421);
+        let mut session = life.subscribe();
+        life.send_replace(Life::Down(Down::Greet421));
+        life.send_replace(Life::Up);
+        let seen = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            went_down(&mut session, &last_down),
+        )
+        .await
+        .expect("the session missed the outage");
+        assert_eq!(seen, Life::Down(Down::Greet421));
+
+        // Still down when it looks: that mode, and the session is not woken again by nothing.
+        life.send_replace(Life::Down(Down::Refuse));
+        assert_eq!(
+            went_down(&mut session, &last_down).await,
+            Life::Down(Down::Refuse)
+        );
+        let quiet = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            went_down(&mut session, &last_down),
+        )
+        .await;
+        assert!(quiet.is_err());
+    }
 }
