@@ -54,10 +54,13 @@ use std::time::{Duration, Instant};
 use common::backend::{self, WriteLock};
 use common::dot_stuff;
 use common::process::RelayProcess;
-use idemrelay::sink::{FaultRule, Outcome as SinkOutcome, Phase, Sink, SinkConfig, SinkHandle};
+use idemrelay::sink::{
+    AttemptOutcome, FaultRule, Outcome as SinkOutcome, Phase, RetryPolicy, Sink, SinkConfig,
+    SinkHandle, WebhookAttempt, WebhookConfig, WebhookFault,
+};
 use idemrelay::store::{self, AttemptRow, State, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
 const SEED_ENV: &str = "IDEMRELAY_CHAOS_SEED";
@@ -92,8 +95,21 @@ const KEY_LIMIT: Duration = Duration::from_secs(150);
 const STORM_MIN: Duration = Duration::from_secs(22);
 /// Submissions start evenly spread over this.
 const SUBMIT_SPREAD: Duration = Duration::from_secs(20);
-/// Waiting for the queue to drain once the clients are done.
+/// Waiting for the queue (and the sink's webhook posts) to drain once the clients are done.
 const DRAIN_LIMIT: Duration = Duration::from_secs(120);
+
+/// The relays' webhook source (`[webhooks.upstream]`) and the secret the sink signs with.
+const HOOK_SOURCE: &str = "upstream";
+const HOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// The sink's retries of a webhook post: quick and many, so that a post that met a relay
+/// being restarted or a locked store is back within a second, and no batch is given up
+/// while the storm lasts (a post starts at most `deadline` after the first).
+const HOOK_RETRY: RetryPolicy = RetryPolicy {
+    first: Duration::from_millis(100),
+    max_delay: Duration::from_secs(1),
+    max_attempts: 1000,
+    deadline: Duration::from_secs(150),
+};
 
 /// Read once: with `random`, both scenarios and every message must name the same seed.
 fn seed() -> u64 {
@@ -205,6 +221,8 @@ struct Plan {
     fault: Fault,
     /// Approximate message size.
     size: usize,
+    /// What the sink's webhook does with this key's event batches (every part and scope).
+    hook: Option<WebhookFault>,
 }
 
 fn make_plans(rng: &mut fastrand::Rng, tag: &str, n: usize) -> Vec<Plan> {
@@ -256,9 +274,45 @@ fn make_plans(rng: &mut fastrand::Rng, tag: &str, n: usize) -> Vec<Plan> {
                 } else {
                     rng.usize(300..6000)
                 },
+                hook: None,
             }
         })
         .collect()
+}
+
+/// The webhook faults, from a stream of their own so that the SMTP plan of a seed stays what
+/// it was before there were webhooks. The past-window keys, which only an event can resolve,
+/// get one each in turn; a quarter of the others get one at random.
+fn plan_hooks(rng: &mut fastrand::Rng, plans: &mut [Plan]) {
+    let draw = |rng: &mut fastrand::Rng, n: u32| match n {
+        0 => Some(WebhookFault::Duplicate),
+        1 => Some(WebhookFault::Reorder),
+        2 => Some(WebhookFault::Late(Duration::from_millis(
+            rng.u64(500..3000),
+        ))),
+        3 => Some(WebhookFault::LoseAck),
+        _ => None,
+    };
+    let mut turn = 0;
+    for plan in plans {
+        plan.hook = if plan.fault == Fault::PastWindow {
+            turn += 1;
+            draw(rng, (turn - 1) % 4)
+        } else {
+            match rng.u32(0..100) {
+                0..8 => draw(rng, 0),
+                8..16 => draw(rng, 1),
+                16..21 => draw(rng, 2),
+                21..26 => draw(rng, 3),
+                _ => None,
+            }
+        };
+    }
+}
+
+fn hook_rule(plan: &Plan) -> Option<FaultRule> {
+    plan.hook
+        .map(|f| FaultRule::webhook(f).with_key(plan.key.clone()))
 }
 
 fn sink_rule(plan: &Plan) -> Option<FaultRule> {
@@ -697,6 +751,7 @@ fn write_config(path: &Path, users: &Path) {
     let text = format!(
         r#"
 users_file = "{}"
+webhook_listen = "127.0.0.1:0"
 in_progress_wait = "1s"
 store_busy_timeout = "700ms"
 store_probe_interval = "200ms"
@@ -723,6 +778,20 @@ mail = "2s"
 rcpt = "2s"
 data = "2s"
 dot = "{DOT_TIMEOUT}"
+
+# The sink's event shape (README "Its webhooks").
+[webhooks.{HOOK_SOURCE}]
+secrets = ["{HOOK_SECRET}"]
+[webhooks.{HOOK_SOURCE}.fields]
+event_type = "/type"
+event_time = "/timestamp"
+key = "/idempotency_key"
+upstream_id = "/message_id"
+message_id = "/headers/message-id"
+recipient = "/rcpt_to"
+[webhooks.{HOOK_SOURCE}.types]
+accepted = ["injection", "delivery"]
+bounced = ["bounce"]
 "#,
         users.display(),
         WINDOW.as_secs(),
@@ -748,6 +817,8 @@ struct Cluster {
     seed: u64,
     relays: Vec<Option<RelayProcess>>,
     addrs: Addrs,
+    /// The webhook listeners of the relays that are up, for the balancer.
+    hooks: Addrs,
     incarnations: u64,
     deaths: Deaths,
     /// The logs of dead relays, for failure messages.
@@ -776,6 +847,7 @@ impl Cluster {
             seed,
             relays: (0..instances).map(|_| None).collect(),
             addrs: Arc::new(Mutex::new(vec![None; instances])),
+            hooks: Arc::new(Mutex::new(vec![None; instances])),
             incarnations: 0,
             deaths: Deaths::default(),
             dead_logs: Vec::new(),
@@ -821,6 +893,7 @@ impl Cluster {
     async fn install(&mut self, i: usize, relay: RelayProcess) {
         let relay = relay.ready().await;
         self.addrs.lock().unwrap()[i] = Some(relay.addr);
+        self.hooks.lock().unwrap()[i] = Some(relay.webhooks());
         self.relays[i] = Some(relay);
     }
 
@@ -865,6 +938,7 @@ impl Cluster {
             let status = self.relays[i].as_mut().and_then(RelayProcess::try_exit);
             if let Some(status) = status {
                 self.addrs.lock().unwrap()[i] = None;
+                self.hooks.lock().unwrap()[i] = None;
                 let relay = self.relays[i].take().unwrap();
                 self.buried(i, relay, status).await;
             }
@@ -873,6 +947,7 @@ impl Cluster {
 
     async fn sigkill(&mut self, i: usize) {
         self.addrs.lock().unwrap()[i] = None;
+        self.hooks.lock().unwrap()[i] = None;
         let mut relay = self.relays[i].take().expect("relay running");
         // Signalled like an operator would, so that a relay that aborted at a crash point a
         // moment earlier is simply found dead (and counted as such).
@@ -904,6 +979,61 @@ impl Cluster {
             ));
         }
         out
+    }
+}
+
+/// What the balancer in front of the relays' webhook listeners did.
+#[derive(Debug, Default)]
+struct Balanced {
+    /// Connections passed on, per relay instance.
+    per_relay: Vec<u64>,
+    /// Connections closed at once: no relay was up, or the one picked refused.
+    closed: u64,
+}
+
+/// The relays' webhook listeners behind one address, as a load balancer in TCP mode puts
+/// them (the sink is told one URL; the relays move to new ports when restarted): each
+/// connection goes to the next relay that is up, round robin, and is closed at once when none
+/// is, so that the sink retries.
+async fn balance(listener: TcpListener, hooks: Addrs, counts: Arc<Mutex<Balanced>>) {
+    let mut next = 0usize;
+    loop {
+        let Ok((mut inbound, _)) = listener.accept().await else {
+            continue;
+        };
+        let picked = {
+            let hooks = hooks.lock().unwrap();
+            let n = hooks.len();
+            (0..n).find_map(|i| hooks[(next + i) % n].map(|addr| ((next + i) % n, addr)))
+        };
+        next = next.wrapping_add(1);
+        let counts = counts.clone();
+        tokio::spawn(async move {
+            let outbound = match picked {
+                Some((i, addr)) => {
+                    tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .map(|s| (i, s))
+                }
+                None => None,
+            };
+            let Some((i, mut outbound)) = outbound else {
+                counts.lock().unwrap().closed += 1;
+                return;
+            };
+            {
+                let mut counts = counts.lock().unwrap();
+                if counts.per_relay.len() <= i {
+                    counts.per_relay.resize(i + 1, 0);
+                }
+                counts.per_relay[i] += 1;
+            }
+            // A relay killed in the middle of a request breaks both halves: the sender sees
+            // no answer, as it would behind a real balancer.
+            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+        });
     }
 }
 
@@ -993,6 +1123,199 @@ async fn chaos(
     }
 }
 
+// --- the upstream's events ------------------------------------------------------------------
+
+#[derive(Debug, Default)]
+struct HookCounts {
+    batches: u64,
+    posts: usize,
+    /// Posts without a 2xx (no relay up, one killed mid-request, a locked store's 503),
+    /// each retried.
+    refused_posts: usize,
+    /// Batches posted twice on purpose (`duplicate`), and 2xx treated as lost (`lose_ack`).
+    duplicated: usize,
+    acks_lost: usize,
+    /// Posts the relays answered `{"duplicate":true}`.
+    duplicate_answers: usize,
+    receipts: usize,
+    events: i64,
+    /// Stored, not applied: older than an event already applied to the same record and
+    /// recipient (a reordered injection).
+    stale: i64,
+    /// Records an event resolved from `unresolved` to `delivered`.
+    resolved: usize,
+    /// Records settled unresolved, as `report` counts them.
+    settled_unresolved: u64,
+}
+
+/// What the relay answered a 2xx post: `Some(true)` for a webhook-id it had received before.
+fn duplicate_answer(post: &WebhookAttempt) -> Option<bool> {
+    let body = post.response.as_deref()?;
+    if body.contains(r#""duplicate":true"#) {
+        Some(true)
+    } else if body.contains(r#""duplicate":false"#) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// The upstream's truth against the store, once the sink has posted every batch to the end:
+/// each webhook-id received once (a receipt for each id that got a 2xx, nothing else; every
+/// later post of it answered as a duplicate; as many events stored as those batches hold), no
+/// event left without its record, a record the sink accepted never left `unresolved`, and a
+/// record resolved only by an event about a message the sink accepted with its key and bytes.
+async fn check_webhooks(
+    store_url: &str,
+    reader: &dyn Store,
+    sink: &SinkHandle,
+    stored: &BTreeMap<Unit, (&store::MessageSummary, store::StoredMessage)>,
+    violations: &mut Vec<String>,
+) -> HookCounts {
+    let stats = sink.stats();
+    let posts = sink.webhooks();
+    let messages: BTreeMap<String, idemrelay::sink::ReceivedMessage> = sink
+        .messages()
+        .into_iter()
+        .map(|m| (m.id.clone(), m))
+        .collect();
+    let mut h = HookCounts {
+        batches: stats.webhooks.batches,
+        posts: posts.len(),
+        ..HookCounts::default()
+    };
+    if stats.webhooks.failed > 0 || stats.webhooks.dropped > 0 {
+        violations.push(format!(
+            "the sink gave up on webhook batches: {:?}",
+            stats.webhooks
+        ));
+    }
+
+    let mut by_id: BTreeMap<&str, Vec<&WebhookAttempt>> = BTreeMap::new();
+    for p in &posts {
+        by_id.entry(p.webhook_id.as_str()).or_default().push(p);
+    }
+    let mut through: BTreeSet<String> = BTreeSet::new();
+    let mut batch_events: i64 = 0;
+    for (id, mut ps) in by_id {
+        ps.sort_by_key(|p| p.seq);
+        let ok: Vec<&WebhookAttempt> = ps
+            .iter()
+            .copied()
+            .filter(|p| p.status.is_some_and(|s| (200..300).contains(&s)))
+            .collect();
+        h.refused_posts += ps.len() - ok.len();
+        h.duplicated += usize::from(ps.iter().any(|p| p.copy == 2));
+        h.acks_lost += ps
+            .iter()
+            .filter(|p| p.outcome == AttemptOutcome::AckLost)
+            .count();
+        let Some(first) = ok.first() else {
+            violations.push(format!("webhook {id}: never answered 2xx: {ps:?}"));
+            continue;
+        };
+        through.insert(id.to_string());
+        batch_events += first.events as i64;
+        h.duplicate_answers += ok
+            .iter()
+            .filter(|p| duplicate_answer(p) == Some(true))
+            .count();
+        // The first 2xx may itself be a duplicate (an earlier post was committed, and the
+        // relay died before answering); every one after it must be.
+        if duplicate_answer(first).is_none()
+            || ok[1..].iter().any(|p| duplicate_answer(p) != Some(true))
+        {
+            violations.push(format!(
+                "webhook {id}: received more than once: {:?}",
+                ok.iter()
+                    .map(|p| (p.copy, p.attempt, p.response.clone()))
+                    .collect::<Vec<_>>()
+            ));
+        }
+    }
+    let receipts: BTreeSet<String> =
+        backend::strings(store_url, "SELECT webhook_id FROM webhook_receipts")
+            .await
+            .into_iter()
+            .collect();
+    h.receipts = receipts.len();
+    if receipts != through {
+        violations.push(format!(
+            "webhook receipts: {} stored, {} ids got a 2xx; stored only: {:?}; 2xx only: {:?}",
+            receipts.len(),
+            through.len(),
+            receipts.difference(&through).take(5).collect::<Vec<_>>(),
+            through.difference(&receipts).take(5).collect::<Vec<_>>()
+        ));
+    }
+    h.events = backend::count(store_url, "upstream_events").await;
+    if h.events != batch_events {
+        violations.push(format!(
+            "{} upstream events stored, the {} batches received hold {batch_events}",
+            h.events,
+            through.len()
+        ));
+    }
+    let unmatched = backend::scalar(
+        store_url,
+        "SELECT COUNT(*) FROM upstream_events WHERE record_id IS NULL",
+    )
+    .await;
+    if unmatched > 0 {
+        violations.push(format!("{unmatched} upstream events matched no record"));
+    }
+    h.stale = backend::scalar(
+        store_url,
+        "SELECT COUNT(*) FROM upstream_events WHERE record_id IS NOT NULL AND NOT applied",
+    )
+    .await;
+
+    // The sink's truth per record: which upstream keys it holds a message for.
+    let accepted: BTreeSet<&str> = stats
+        .keys
+        .iter()
+        .filter(|(_, k)| k.accepted >= 1)
+        .map(|(up, _)| up.as_str())
+        .collect();
+    for (unit, (record, m)) in stored {
+        let up = m.upstream_key.as_deref().unwrap_or_default();
+        if accepted.contains(up) && record.state == State::Unresolved {
+            violations.push(format!(
+                "{unit} ({}): the sink accepted it and sent its events, yet it stays unresolved",
+                record.id
+            ));
+        }
+        let Some(evidence) = &m.resolved_by else {
+            continue;
+        };
+        h.resolved += 1;
+        // `upstream/msg_<sink id>_<type>#<index> <type>`
+        let sink_id = evidence
+            .strip_prefix(&format!("{HOOK_SOURCE}/msg_"))
+            .and_then(|rest| rest.split('_').next());
+        let proven = sink_id.and_then(|id| messages.get(id)).is_some_and(|sm| {
+            sm.key.as_deref() == Some(up) && m.content.as_deref() == Some(sm.bytes.as_slice())
+        });
+        if record.state != State::Delivered || !proven {
+            violations.push(format!(
+                "{unit} ({}): {:?} by {evidence}, which names no message the sink accepted \
+                 with its key and bytes",
+                record.id, record.state
+            ));
+        }
+    }
+    let report = reader.report(None).await.unwrap();
+    h.settled_unresolved = report.iter().map(|d| d.unresolved).sum();
+    let by_event: u64 = report.iter().map(|d| d.resolved_by_event).sum();
+    if by_event != h.resolved as u64 {
+        violations.push(format!(
+            "report counts {by_event} resolved by event, {} records name their event",
+            h.resolved
+        ));
+    }
+    h
+}
+
 // --- the scenario --------------------------------------------------------------------------
 
 struct Scenario {
@@ -1076,11 +1399,26 @@ async fn run(scenario: Scenario) {
     );
     let started = Instant::now();
     let mut rng = fastrand::Rng::with_seed(seed);
-    let plans = make_plans(&mut rng, scenario.tag, n);
+    let mut plans = make_plans(&mut rng, scenario.tag, n);
+    plan_hooks(&mut fastrand::Rng::with_seed(mix(seed, 0x3b)), &mut plans);
 
+    // The balancer is bound first: the sink needs its address, the relays the sink's.
+    let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/webhooks/{HOOK_SOURCE}",
+        front.local_addr().unwrap()
+    );
+    let mut webhook = WebhookConfig::new(url.parse().unwrap(), vec![HOOK_SECRET.parse().unwrap()]);
+    webhook.retry = HOOK_RETRY;
+    webhook.timeout = Duration::from_secs(5);
     let sink = Sink::start(SinkConfig {
         window: WINDOW,
-        faults: plans.iter().filter_map(sink_rule).collect(),
+        faults: plans
+            .iter()
+            .filter_map(sink_rule)
+            .chain(plans.iter().filter_map(hook_rule))
+            .collect(),
+        webhook: Some(webhook),
         ..SinkConfig::default()
     })
     .await
@@ -1107,6 +1445,8 @@ async fn run(scenario: Scenario) {
     )
     .await;
     let addrs = cluster.addrs.clone();
+    let balanced = Arc::new(Mutex::new(Balanced::default()));
+    let balancer = tokio::spawn(balance(front, cluster.hooks.clone(), balanced.clone()));
     let (stage_tx, stage_rx) = watch::channel(Stage::Storm);
     let chaos_task = tokio::spawn(chaos(cluster, sink.clone(), rng.u64(..), stage_rx));
 
@@ -1147,7 +1487,9 @@ async fn run(scenario: Scenario) {
     tokio::time::sleep((started + STORM_MIN).saturating_duration_since(Instant::now())).await;
     stage_tx.send(Stage::Drain).unwrap();
 
-    // Every record terminal: delivered, or parked once its window is over.
+    // Every record terminal: delivered, or parked once its window is over; and every event
+    // batch the sink planned posted to the end (a 2xx is only given after the relay's commit,
+    // so every resolution an event makes is in the store by then).
     let reader = store::open(&scenario.store_url, Duration::from_secs(10))
         .await
         .expect("open the store for reading");
@@ -1155,20 +1497,22 @@ async fn run(scenario: Scenario) {
     loop {
         let records = list_all(reader.as_ref()).await;
         let queued = records.iter().filter(|r| r.state == State::Queued).count();
-        if queued == 0 {
+        let posting = sink.stats().webhooks.pending;
+        if queued == 0 && posting == 0 {
             break;
         }
         if Instant::now() >= deadline {
             stage_tx.send(Stage::Stop).unwrap();
             let (cluster, _) = chaos_task.await.unwrap();
             panic!(
-                "{queued} records still queued {DRAIN_LIMIT:?} after the clients finished \
-                 (seed {seed:#x})\n{}",
+                "{queued} records still queued and {posting} webhook batches pending \
+                 {DRAIN_LIMIT:?} after the clients finished (seed {seed:#x})\n{}",
                 cluster.logs()
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    balancer.abort();
     stage_tx.send(Stage::Stop).unwrap();
     let (mut cluster, storm) = chaos_task.await.unwrap();
     // Nothing runs while the results are read (dropping a relay SIGKILLs it).
@@ -1524,7 +1868,9 @@ async fn run(scenario: Scenario) {
         if let Some(open) = attempts.iter().find(|a| a.outcome.is_none()) {
             violations.push(format!("{unit}: intent left open: {open:?}"));
         }
-        if plan.fault != Fault::PastWindow && record.state == State::Unresolved {
+        // Settled unresolved, whether an upstream event has resolved it since or not.
+        let parked = record.state == State::Unresolved || m.resolved_by.is_some();
+        if plan.fault != Fault::PastWindow && parked {
             c.parked_early += 1;
             // Not a violation (the relay may park what it cannot resolve in time), but worth
             // seeing: nothing else in this run should come near the window.
@@ -1536,10 +1882,24 @@ async fn run(scenario: Scenario) {
                 cluster.lines_about(&record.id)
             );
         }
-        if plan.fault == Fault::PastWindow && record.state != State::Unresolved {
+        // Every reply was lost, so only the ledger's window could park it, and only the
+        // sink's events (it did commit the message) can then resolve it.
+        if plan.fault == Fault::PastWindow
+            && (record.state != State::Delivered || m.resolved_by.is_none())
+        {
             violations.push(format!(
-                "{unit}: every reply was lost, yet the record is {:?}",
-                record.state
+                "{unit}: every reply was lost, yet the record is {:?} (resolved by {:?})",
+                record.state, m.resolved_by
+            ));
+        }
+        if plan.fault == Fault::PastWindow
+            && attempts
+                .iter()
+                .any(|a| a.outcome.as_deref() == Some("accepted"))
+        {
+            violations.push(format!(
+                "{unit}: every reply was lost, yet the ledger has an accepted attempt: \
+                 {attempts:?}"
             ));
         }
 
@@ -1643,6 +2003,14 @@ async fn run(scenario: Scenario) {
         }
     }
     c.faulted_units = faulted.len();
+    let hooks = check_webhooks(
+        &scenario.store_url,
+        reader.as_ref(),
+        &sink,
+        &stored,
+        &mut violations,
+    )
+    .await;
     drop(reader);
 
     // Per scope: units answered 250 / delivered.
@@ -1663,6 +2031,9 @@ async fn run(scenario: Scenario) {
     }
     let share = 100.0 * c.faulted_units as f64 / c.t as f64;
     let per_fault = |f: fn(&Fault) -> bool| plans.iter().filter(|p| f(&p.fault)).count();
+    let balanced = std::mem::take(&mut *balanced.lock().unwrap());
+    let per_hook =
+        |f: fn(WebhookFault) -> bool| plans.iter().filter(|p| p.hook.is_some_and(f)).count();
     eprintln!(
         "chaos {name}: seed {seed:#x}, {n} keys in {subs} submissions ({tries} tries: {lost} \
          without a reply, {deferred} answered 4xx {deferrals:?}), clients done after \
@@ -1679,9 +2050,17 @@ async fn run(scenario: Scenario) {
          {fp:?}, {locks} store locks, {bursts} sink 4xx bursts; per key: {hang} client \
          hang-ups, {drop} replies dropped, {hold} withheld, {cut} cuts, {four} 4xx runs, \
          {past} past the window\n\
-         \x20 ledger: {unknown} UNKNOWN attempts, {unresolved} unresolved ({early} not a \
-         past-window key), longest wait between attempts {gap:.1} s ({gap_unit}); {e01005} \
+         \x20 ledger: {unknown} UNKNOWN attempts, {settled} settled unresolved ({early} not a \
+         past-window key), {resolved} of them resolved by an upstream event, {unresolved} \
+         still unresolved; longest wait between attempts {gap:.1} s ({gap_unit}); {e01005} \
          E01005 answers to a reused key\n\
+         \x20 webhooks: {batches} batches ({events} events) in {posts} posts via the balancer \
+         (connections per relay {per_relay:?}, {closed} closed with no relay up), {refused} \
+         posts without a 2xx and retried; faults per key: {h_dup} duplicated, {h_reorder} \
+         reordered, {h_late} late, {h_lose} lose_ack; {duplicated} batches posted twice, \
+         {acks} 2xx treated as lost, {dup_answers} posts answered as a duplicate; \
+         {receipts} receipts (one per webhook-id that got a 2xx), {stale} stale events \
+         stored unapplied, {resolved} records resolved by event\n\
          \x20 per (scope, key, part): lost {lost_k}, duplicated {dup}, unexpected {unexp}, \
          unanswered {unans}, unexplained extra transactions {unexpl}, mismatched bytes \
          forwarded {mism}, UNKNOWN retried after the window {late}",
@@ -1726,6 +2105,23 @@ async fn run(scenario: Scenario) {
         past = per_fault(|f| *f == Fault::PastWindow),
         unknown = c.unknown_attempts,
         unresolved = c.unresolved,
+        settled = hooks.settled_unresolved,
+        resolved = hooks.resolved,
+        batches = hooks.batches,
+        events = hooks.events,
+        posts = hooks.posts,
+        per_relay = balanced.per_relay,
+        closed = balanced.closed,
+        refused = hooks.refused_posts,
+        h_dup = per_hook(|f| f == WebhookFault::Duplicate),
+        h_reorder = per_hook(|f| f == WebhookFault::Reorder),
+        h_late = per_hook(|f| matches!(f, WebhookFault::Late(_))),
+        h_lose = per_hook(|f| f == WebhookFault::LoseAck),
+        duplicated = hooks.duplicated,
+        acks = hooks.acks_lost,
+        dup_answers = hooks.duplicate_answers,
+        receipts = hooks.receipts,
+        stale = hooks.stale,
         early = c.parked_early,
         gap = c.longest_gap_ms as f64 / 1000.0,
         gap_unit = c.longest_gap_unit,
@@ -1786,6 +2182,12 @@ async fn run(scenario: Scenario) {
             "nothing delivered for scope {scope}: {per_scope:?}"
         );
     }
+    // The events had work to do: duplicates recognised, a reordered event kept stale, an
+    // unresolved record resolved.
+    assert!(
+        hooks.resolved > 0 && hooks.duplicate_answers > 0 && hooks.acks_lost > 0 && hooks.stale > 0,
+        "{hooks:?}"
+    );
     assert!(
         share >= 20.0,
         "faults touched only {share:.1}% of units: {c:?}"

@@ -163,3 +163,18 @@ pub async fn execute(store: &str, sql: &str) {
         conn.close().await.unwrap();
     }
 }
+
+/// The one text column a query returns, every row, read through a separate connection.
+pub async fn strings(store: &str, sql: &str) -> Vec<String> {
+    if store.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(store).await.unwrap();
+        let rows = sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap();
+        conn.close().await.unwrap();
+        rows
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(store).await.unwrap();
+        let rows = sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap();
+        conn.close().await.unwrap();
+        rows
+    }
+}

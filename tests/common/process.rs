@@ -62,6 +62,15 @@ pub fn admin_addr(log: &str) -> Option<SocketAddr> {
     })
 }
 
+/// `... webhooks at http://127.0.0.1:PORT/webhooks/{name} for ...` → the address (None
+/// without `webhook_listen`).
+pub fn webhook_addr(log: &str) -> Option<SocketAddr> {
+    log.lines().find_map(|line| {
+        let rest = &line[line.find("webhooks at http://")? + "webhooks at http://".len()..];
+        rest.split(['/', '"', ' ']).next()?.parse().ok()
+    })
+}
+
 impl RelayProcess {
     /// Starts the process; `wait_ready` or `ready` waits for its port.
     pub fn spawn(args: &[String]) -> RelayProcess {
@@ -164,6 +173,13 @@ impl RelayProcess {
     /// The admin API's address, from the log (written before the SMTP listeners' lines).
     pub fn admin(&self) -> SocketAddr {
         admin_addr(&self.log()).unwrap_or_else(|| panic!("no admin API line:\n{}", self.log()))
+    }
+
+    /// The webhook listener's address, from the log (written before the SMTP listeners'
+    /// lines, so it is there once the relay is `ready`).
+    pub fn webhooks(&self) -> SocketAddr {
+        webhook_addr(&self.log())
+            .unwrap_or_else(|| panic!("no webhook listener line:\n{}", self.log()))
     }
 
     /// Sends a signal the way an operator would (`kill -TERM pid`).
