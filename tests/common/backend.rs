@@ -123,12 +123,30 @@ impl WriteLock {
     pub async fn hold(store: &str) -> WriteLock {
         if store.starts_with("postgres") {
             let mut conn = sqlx::PgConnection::connect(store).await.unwrap();
-            conn.execute("BEGIN").await.unwrap();
-            conn.execute(
-                "LOCK TABLE messages, delivery_jobs, attempts, webhook_receipts IN EXCLUSIVE MODE",
-            )
-            .await
-            .unwrap();
+            // The tables are locked one after the other, in the order the relay's own
+            // transactions reach them (a webhook receipt before the records it matches), so
+            // that a relay transaction already under way finishes first instead of waiting
+            // on us while we wait on it. Should Postgres still find a deadlock with some
+            // other order and pick this lock as its victim, it is taken again.
+            let mut tries = 0;
+            loop {
+                conn.execute("BEGIN").await.unwrap();
+                let locked = conn
+                    .execute(
+                        "LOCK TABLE webhook_receipts, messages, delivery_jobs, attempts \
+                         IN EXCLUSIVE MODE",
+                    )
+                    .await;
+                match locked {
+                    Ok(_) => break,
+                    Err(e) if tries < 5 => {
+                        tries += 1;
+                        eprintln!("write lock: {e}; taking it again");
+                        conn.execute("ROLLBACK").await.unwrap();
+                    }
+                    Err(e) => panic!("write lock: {e}"),
+                }
+            }
             WriteLock::Postgres(conn)
         } else {
             let mut conn = sqlx::SqliteConnection::connect(store).await.unwrap();
