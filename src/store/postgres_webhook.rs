@@ -10,7 +10,7 @@ use sqlx::Row;
 
 use super::webhook::{
     choose_record, evidence, is_applied, late_match_fits, lock_names, match_order,
-    resolution_reply, Candidate, EventKind, MatchBy, RecordIdentifiers, Resolution, UpstreamEvent,
+    resolution_reply, tally, Candidate, MatchBy, RecordIdentifiers, Resolution, UpstreamEvent,
     WebhookApplied, WebhookOutcome, WebhookReceipt,
 };
 use super::StoreError;
@@ -134,11 +134,7 @@ async fn apply_event(
         outcome.unmatched += 1;
         return Ok(());
     };
-    outcome.matched += 1;
-    outcome.stale += u32::from(!applied);
-    outcome.bounced += u32::from(event.kind == EventKind::Bounced);
-    // Any accepted-type event proves the attempt happened, stale for its recipient or not.
-    if event.kind == EventKind::Accepted && state.as_deref() == Some("unresolved") {
+    if tally(outcome, applied, event.kind, state.as_deref()) {
         let named = evidence(
             &receipt.source,
             &receipt.webhook_id,

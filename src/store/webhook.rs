@@ -206,6 +206,21 @@ pub fn normalize_recipient(value: &str) -> Option<String> {
     (!r.is_empty()).then(|| r.to_ascii_lowercase())
 }
 
+/// Counts an event matched to a record into the request's outcome, the same way on both
+/// backends. True when it resolves that record: an accepted-type event for an `unresolved`
+/// record proves the lost attempt happened, whether or not it is stale for its recipient.
+pub(crate) fn tally(
+    outcome: &mut WebhookOutcome,
+    applied: bool,
+    kind: EventKind,
+    record_state: Option<&str>,
+) -> bool {
+    outcome.matched += 1;
+    outcome.stale += u32::from(!applied);
+    outcome.bounced += u32::from(kind == EventKind::Bounced);
+    kind == EventKind::Accepted && record_state == Some("unresolved")
+}
+
 /// The event named as the evidence of a resolution.
 pub fn evidence(source: &str, webhook_id: &str, index: u32, event_type: &str) -> String {
     format!("{source}/{webhook_id}#{index} {event_type}")
@@ -267,6 +282,29 @@ pub fn lock_names(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_matched_event_is_counted_and_only_accepted_ones_resolve_unresolved_records() {
+        use EventKind::*;
+        // (applied, kind, record state) -> (stale, bounced, resolves)
+        let table = [
+            (true, Accepted, Some("unresolved"), (0, 0, true)),
+            (false, Accepted, Some("unresolved"), (1, 0, true)),
+            (true, Accepted, Some("queued"), (0, 0, false)),
+            (true, Accepted, Some("failed"), (0, 0, false)),
+            (true, Bounced, Some("unresolved"), (0, 1, false)),
+            (false, Other, Some("delivered"), (1, 0, false)),
+        ];
+        for (applied, kind, state, (stale, bounced, resolves)) in table {
+            let mut outcome = WebhookOutcome::default();
+            let resolved = tally(&mut outcome, applied, kind, state);
+            assert_eq!(
+                (outcome.matched, outcome.stale, outcome.bounced, resolved),
+                (1, stale, bounced, resolves),
+                "{applied} {kind:?} {state:?}"
+            );
+        }
+    }
 
     fn c(id: &str, rcpt: &[&str], at: i64) -> Candidate {
         Candidate {
