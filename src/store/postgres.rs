@@ -279,14 +279,7 @@ impl Store for PostgresStore {
     async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError> {
         let mut tx = self.pool.begin().await?;
         let now = db_now(&mut tx).await?;
-        let known = webhook::Known {
-            id: &record.id,
-            upstream_key: record.upstream_key.as_deref(),
-            message_id: record.message_id.as_deref(),
-            upstream_id: None,
-            rcpt_to: &record.envelope.rcpt_to,
-            unresolved: false,
-        };
+        let known = webhook::Known::inserted(record);
         let queued = record.state == State::Queued;
         if queued {
             webhook::lock(&mut tx, known.lock_names()).await?;

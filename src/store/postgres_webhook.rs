@@ -8,6 +8,8 @@
 use sqlx::postgres::PgConnection;
 use sqlx::Row;
 
+/// The shared description of a record becoming known, for the callers of this backend.
+pub(crate) use super::webhook::Known;
 use super::webhook::{
     choose_record, evidence, is_applied, late_match_fits, lock_names, match_order,
     resolution_reply, tally, Candidate, MatchBy, RecordIdentifiers, Resolution, UpstreamEvent,
@@ -234,16 +236,6 @@ async fn resolve(
         .execute(&mut *conn)
         .await?;
     Ok(true)
-}
-
-/// A record as it becomes known by an identifier an event may already have named.
-pub struct Known<'a> {
-    pub id: &'a str,
-    pub upstream_key: Option<&'a str>,
-    pub message_id: Option<&'a str>,
-    pub upstream_id: Option<&'a str>,
-    pub rcpt_to: &'a [String],
-    pub unresolved: bool,
 }
 
 impl Known<'_> {

@@ -5,6 +5,8 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+/// The shared description of a record becoming known, for the callers of this backend.
+pub(crate) use super::webhook::Known;
 use super::webhook::{
     choose_record, evidence, is_applied, late_match_fits, match_order, resolution_reply, tally,
     Candidate, MatchBy, RecordIdentifiers, Resolution, UpstreamEvent, WebhookApplied,
@@ -187,16 +189,6 @@ fn resolve(
     conn.prepare_cached("UPDATE upstream_events SET evidence = 1 WHERE seq = ?")?
         .execute([seq])?;
     Ok(true)
-}
-
-/// A record as it becomes known by an identifier an event may already have named.
-pub struct Known<'a> {
-    pub id: &'a str,
-    pub upstream_key: Option<&'a str>,
-    pub message_id: Option<&'a str>,
-    pub upstream_id: Option<&'a str>,
-    pub rcpt_to: &'a [String],
-    pub unresolved: bool,
 }
 
 /// Late matching: attaches the events kept unmatched that name this record, oldest first,

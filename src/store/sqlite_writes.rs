@@ -138,17 +138,7 @@ pub fn insert(
         debug_assert_eq!(inserted, 1);
     }
     if record.state == State::Queued {
-        webhook::attach_unmatched(
-            conn,
-            &webhook::Known {
-                id: &record.id,
-                upstream_key: record.upstream_key.as_deref(),
-                message_id: record.message_id.as_deref(),
-                upstream_id: None,
-                rcpt_to: &record.envelope.rcpt_to,
-                unresolved: false,
-            },
-        )?;
+        webhook::attach_unmatched(conn, &webhook::Known::inserted(record))?;
     }
     // The batch commits after this: the record is written but not durable.
     failpoint!("intake.before_commit");

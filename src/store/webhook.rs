@@ -279,6 +279,31 @@ pub fn lock_names(
         .collect()
 }
 
+/// A record as it becomes known by an identifier an event may already have named.
+pub struct Known<'a> {
+    pub id: &'a str,
+    pub upstream_key: Option<&'a str>,
+    pub message_id: Option<&'a str>,
+    pub upstream_id: Option<&'a str>,
+    pub rcpt_to: &'a [String],
+    pub unresolved: bool,
+}
+
+impl<'a> Known<'a> {
+    /// A record being inserted: known by its upstream key and Message-ID, not yet by the
+    /// upstream's id, and not unresolved.
+    pub fn inserted(record: &'a super::NewRecord) -> Known<'a> {
+        Known {
+            id: &record.id,
+            upstream_key: record.upstream_key.as_deref(),
+            message_id: record.message_id.as_deref(),
+            upstream_id: None,
+            rcpt_to: &record.envelope.rcpt_to,
+            unresolved: false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
