@@ -7,6 +7,9 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY migrations ./migrations
 COPY benches ./benches
+# The commit `--version` reports: the build context has no .git (docker build --build-arg
+# IDEMRELAY_GIT_COMMIT=$(git rev-parse --short=12 HEAD)).
+ARG IDEMRELAY_GIT_COMMIT=unknown
 RUN cargo build --release --locked
 
 # Runtime stage: the binary alone, run as an unprivileged user.

@@ -17,7 +17,7 @@ use crate::store::{AttemptRow, EventRow, MessageSummary, Requeue, State, StoredM
 #[derive(Debug, Parser)]
 #[command(
     name = "idemrelay",
-    version,
+    version = crate::build_info::LONG_VERSION,
     about = "SMTP submission relay with exactly-once acceptance"
 )]
 pub struct Cli {

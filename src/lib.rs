@@ -10,6 +10,7 @@ pub mod admin;
 pub mod allocator;
 pub mod app;
 pub mod auth;
+pub mod build_info;
 pub mod cli;
 pub mod config;
 pub mod config_env;
