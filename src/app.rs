@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
 use crate::auth::throttle::{ThrottleLimits, DEFAULT_MAX_ENTRIES};
-use crate::auth::Users;
+use crate::auth::{LiveUsers, Users};
 use crate::config::Settings;
 use crate::delivery::upstream::UpstreamTarget;
 use crate::delivery::worker::{self, DeliverySettings};
@@ -47,6 +47,13 @@ pub struct Relay {
 impl Relay {
     /// Opens the store and binds the configured listeners.
     pub async fn start(settings: &Settings) -> anyhow::Result<Relay> {
+        // First, so that even a start that fails says which build failed.
+        tracing::info!(
+            version = crate::build_info::VERSION,
+            commit = crate::build_info::GIT_COMMIT,
+            "idemrelay {} starting",
+            crate::build_info::LONG_VERSION
+        );
         #[cfg(feature = "failpoints")]
         crate::failpoint::arm();
         let mut listeners = Vec::new();
@@ -128,15 +135,14 @@ impl Relay {
             _ => None,
         };
         let users = match &settings.users_file {
-            Some(path) => Some(Arc::new(Users::load(path)?)),
+            Some(path) => Some(Arc::new(LiveUsers::load(path)?)),
             None => None,
         };
         // Where each scope's mail goes: the relay's upstream, or a user's own.
-        let scope_upstreams: BTreeMap<String, Option<String>> =
-            std::iter::once((settings.scope.as_str(), None))
-                .chain(users.iter().flat_map(|u| u.scopes()))
-                .map(|(scope, url)| (scope.to_string(), url.map(str::to_string)))
-                .collect();
+        let scope_upstreams = scope_upstreams(
+            &settings.scope,
+            users.as_ref().map(|u| u.current()).as_deref(),
+        );
         let intake = Arc::new(
             Intake::new(
                 store.clone(),
@@ -211,6 +217,15 @@ impl Relay {
         };
         let (stop, stop_rx) = watch::channel(false);
         let (alive, alive_rx) = mpsc::channel(1);
+        // Installed before the "listening on" lines: from then on SIGHUP reloads, it never
+        // takes the default action (ending the process).
+        let hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(hup) => Some(hup),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot handle SIGHUP; reloads happen only when the TLS files change");
+                None
+            }
+        };
         let mut addrs = Vec::new();
         let mut tasks = Vec::new();
         // Started before the SMTP listeners log "listening on": by then every listener is up.
@@ -248,13 +263,18 @@ impl Relay {
                 alive.clone(),
             )));
         }
-        if let Some(tls) = tls {
-            tasks.push(tokio::spawn(tls_reload_loop(
+        tasks.push(tokio::spawn(reload_loop(
+            Reloadable {
                 tls,
-                settings.tls_reload_interval,
-                stop_rx.clone(),
-            )));
-        }
+                users,
+                intake: intake.clone(),
+                scope_upstreams: scope_upstreams.clone(),
+                default_scope: settings.scope.clone(),
+            },
+            hup,
+            settings.tls_reload_interval,
+            stop_rx.clone(),
+        )));
         tasks.push(tokio::spawn(store_health_loop(
             intake.clone(),
             settings.store_probe_interval,
@@ -399,26 +419,107 @@ fn wedge_limit(settings: &Settings) -> Duration {
     lease / 3 + d.scan_interval * 3 + Duration::from_secs(30)
 }
 
-/// Swaps in renewed certificates: on SIGHUP at once, otherwise when the files change.
-async fn tls_reload_loop(tls: Arc<TlsCerts>, every: Duration, mut stop: watch::Receiver<bool>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup()).ok();
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let force = tokio::select! {
-            _ = ticker.tick() => false,
-            Some(()) = async { hup.as_mut()?.recv().await } => true,
-            _ = stopped(&mut stop) => return,
-        };
+/// What SIGHUP reloads.
+struct Reloadable {
+    tls: Option<Arc<TlsCerts>>,
+    users: Option<Arc<LiveUsers>>,
+    intake: Arc<Intake>,
+    /// Where each scope's mail went at start: delivery keeps these targets until a restart.
+    scope_upstreams: BTreeMap<String, Option<String>>,
+    default_scope: String,
+}
+
+impl Reloadable {
+    fn reload_tls(&self, force: bool) {
+        let Some(tls) = &self.tls else { return };
         match tls.reload(force) {
             Ok(true) => tracing::info!("TLS certificate reloaded"),
             Ok(false) => {}
             Err(err) => {
-                tracing::error!(error = %err, "TLS certificate reload failed; the previous one stays in service")
+                tracing::error!(error = %format!("{err:#}"), "TLS certificate reload failed; the previous one stays in service")
             }
         }
     }
+
+    fn reload_users(&self) {
+        let Some(users) = &self.users else { return };
+        let path = users.path().display().to_string();
+        let admitted = users.reload(|new| {
+            let shared = admit_users(&self.scope_upstreams, &self.default_scope, new)?;
+            // Before the new users can log in: their keys are told apart from the first one.
+            self.intake.share_scopes(shared);
+            Ok(())
+        });
+        match admitted {
+            Ok(change) => tracing::info!(users_file = %path, "users file reloaded: {change}"),
+            Err(err) => tracing::error!(
+                users_file = %path,
+                error = %format!("{err:#}"),
+                "users file reload failed; the previous users stay in service"
+            ),
+        }
+    }
+}
+
+/// Reloads on SIGHUP (the TLS certificate and the users file) and swaps in renewed
+/// certificates when their files change.
+async fn reload_loop(
+    what: Reloadable,
+    mut hup: Option<tokio::signal::unix::Signal>,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => what.reload_tls(false),
+            Some(()) = async { hup.as_mut()?.recv().await } => {
+                if what.tls.is_none() && what.users.is_none() {
+                    tracing::info!("SIGHUP: nothing to reload (no TLS certificate, no users file)");
+                }
+                what.reload_tls(true);
+                what.reload_users();
+            }
+            _ = stopped(&mut stop) => return,
+        }
+    }
+}
+
+/// Where each scope's mail goes: the listener's scope to the relay's upstream, each user's
+/// scope to the relay's upstream (`None`) or to its own.
+fn scope_upstreams(default_scope: &str, users: Option<&Users>) -> BTreeMap<String, Option<String>> {
+    std::iter::once((default_scope, None))
+        .chain(users.into_iter().flat_map(|u| u.scopes()))
+        .map(|(scope, url)| (scope.to_string(), url.map(str::to_string)))
+        .collect()
+}
+
+/// Whether a reloaded users file can go into service without a restart; if so, the scopes
+/// that now share an upstream. New scopes on the relay's upstream are fine; a scope whose
+/// upstream is new or differs is not, because the delivery workers hold their upstream
+/// connections from the start.
+fn admit_users(
+    running: &BTreeMap<String, Option<String>>,
+    default_scope: &str,
+    new: &Users,
+) -> anyhow::Result<BTreeSet<String>> {
+    let wanted = scope_upstreams(default_scope, Some(new));
+    for (scope, upstream) in &wanted {
+        let before = running.get(scope).cloned().flatten();
+        if *upstream != before {
+            let shown = |u: &Option<String>| match u {
+                Some(url) => crate::config::SecretUrl(url.clone()).redacted(),
+                None => "the relay's upstream".to_string(),
+            };
+            anyhow::bail!(
+                "scope {scope:?} would send to {} instead of {}: restart the relay to change where a scope's mail goes",
+                shown(upstream),
+                shown(&before)
+            );
+        }
+    }
+    Ok(shared_scopes(&wanted))
 }
 
 /// Probes the store so that an outage is noticed (and its end too) without waiting for a
@@ -492,6 +593,66 @@ pub fn termination_signal() -> std::io::Result<impl std::future::Future<Output =
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reloaded_users_file_may_add_scopes_but_not_move_them() {
+        let users = |entries: &[(&str, &str, Option<&str>)]| {
+            let mut users = Users::default();
+            for (name, scope, upstream) in entries {
+                let user = crate::auth::User {
+                    password_hash: crate::auth::tests::cheap_hash("pw"),
+                    scope: scope.to_string(),
+                    allowed_senders: Vec::new(),
+                    upstream: upstream.map(str::to_string),
+                };
+                users.insert(name, user).unwrap();
+            }
+            users
+        };
+        let at_start = users(&[("alice", "alice", Some("smtp://u:secret@a.example"))]);
+        let running = scope_upstreams("default", Some(&at_start));
+
+        // A new user with a scope of its own on the relay's upstream: it and the listener's
+        // scope now share that upstream.
+        let shared = admit_users(
+            &running,
+            "default",
+            &users(&[
+                ("alice", "alice", Some("smtp://u:secret@a.example")),
+                ("carol", "carol", None),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(shared, BTreeSet::from(["carol".into(), "default".into()]));
+        // Removing a user is fine; the same file again shares nothing.
+        assert!(admit_users(&running, "default", &users(&[]))
+            .unwrap()
+            .is_empty());
+
+        let refusals: &[(&[(&str, &str, Option<&str>)], &str)] = &[
+            // A new scope with an upstream of its own.
+            (&[("bob", "bob", Some("smtp://b.example"))], "scope \"bob\""),
+            // A scope that changes upstream, or loses its own.
+            (
+                &[("alice", "alice", Some("smtp://other.example"))],
+                "scope \"alice\"",
+            ),
+            (&[("alice", "alice", None)], "scope \"alice\""),
+            // The listener's scope taken over by a user with an upstream of its own.
+            (
+                &[("dave", "default", Some("smtp://d.example"))],
+                "scope \"default\"",
+            ),
+        ];
+        for (entries, want) in refusals {
+            let err = admit_users(&running, "default", &users(entries))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{entries:?}: {err}");
+            assert!(err.contains("restart"), "{err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
+    }
 
     #[test]
     fn scopes_sharing_an_upstream_are_told_apart() {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::admin::view::{show_json, summary_json, time_ms};
 use crate::app::{termination_signal, Relay};
@@ -99,6 +99,22 @@ pub enum Command {
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },
+    /// Print a shell completion script on standard output, e.g.
+    /// `idemrelay completions bash > /etc/bash_completion.d/idemrelay`.
+    Completions {
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+    /// Print the manual page (roff) on standard output, e.g. `idemrelay man | man -l -`.
+    Man,
+}
+
+/// The shells `completions` writes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 fn parse_since(s: &str) -> Result<String, String> {
@@ -279,6 +295,20 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             };
             crate::auth::Users::add_user(&users, &name, password, &scope, &allow_senders)?;
             println!("user {name} written to {} (scope {scope})", users.display());
+            Ok(())
+        }
+        Command::Completions { shell } => {
+            let shell = match shell {
+                CompletionShell::Bash => clap_complete::Shell::Bash,
+                CompletionShell::Zsh => clap_complete::Shell::Zsh,
+                CompletionShell::Fish => clap_complete::Shell::Fish,
+            };
+            let mut command = Cli::command();
+            clap_complete::generate(shell, &mut command, "idemrelay", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
             Ok(())
         }
         // main.rs hands `idemrelay [global flags] sendmail ...` over before clap; this is

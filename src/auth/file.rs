@@ -484,11 +484,11 @@ mod tests {
         let path = dir.path().join("users.toml");
         let senders = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
 
-        Users::add_user(&path, "alice", "first", "acme", &[]).expect("add alice");
+        Users::add_user(&path, "alice", "first password", "acme", &[]).expect("add alice");
         Users::add_user(
             &path,
             "ops@example.com",
-            "pässwörd🔑",
+            "pässwörd🔑 für ops",
             "ops",
             &senders(&["@example.com"]),
         )
@@ -497,7 +497,7 @@ mod tests {
         Users::add_user(
             &path,
             "alice",
-            "second",
+            "second password",
             "acme2",
             &senders(&["a@example.com"]),
         )
@@ -511,11 +511,15 @@ mod tests {
         // (user, password, Some((scope, allowed senders)) if it verifies)
         type Outcome = Option<(&'static str, &'static [&'static str])>;
         let cases: &[(&str, &str, Outcome)] = &[
-            ("alice", "second", Some(("acme2", &["a@example.com"]))),
-            ("alice", "first", None),
+            (
+                "alice",
+                "second password",
+                Some(("acme2", &["a@example.com"])),
+            ),
+            ("alice", "first password", None),
             (
                 "ops@example.com",
-                "pässwörd🔑",
+                "pässwörd🔑 für ops",
                 Some(("ops", &["@example.com"])),
             ),
         ];
@@ -554,7 +558,7 @@ mod tests {
         let path = dir.path().join("users.toml");
         fs::write(&path, "").expect("write");
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).expect("chmod");
-        Users::add_user(&path, "alice", "pw", "alice", &[]).expect("add");
+        Users::add_user(&path, "alice", "a long enough pw", "alice", &[]).expect("add");
         let mode = fs::metadata(&path).expect("metadata").permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
     }
@@ -583,7 +587,7 @@ mod tests {
                 "bad name",
                 &original,
                 "al ice",
-                "pw",
+                "a long enough pw",
                 vec![],
                 "s",
                 "invalid user name",
@@ -592,10 +596,19 @@ mod tests {
                 "empty name",
                 &original,
                 "",
-                "pw",
+                "a long enough pw",
                 vec![],
                 "s",
                 "invalid user name",
+            ),
+            (
+                "short password",
+                &original,
+                "alice",
+                "eleven char",
+                vec![],
+                "s",
+                "at least 12 characters",
             ),
             (
                 "empty password",
@@ -610,7 +623,7 @@ mod tests {
                 "empty scope",
                 &original,
                 "alice",
-                "pw",
+                "a long enough pw",
                 vec![],
                 "",
                 "invalid scope",
@@ -619,7 +632,7 @@ mod tests {
                 "control in scope",
                 &original,
                 "alice",
-                "pw",
+                "a long enough pw",
                 vec![],
                 "a\u{1b}b",
                 "invalid scope",
@@ -628,7 +641,7 @@ mod tests {
                 "long scope",
                 &original,
                 "alice",
-                "pw",
+                "a long enough pw",
                 vec![],
                 &long_scope,
                 "invalid scope",
@@ -637,7 +650,7 @@ mod tests {
                 "bad pattern",
                 &original,
                 "alice",
-                "pw",
+                "a long enough pw",
                 many("example.com"),
                 "s",
                 "invalid sender pattern",
@@ -646,7 +659,7 @@ mod tests {
                 "malformed file",
                 &malformed,
                 "alice",
-                "pw",
+                "a long enough pw",
                 vec![],
                 "s",
                 "not modified",

@@ -4,6 +4,7 @@
 //! `file.rs` for its exact rules. Passwords are stored only as argon2id PHC strings.
 
 mod file;
+mod live;
 pub mod throttle;
 pub mod verify;
 
@@ -13,12 +14,17 @@ use std::path::Path;
 use anyhow::{bail, Context as _};
 use argon2::{Argon2, PasswordHash, PasswordHasher as _};
 
+pub use live::{LiveUsers, UsersChange};
+
 /// Longest user name; SMTP AUTH names are short, and a bound keeps them loggable.
 pub const MAX_NAME_LEN: usize = 64;
 /// Longest scope, the same bound the idempotency key has (DESIGN §1).
 pub const MAX_SCOPE_LEN: usize = 255;
 /// Longest sender pattern: an RFC 5321 path is at most 256 octets including `<>`.
 pub const MAX_PATTERN_LEN: usize = 254;
+/// Shortest password `user add` takes, in characters. AUTH is reachable from wherever the
+/// submission listener is; the per-user throttle slows guessing, it cannot make `secret` safe.
+pub const MIN_PASSWORD_CHARS: usize = 12;
 
 /// Verified for unknown user names so that a miss costs as much as a wrong password.
 /// Made with `Params::DEFAULT` like [`hash_password`]; a test keeps the two in step.
@@ -308,6 +314,13 @@ fn validate_password(name: &str, password: &str) -> anyhow::Result<()> {
     if password.is_empty() {
         bail!("the password must not be empty");
     }
+    let chars = password.chars().count();
+    if chars < MIN_PASSWORD_CHARS {
+        bail!(
+            "the password is too short ({chars} characters): use at least {MIN_PASSWORD_CHARS} \
+             characters, e.g. four random words"
+        );
+    }
     // PLAIN carries "\0name\0password" in one response; a password that cannot fit there, or
     // that contains NUL, could never be presented, so refuse it now rather than at login.
     if password.contains('\0') {
@@ -500,10 +513,14 @@ pub(crate) mod tests {
     #[test]
     fn password_validation() {
         let cases: &[(&str, &str, bool)] = &[
-            ("alice", "secret", true),
-            ("alice", "pässwörd 🔑", true),
+            ("alice", "secret", false),
+            ("alice", "eleven char", false),
+            ("alice", "twelve chars", true),
+            // Characters, not bytes: 11 characters in 14 bytes is still too short.
+            ("alice", "pässwörd 🔑x", false),
+            ("alice", "pässwörd 🔑xy", true),
             ("alice", "", false),
-            ("alice", "sec\0ret", false),
+            ("alice", "long sec\0ret", false),
             ("alice", &"p".repeat(1024 - 2 - 5), true),
             ("alice", &"p".repeat(1024 - 2 - 5 + 1), false),
         ];

@@ -32,7 +32,8 @@ pub struct IntakeSettings {
     /// How long a submission waits for a concurrent one with the same key to commit.
     pub in_progress_wait: Duration,
     /// The scopes that share their upstream with another scope: the key it sees carries
-    /// the scope (`key::upstream_key`).
+    /// the scope (`key::upstream_key`). At start; a users file reload may add to them
+    /// (`Intake::share_scopes`).
     pub shared_scopes: std::collections::BTreeSet<String>,
 }
 
@@ -80,6 +81,8 @@ pub struct Intake {
     /// Wakes the delivery workers after a commit.
     delivery_hint: Arc<Notify>,
     metrics: Arc<Metrics>,
+    /// `settings.shared_scopes` and every scope shared since (see `share_scopes`).
+    shared_scopes: std::sync::RwLock<std::collections::BTreeSet<String>>,
 }
 
 /// Removes the in-flight entry (waking the waiters) however the attempt ends.
@@ -125,6 +128,7 @@ impl Intake {
     ) -> Self {
         Intake {
             store,
+            shared_scopes: std::sync::RwLock::new(settings.shared_scopes.clone()),
             settings,
             delivery_hint,
             in_flight: Mutex::new(HashMap::new()),
@@ -145,6 +149,16 @@ impl Intake {
 
     pub fn settings(&self) -> &IntakeSettings {
         &self.settings
+    }
+
+    /// Marks more scopes as sharing their upstream (a reloaded users file added a scope). The
+    /// set only grows until a restart: a session authenticated before the reload may still
+    /// submit under a scope the new file dropped, and its keys must stay apart too.
+    pub fn share_scopes(&self, scopes: impl IntoIterator<Item = String>) {
+        self.shared_scopes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(scopes);
     }
 
     pub fn store_healthy(&self) -> bool {
@@ -286,7 +300,11 @@ impl Intake {
             origin, sub, scan, ..
         } = *facts;
         let upstream_key = facts.key.map(|k| {
-            let shared = self.settings.shared_scopes.contains(&origin.scope);
+            let shared = self
+                .shared_scopes
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&origin.scope);
             upstream_key(&origin.scope, k, part, shared)
         });
         let (state, reply, content) = if scan.has_from {

@@ -18,7 +18,7 @@ use super::session::{Output, Session, SessionConfig};
 use super::tls::TlsCerts;
 use crate::app::stopped;
 use crate::auth::throttle::{AuthFailures, ThrottleLimits, Verdict};
-use crate::auth::Users;
+use crate::auth::LiveUsers;
 use crate::intake::{Intake, Origin};
 
 /// How a listener speaks TLS.
@@ -208,7 +208,8 @@ pub struct ServerContext {
     pub limits: Arc<ConnectionLimits>,
     pub timeouts: SessionTimeouts,
     pub tls: Option<Arc<TlsCerts>>,
-    pub users: Option<Arc<Users>>,
+    /// The users file in service (SIGHUP reloads it).
+    pub users: Option<Arc<LiveUsers>>,
     /// Delay before answering a failed AUTH (slows password guessing).
     pub auth_failure_delay: Duration,
     pub auth_throttle: Arc<AuthThrottle>,
@@ -690,7 +691,7 @@ impl Conversation<'_> {
                         .ctx
                         .users
                         .as_ref()
-                        .is_some_and(|users| users.get(&name).is_some());
+                        .is_some_and(|users| users.current().get(&name).is_some());
                     let shown = if known { name.as_str() } else { "<unknown>" };
                     match throttle.check(peer, &name) {
                         Verdict::Allowed => {}
@@ -704,7 +705,7 @@ impl Conversation<'_> {
                             continue;
                         }
                     }
-                    let user = match self.ctx.users.clone() {
+                    let user = match self.ctx.users.as_ref().map(|u| u.current()) {
                         Some(users) => {
                             let _running = throttle.running.acquire().await.ok();
                             tokio::task::spawn_blocking(move || {
