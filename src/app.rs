@@ -596,7 +596,9 @@ mod tests {
 
     #[test]
     fn a_reloaded_users_file_may_add_scopes_but_not_move_them() {
-        let users = |entries: &[(&str, &str, Option<&str>)]| {
+        // (user name, scope, upstream of its own)
+        type Entry<'a> = (&'a str, &'a str, Option<&'a str>);
+        let users = |entries: &[Entry]| {
             let mut users = Users::default();
             for (name, scope, upstream) in entries {
                 let user = crate::auth::User {
@@ -629,7 +631,7 @@ mod tests {
             .unwrap()
             .is_empty());
 
-        let refusals: &[(&[(&str, &str, Option<&str>)], &str)] = &[
+        let refusals: &[(&[Entry], &str)] = &[
             // A new scope with an upstream of its own.
             (&[("bob", "bob", Some("smtp://b.example"))], "scope \"bob\""),
             // A scope that changes upstream, or loses its own.
