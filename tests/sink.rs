@@ -885,6 +885,12 @@ async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, V
     (status, body)
 }
 
+/// Unix milliseconds as the API writes times: RFC 3339, UTC, milliseconds.
+fn rfc3339(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
 async fn get_json(addr: SocketAddr, path: &str) -> Value {
     let (status, body) = http(addr, "GET", path, "").await;
     assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
@@ -923,14 +929,32 @@ async fn http_api_reports_what_the_handle_reports() {
         assert_eq!(json["mail_from"], m.mail_from.as_str());
         assert_eq!(json["rcpt_to"], serde_json::json!(m.rcpt_to));
         assert_eq!(json["size"], m.bytes.len());
-        assert_eq!(json["received_at"], m.received_at_ms);
+        assert_eq!(json["received_at_ms"], m.received_at_ms);
+        assert_eq!(json["received_at"], rfc3339(m.received_at_ms));
         assert_eq!(json["blake3"], m.blake3.as_str());
-        match std::str::from_utf8(&m.bytes) {
-            Ok(body) => assert_eq!(json["body"], body),
-            Err(_) => assert!(json.get("body").is_none()),
-        }
-        let (status, raw) = http(api, "GET", &format!("/messages/{}/raw", m.id), "").await;
+        // A list leaves the bytes out; they are one request away.
+        assert!(json.get("body").is_none(), "{json}");
+        let raw_path = format!("/messages/{}/raw", m.id);
+        assert_eq!(json["raw"], raw_path.as_str());
+        let (status, raw) = http(api, "GET", &raw_path, "").await;
         assert_eq!((status, raw), (200, m.bytes.clone()));
+        // The message by id: the same fields, and the bytes as `body` when they are UTF-8.
+        let one = get_json(api, &format!("/messages/{}", m.id)).await;
+        for field in [
+            "id",
+            "key",
+            "rcpt_to",
+            "size",
+            "blake3",
+            "received_at",
+            "raw",
+        ] {
+            assert_eq!(one[field], json[field], "{field}");
+        }
+        match std::str::from_utf8(&m.bytes) {
+            Ok(body) => assert_eq!(one["body"], body),
+            Err(_) => assert!(one.get("body").is_none()),
+        }
     }
     let filtered = get_json(api, "/messages?key=api-1").await;
     assert_eq!(filtered.as_array().unwrap().len(), 1);
@@ -965,8 +989,11 @@ async fn http_api_reports_what_the_handle_reports() {
         .map(|t| t["outcome"].as_str().unwrap())
         .collect();
     assert_eq!(outcomes, vec!["accepted", "replayed", "accepted"]);
+    for (json, t) in txns.as_array().unwrap().iter().zip(sink.transactions()) {
+        assert_eq!(json["received_at"], rfc3339(t.received_at_ms));
+    }
 
-    // Faults: set over HTTP (both forms), see them fire over SMTP, then remove them.
+    // Faults: added over HTTP (both forms), see them fire over SMTP, then remove them.
     let (status, body) = http(
         api,
         "POST",
@@ -1007,6 +1034,233 @@ async fn http_api_reports_what_the_handle_reports() {
     assert!(sink.messages().is_empty());
     assert_eq!(get_json(api, "/messages").await, serde_json::json!([]));
     assert_eq!(get_json(api, "/stats").await["transactions"], 0);
+    sink.shutdown().await;
+}
+
+/// The ids of a `/messages` answer, in order.
+fn ids(list: &Value) -> Vec<String> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A status and a JSON `{"error": ...}` body that says something.
+async fn json_error(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let (status, response) = http(addr, method, path, body).await;
+    let json: Value = serde_json::from_slice(&response).unwrap_or_else(|e| {
+        panic!(
+            "{method} {path}: {status} with a body that is not JSON ({e}): {}",
+            String::from_utf8_lossy(&response)
+        )
+    });
+    let error = json["error"].as_str().unwrap_or_else(|| panic!("{json}"));
+    assert!(!error.is_empty());
+    (status, error.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_api_finds_messages_by_key_recipient_and_text_and_refuses_unknown_filters() {
+    let sink = start(SinkConfig {
+        api: Some("127.0.0.1:0".parse().unwrap()),
+        ..SinkConfig::default()
+    })
+    .await;
+    let api = sink.api_addr().unwrap();
+    let mut c = session(sink.smtp_addr()).await;
+    let invoice = "From: app@example.com\r\nSubject: Invoice 42\r\n\
+                   X-Bird-Idempotency-Key: inv-42\r\n\r\nPlease pay by Friday.\r\n";
+    // The subject as an encoded word and the body in base64: searched decoded.
+    let greeting = "From: app@example.com\r\nSubject: =?utf-8?q?Gr=C3=BC=C3=9Fe?=\r\n\
+                    MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n\
+                    Content-Transfer-Encoding: base64\r\n\r\naGVsbG8gd29ybGQ=\r\n";
+    let inv = id_of(
+        &c.submit(
+            "a@example.com",
+            &["Bob@Example.com", "carol@example.org"],
+            invoice.as_bytes(),
+        )
+        .await
+        .unwrap(),
+    );
+    let greet = id_of(
+        &c.submit("a@example.com", &["dave@example.net"], greeting.as_bytes())
+            .await
+            .unwrap(),
+    );
+
+    let all = get_json(api, "/messages").await;
+    assert_eq!(ids(&all), [inv.clone(), greet.clone()]);
+    assert_eq!(all[0]["subject"], "Invoice 42");
+    assert_eq!(all[1]["subject"], "Grüße");
+    let cases: &[(&str, &[&String])] = &[
+        ("key=inv-42", &[&inv]),
+        ("key=inv", &[]),
+        ("rcpt=bob%40example.COM", &[&inv]),
+        ("rcpt=example.", &[&inv, &greet]),
+        ("rcpt=nobody", &[]),
+        ("text=invoice", &[&inv]),
+        ("text=PAY%20BY", &[&inv]),
+        ("text=gr%C3%BC%C3%9Fe", &[&greet]),
+        ("text=hello%20world", &[&greet]),
+        ("key=inv-42&text=hello", &[]),
+        ("rcpt=dave&text=world", &[&greet]),
+    ];
+    for (query, want) in cases {
+        let got = get_json(api, &format!("/messages?{query}")).await;
+        let want: Vec<String> = want.iter().map(|id| id.to_string()).collect();
+        assert_eq!(ids(&got), want, "?{query}");
+    }
+
+    // A filter the sink does not know is refused, never ignored.
+    for query in ["recipient=bob", "to=bob", "key=a&key=b"] {
+        let (status, error) = json_error(api, "GET", &format!("/messages?{query}"), "").await;
+        assert_eq!(status, 400, "?{query}: {error}");
+    }
+    let (_, error) = json_error(api, "GET", "/messages?recipient=bob", "").await;
+    assert!(
+        error.contains("recipient") && error.contains("rcpt"),
+        "{error}"
+    );
+    let (status, _) = json_error(api, "GET", "/transactions?rcpt=bob", "").await;
+    assert_eq!(status, 400);
+    let (status, _) = json_error(api, "GET", "/webhooks?text=x", "").await;
+    assert_eq!(status, 400);
+
+    // Unknown ids and paths: 404 with a JSON body.
+    let (status, error) = json_error(api, "GET", "/messages/S999", "").await;
+    assert_eq!(status, 404);
+    assert!(error.contains("S999"), "{error}");
+    let (status, _) = json_error(api, "GET", "/messages/S999/raw", "").await;
+    assert_eq!(status, 404);
+    let (status, _) = json_error(api, "GET", "/nothing/here", "").await;
+    assert_eq!(status, 404);
+    sink.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_api_post_adds_fault_rules_and_put_replaces_them() {
+    let sink = start(SinkConfig {
+        api: Some("127.0.0.1:0".parse().unwrap()),
+        faults: vec!["phase=mail,action=reply,code=451,times=1".parse().unwrap()],
+        ..SinkConfig::default()
+    })
+    .await;
+    let api = sink.api_addr().unwrap();
+    let mut c = session(sink.smtp_addr()).await;
+    c.expect("MAIL FROM:<a@example.com>", 451).await;
+
+    // POST adds after the active rules, whose fire counts go on.
+    let (status, body) = http(
+        api,
+        "POST",
+        "/faults",
+        r#"["phase=rcpt,action=reply,code=452,times=1"]"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let rules: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(rules.as_array().unwrap().len(), 2);
+    assert_eq!(
+        (&rules[0]["phase"], &rules[0]["fired"]),
+        (&"mail".into(), &1.into())
+    );
+    assert_eq!(
+        (&rules[1]["phase"], &rules[1]["fired"]),
+        (&"rcpt".into(), &0.into())
+    );
+    c.expect("MAIL FROM:<a@example.com>", 250).await;
+    c.expect("RCPT TO:<b@example.com>", 452).await;
+    c.expect("RSET", 250).await;
+
+    // A bad rule in a POST adds nothing, not even the good one before it.
+    let (status, error) = json_error(
+        api,
+        "POST",
+        "/faults",
+        r#"["phase=data,action=disconnect", {"phase":"rcpt","action":"drop"}]"#,
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(error.starts_with("rule 1:"), "{error}");
+    assert_eq!(sink.faults().len(), 2);
+
+    // PUT replaces them all, counts starting over.
+    let (status, body) = http(
+        api,
+        "PUT",
+        "/faults",
+        r#"[{"phase":"data","action":"reply","code":554,"text":"5.7.1 no"}]"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let faults = get_json(api, "/faults").await;
+    assert_eq!(faults.as_array().unwrap().len(), 1);
+    assert_eq!(
+        (&faults[0]["phase"], &faults[0]["fired"]),
+        (&"data".into(), &0.into())
+    );
+    c.expect("MAIL FROM:<a@example.com>", 250).await;
+    c.expect("RCPT TO:<b@example.com>", 250).await;
+    c.expect("DATA", 554).await;
+    sink.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_reset_also_empties_the_maildir() {
+    let dir = tempfile::tempdir().unwrap();
+    let maildir = dir.path().join("mail");
+    let sink = start(SinkConfig {
+        api: Some("127.0.0.1:0".parse().unwrap()),
+        maildir: Some(maildir.clone()),
+        ..SinkConfig::default()
+    })
+    .await;
+    let api = sink.api_addr().unwrap();
+    let mut c = session(sink.smtp_addr()).await;
+    for key in ["m-1", "m-2"] {
+        c.submit(
+            "a@example.com",
+            &["b@example.com"],
+            &message(Some(key), key),
+        )
+        .await
+        .unwrap();
+    }
+    // Something else in the directory that is not a message stays.
+    std::fs::write(maildir.join("notes.txt"), "kept").unwrap();
+    let eml = |dir: &std::path::Path| -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "eml")
+            })
+            .count()
+    };
+    assert_eq!(eml(&maildir), 2);
+
+    let (status, _) = http(api, "POST", "/reset", "").await;
+    assert_eq!(status, 204);
+    assert_eq!(eml(&maildir), 0);
+    assert!(maildir.join("notes.txt").exists());
+    assert_eq!(get_json(api, "/messages").await, serde_json::json!([]));
+
+    // The sink goes on writing there after a reset.
+    let id = id_of(
+        &c.submit(
+            "a@example.com",
+            &["b@example.com"],
+            &message(Some("m-3"), "x"),
+        )
+        .await
+        .unwrap(),
+    );
+    assert!(maildir.join(format!("{id}.eml")).exists());
     sink.shutdown().await;
 }
 
@@ -1780,7 +2034,9 @@ async fn the_binary_posts_webhooks_from_its_flags_and_lists_the_posts_over_http(
     assert_eq!(first["outcome"], "retrying");
     assert_eq!(first["fault"], "phase=webhook,action=duplicate,times=1");
     assert!(first["webhook_timestamp"].as_i64().unwrap() > 0);
-    assert!(first["sent_at"].as_u64().unwrap() > 0);
+    let sent_at = first["sent_at_ms"].as_u64().unwrap();
+    assert!(sent_at > 0);
+    assert_eq!(first["sent_at"], rfc3339(sent_at));
     let copies: Vec<(&str, u64, u64)> = posts
         .iter()
         .filter(|p| p["outcome"] == "delivered")

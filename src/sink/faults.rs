@@ -317,6 +317,13 @@ impl FaultSet {
         self.rules.clone()
     }
 
+    /// Appends rules after the active ones, whose fire counts go on; all or nothing.
+    pub fn extend(&mut self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
+        let added = FaultSet::new(rules)?;
+        self.rules.extend(added.rules);
+        Ok(())
+    }
+
     /// The first unspent rule for `phase` whose conditions hold fires (and is counted).
     pub fn fire(&mut self, phase: Phase, ctx: &Context<'_>) -> Option<FaultRule> {
         let status = self.rules.iter_mut().find(|s| {

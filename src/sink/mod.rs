@@ -23,7 +23,8 @@
 //!
 //! # Fault rules
 //!
-//! `--fault RULE` (repeatable), `POST /faults` or [`SinkHandle::set_faults`]. A rule is
+//! `--fault RULE` (repeatable), `POST /faults` (adds) or `PUT /faults` (replaces), or
+//! [`SinkHandle::set_faults`]. A rule is
 //! `name=value` pairs separated by commas:
 //!
 //! | field | meaning |
@@ -46,15 +47,29 @@
 //!
 //! # HTTP API (`--api ADDR`)
 //!
-//! `GET /messages[?key=K]` (id, key, mail_from, rcpt_to, size, received_at (Unix ms), blake3,
-//! body when UTF-8, tls, auth_user), `GET /messages/{id}/raw` (exact bytes),
-//! `GET /transactions[?key=K]` (same, plus seq, outcome, message_id, reply or `"none"`, fault),
-//! `GET /webhooks[?key=K][&id=ID]` (every post of an event batch: seq, webhook_id, type,
-//! message_id, key, events, copy, attempt, webhook_timestamp, status or error, response,
-//! outcome, fault, sent_at), `GET /stats` (with `webhooks`: batches, attempts, delivered,
-//! failed, dropped, pending), `GET|POST|DELETE /faults`, `POST /reset` (messages,
-//! transactions, records, webhook posts, counts and faults), `POST /pause?mode=refuse|greet421`,
-//! `POST /resume`.
+//! JSON in and out; every error is `{"error": "..."}` with its status (404 for an unknown id
+//! or path, 400 for a bad body or an unknown query parameter). Times are RFC 3339 (UTC,
+//! milliseconds), each with a `<name>_ms` twin in Unix milliseconds.
+//!
+//! - `GET /messages[?key=K][&rcpt=R][&text=T]`: accepted messages without their bytes (id,
+//!   key, mail_from, rcpt_to, subject, size, blake3, received_at, tls, auth_user, raw: the
+//!   path of the bytes). `key` is exact, `rcpt` a substring of a recipient (ASCII
+//!   case-insensitive), `text` a substring of the decoded subject or body text
+//!   (case-insensitive); given filters must all match.
+//! - `GET /messages/{id}`: one message, with its bytes as `body` when they are UTF-8.
+//! - `GET /messages/{id}/raw`: the exact bytes (`message/rfc822`).
+//! - `GET /transactions[?key=K]`: every transaction that reached the dot, with its bytes,
+//!   seq, outcome, message_id, reply (or `"none"`) and fault.
+//! - `GET /webhooks[?key=K][&id=ID]`: every post of an event batch: seq, webhook_id, type,
+//!   message_id, key, events, copy, attempt, webhook_timestamp (the header's Unix seconds),
+//!   status or error, response, outcome, fault, sent_at.
+//! - `GET /stats` (with `webhooks`: batches, attempts, delivered, failed, dropped, pending),
+//!   `GET /counts` (the totals only).
+//! - `GET /faults` (the rules with their fire counts), `POST /faults` (adds rules after the
+//!   active ones), `PUT /faults` (replaces them), `DELETE /faults` (removes them).
+//! - `POST /reset`: forgets messages, transactions, records, webhook posts and counts, removes
+//!   the rules and empties the maildir.
+//! - `POST /pause?mode=refuse|greet421`, `POST /resume`.
 //!
 //! # Webhooks (`--webhook URL --webhook-secret whsec_...`)
 //!
@@ -82,6 +97,7 @@
 mod api;
 pub mod faults;
 pub mod ledger;
+mod search;
 mod smtp;
 mod state;
 mod tls;
@@ -209,8 +225,8 @@ pub struct SinkArgs {
     /// SMTP listen address
     #[arg(long, env = "IDEMRELAY_SINK_LISTEN", default_value = "127.0.0.1:2526")]
     pub listen: SocketAddr,
-    /// HTTP API listen address (GET /messages, /transactions, /webhooks, /stats;
-    /// POST|DELETE /faults; POST /reset, /pause, /resume)
+    /// HTTP API listen address (GET /messages, /messages/{id}, /transactions, /webhooks,
+    /// /stats; POST|PUT|DELETE /faults; POST /reset, /pause, /resume)
     #[arg(long, env = "IDEMRELAY_SINK_API")]
     pub api: Option<SocketAddr>,
     /// Write each accepted message to DIR/<id>.eml
@@ -467,7 +483,10 @@ impl Sink {
         ))];
         if let Some(listener) = api_listener {
             let mut life = shared.life.subscribe();
-            let router = api::router(shared.clone());
+            // One listener, one router per view of the state.
+            let router = axum::Router::new()
+                .merge(api::router(shared.clone()))
+                .fallback(api::not_found);
             tasks.push(tokio::spawn(async move {
                 let stop = async move { state::shutting_down(&mut life).await };
                 if let Err(err) = axum::serve(listener, router)
@@ -557,10 +576,18 @@ impl SinkHandle {
         self.inner.shared.clear();
     }
 
-    /// `clear` plus removing the rules: what `POST /reset` does.
-    pub fn reset(&self) {
+    /// `clear` plus removing the rules and the maildir's `.eml` files: what `POST /reset`
+    /// does.
+    pub fn reset(&self) -> std::io::Result<()> {
         self.inner.shared.clear();
         let _ = self.inner.shared.set_faults(Vec::new());
+        self.inner.shared.clear_maildir().map(|_| ())
+    }
+
+    /// Adds rules after the active ones (what `POST /faults` does); refuses rules that
+    /// could never fire, and then adds none.
+    pub fn add_faults(&self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
+        self.inner.shared.add_faults(rules)
     }
 
     /// Simulates the upstream going down; resolves once the mode is in effect (for

@@ -346,6 +346,31 @@ impl Shared {
         Ok(())
     }
 
+    /// Adds rules after the active ones (their fire counts go on). Refuses rules that could
+    /// never fire, and then adds none.
+    pub fn add_faults(&self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
+        self.lock().faults.extend(rules)?;
+        self.changed();
+        Ok(())
+    }
+
+    /// Removes the `.eml` files of the maildir (with `--maildir`), the sink's own and any
+    /// other, so that a reset sink starts from an empty directory; returns how many.
+    pub fn clear_maildir(&self) -> std::io::Result<usize> {
+        let Some(dir) = &self.config.maildir else {
+            return Ok(0);
+        };
+        let mut removed = 0;
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "eml") && path.is_file() {
+                std::fs::remove_file(&path)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Forgets messages, transactions, idempotency records and counts; ids keep counting up
     /// so an id never names two messages.
     pub fn clear(&self) {

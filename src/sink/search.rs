@@ -1,0 +1,190 @@
+//! Finding messages the sink received: the filters of `GET /messages` (and of any view that
+//! lists them), free of I/O.
+
+use std::collections::BTreeMap;
+
+use mail_parser::MessageParser;
+
+use super::state::ReceivedMessage;
+
+/// Query parameters as given, refusing any name not in `allowed` and any name given twice (a
+/// silently ignored filter would return unrelated messages).
+pub(crate) fn query_params(
+    pairs: Vec<(String, String)>,
+    allowed: &[&str],
+) -> Result<BTreeMap<String, String>, String> {
+    let mut params = BTreeMap::new();
+    for (name, value) in pairs {
+        if !allowed.contains(&name.as_str()) {
+            return Err(format!(
+                "unknown filter {name:?} (known: {})",
+                allowed.join(", ")
+            ));
+        }
+        if params.insert(name.clone(), value).is_some() {
+            return Err(format!("filter {name:?} given twice"));
+        }
+    }
+    Ok(params)
+}
+
+/// Which messages a list shows; every filter given must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct MessageFilter {
+    /// The `X-Bird-Idempotency-Key`, exactly.
+    pub key: Option<String>,
+    /// A recipient contains this, ASCII case-insensitive (as the fault rules' `rcpt`).
+    pub rcpt: Option<String>,
+    /// The subject or the body text contains this, case-insensitive.
+    pub text: Option<String>,
+}
+
+impl MessageFilter {
+    pub const NAMES: &'static [&'static str] = &["key", "rcpt", "text"];
+
+    pub fn from_query(pairs: Vec<(String, String)>) -> Result<MessageFilter, String> {
+        let mut params = query_params(pairs, Self::NAMES)?;
+        Ok(MessageFilter {
+            key: params.remove("key"),
+            rcpt: params.remove("rcpt"),
+            text: params.remove("text"),
+        })
+    }
+
+    pub fn matches(&self, m: &ReceivedMessage) -> bool {
+        if self
+            .key
+            .as_ref()
+            .is_some_and(|key| m.key.as_ref() != Some(key))
+        {
+            return false;
+        }
+        if let Some(rcpt) = &self.rcpt {
+            let rcpt = rcpt.to_ascii_lowercase();
+            if !m
+                .rcpt_to
+                .iter()
+                .any(|r| r.to_ascii_lowercase().contains(&rcpt))
+            {
+                return false;
+            }
+        }
+        match &self.text {
+            Some(text) => {
+                let text = text.to_lowercase();
+                let content = Content::of(&m.bytes);
+                content
+                    .subject
+                    .is_some_and(|s| s.to_lowercase().contains(&text))
+                    || content.body.to_lowercase().contains(&text)
+            }
+            None => true,
+        }
+    }
+}
+
+/// What a person reads of a message: its subject and its text, decoded (encoded words,
+/// quoted-printable, base64, charsets).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Content {
+    pub subject: Option<String>,
+    /// The text parts (an HTML-only message: its HTML converted to text).
+    pub body: String,
+}
+
+impl Content {
+    pub fn of(bytes: &[u8]) -> Content {
+        let Some(parsed) = MessageParser::new().parse(bytes) else {
+            return Content {
+                subject: None,
+                body: String::from_utf8_lossy(bytes).into_owned(),
+            };
+        };
+        let body = (0..parsed.text_body_count())
+            .filter_map(|i| parsed.body_text(i))
+            .collect::<Vec<_>>()
+            .join("\n");
+        Content {
+            subject: parsed.subject().map(str::to_string),
+            body,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(key: Option<&str>, rcpt: &[&str], bytes: &str) -> ReceivedMessage {
+        ReceivedMessage {
+            id: "S1".into(),
+            key: key.map(str::to_string),
+            mail_from: "a@example.com".into(),
+            rcpt_to: rcpt.iter().map(|r| r.to_string()).collect(),
+            eightbitmime: false,
+            smtputf8: false,
+            bytes: bytes.as_bytes().to_vec(),
+            blake3: String::new(),
+            received_at_ms: 0,
+            tls: false,
+            auth_user: None,
+        }
+    }
+
+    fn filter(query: &[(&str, &str)]) -> Result<MessageFilter, String> {
+        MessageFilter::from_query(
+            query
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn unknown_or_repeated_filters_are_refused() {
+        assert_eq!(filter(&[]).unwrap(), MessageFilter::default());
+        let err = filter(&[("recipient", "x")]).unwrap_err();
+        assert!(err.contains("unknown filter \"recipient\""), "{err}");
+        assert!(err.contains("key, rcpt, text"), "{err}");
+        let err = filter(&[("key", "a"), ("key", "b")]).unwrap_err();
+        assert!(err.contains("twice"), "{err}");
+    }
+
+    #[test]
+    fn filters_match_key_recipient_subject_and_decoded_body() {
+        let plain = message(
+            Some("k-1"),
+            &["Bob@Example.com", "carol@example.org"],
+            "Subject: Invoice 42\r\n\r\nPlease pay.\r\n",
+        );
+        // Subject as an encoded word, body in base64: both are searched decoded.
+        let encoded = message(
+            None,
+            &["dave@example.net"],
+            "Subject: =?utf-8?q?Gr=C3=BC=C3=9Fe?=\r\nMIME-Version: 1.0\r\n\
+             Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: base64\r\n\r\n\
+             aGVsbG8gd29ybGQ=\r\n",
+        );
+        // (query, matches the plain message, matches the encoded one)
+        type Case<'a> = (&'a [(&'a str, &'a str)], bool, bool);
+        let cases: &[Case] = &[
+            (&[], true, true),
+            (&[("key", "k-1")], true, false),
+            (&[("key", "k")], false, false),
+            (&[("rcpt", "bob@example.COM")], true, false),
+            (&[("rcpt", "example.")], true, true),
+            (&[("rcpt", "nobody")], false, false),
+            (&[("text", "invoice")], true, false),
+            (&[("text", "PLEASE PAY")], true, false),
+            (&[("text", "grüße")], false, true),
+            (&[("text", "hello world")], false, true),
+            (&[("text", "aGVsbG8")], false, false),
+            (&[("key", "k-1"), ("text", "hello")], false, false),
+        ];
+        for (query, want_plain, want_encoded) in cases {
+            let f = filter(query).unwrap();
+            assert_eq!(f.matches(&plain), *want_plain, "{query:?} plain");
+            assert_eq!(f.matches(&encoded), *want_encoded, "{query:?} encoded");
+        }
+    }
+}
