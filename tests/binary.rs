@@ -3,6 +3,8 @@
 //! its stdout/stderr and the SQLite file it leaves behind.
 
 mod common;
+#[path = "binary/kit.rs"]
+mod kit;
 #[path = "binary/sendmail.rs"]
 mod sendmail;
 

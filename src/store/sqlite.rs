@@ -84,6 +84,35 @@ pub struct SqliteStore {
     /// Appends large bodies; used by writer operations only (the lock is never contended).
     spool: Arc<Mutex<Spool>>,
     spool_reader: SpoolReader,
+    /// Other relay processes seen heartbeating into this file.
+    siblings: Mutex<Siblings>,
+}
+
+/// Another process serving the same SQLite file works (the write lock serialises them), but
+/// it is seldom meant: two units started by mistake, or a container and a host relay on one
+/// volume. The heartbeats tell: a row whose heartbeat moves on while this process runs
+/// belongs to a live process. A row that stays put (a relay killed a moment ago) says
+/// nothing, and the ids carry a random part, so processes with the same pid (containers) are
+/// told apart.
+#[derive(Debug, Default)]
+struct Siblings {
+    /// Each other process's heartbeat as last seen.
+    seen: std::collections::HashMap<String, i64>,
+    warned: HashSet<String>,
+}
+
+impl Siblings {
+    /// The processes to warn about now: seen before, heartbeat moved since; each only once.
+    fn alive(&mut self, others: Vec<(String, i64)>) -> Vec<String> {
+        let mut alive = Vec::new();
+        for (id, heartbeat) in others {
+            let before = self.seen.insert(id.clone(), heartbeat);
+            if before.is_some_and(|b| heartbeat > b) && self.warned.insert(id.clone()) {
+                alive.push(id);
+            }
+        }
+        alive
+    }
 }
 
 impl SqliteStore {
@@ -167,6 +196,7 @@ impl SqliteStore {
             writer,
             spool,
             spool_reader,
+            siblings: Mutex::new(Siblings::default()),
         })
     }
 }
@@ -320,10 +350,25 @@ impl Store for SqliteStore {
     }
 
     async fn heartbeat(&self, process: &str) -> Result<(), StoreError> {
-        let process = process.to_string();
-        self.writer
-            .write(move |conn| writes::heartbeat(conn, &process))
-            .await
+        let me = process.to_string();
+        let others = self
+            .writer
+            .write(move |conn| writes::heartbeat(conn, &me))
+            .await?;
+        let alive = self
+            .siblings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .alive(others);
+        for other in alive {
+            tracing::warn!(
+                target: "idemrelay::store",
+                this_process = process,
+                other_process = %other,
+                "another relay process is serving this SQLite store too; they take turns at its write lock. If that is not meant, stop one of them; several instances belong on a shared Postgres store"
+            );
+        }
+        Ok(())
     }
 
     async fn reclaim_dead_leases(&self, stale_after: Duration) -> Result<u64, StoreError> {
@@ -493,6 +538,48 @@ mod tests {
     use crate::smtp::session::{BodyType, Envelope};
 
     const LEASE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_sibling_is_reported_once_its_heartbeat_moves() {
+        let mut siblings = Siblings::default();
+        let beat = |pairs: &[(&str, i64)]| -> Vec<(String, i64)> {
+            pairs.iter().map(|(id, t)| (id.to_string(), *t)).collect()
+        };
+        // First look: a row is no evidence of life (it may be a relay killed just now).
+        assert!(siblings
+            .alive(beat(&[("dead", 100), ("live", 100)]))
+            .is_empty());
+        // The live one's heartbeat moves on, the dead one's does not; a newcomer appears.
+        assert_eq!(
+            siblings.alive(beat(&[("dead", 100), ("live", 1100), ("new", 1000)])),
+            ["live"]
+        );
+        // Once per process, however long it runs.
+        assert_eq!(
+            siblings.alive(beat(&[("dead", 100), ("live", 2100), ("new", 2000)])),
+            ["new"]
+        );
+        assert!(siblings
+            .alive(beat(&[("live", 3100), ("new", 3000)]))
+            .is_empty());
+    }
+
+    #[tokio::test]
+    async fn heartbeats_list_the_other_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        store.heartbeat("a/1/01").await.unwrap();
+        store.heartbeat("b/1/02").await.unwrap();
+        let others = store
+            .writer
+            .write(|conn| writes::heartbeat(conn, "a/1/01"))
+            .await
+            .unwrap();
+        assert_eq!(
+            others.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+            ["b/1/02"]
+        );
+    }
 
     async fn store(dir: &tempfile::TempDir) -> SqliteStore {
         let url = format!("sqlite://{}", dir.path().join("t.db").display());

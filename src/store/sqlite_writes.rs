@@ -438,7 +438,9 @@ pub fn renew_lease(
     Ok(renewed == 1)
 }
 
-pub fn heartbeat(conn: &Connection, process: &str) -> Result<(), StoreError> {
+/// Writes `process`'s heartbeat; returns the other processes' last heartbeats (id, Unix ms),
+/// which tell whether another relay serves this file too.
+pub fn heartbeat(conn: &Connection, process: &str) -> Result<Vec<(String, i64)>, StoreError> {
     let now = now_ms();
     conn.prepare_cached(
         "INSERT INTO relay_processes (id, started_at, heartbeat_at) VALUES (?1, ?2, ?2)
@@ -447,7 +449,11 @@ pub fn heartbeat(conn: &Connection, process: &str) -> Result<(), StoreError> {
     .execute(params![process, now])?;
     conn.prepare_cached("DELETE FROM relay_processes WHERE heartbeat_at < ?")?
         .execute([now.saturating_sub(retention_ms(FORGET_PROCESS_AFTER))])?;
-    Ok(())
+    let others = conn
+        .prepare_cached("SELECT id, heartbeat_at FROM relay_processes WHERE id <> ?")?
+        .query_map([process], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    Ok(others)
 }
 
 pub fn reclaim_dead_leases(conn: &Connection, stale_after: Duration) -> Result<u64, StoreError> {

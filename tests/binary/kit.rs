@@ -1,0 +1,433 @@
+//! The operator's kit (issue 15 point 7), through the built binary: SIGHUP reloads the users
+//! file, `user add` refuses short passwords, `--version` and the startup line name the commit,
+//! a second relay on one SQLite file is warned about, the systemd unit verifies, and the shell
+//! completions and man page come out of the CLI definition.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use super::common::process::{idemrelay, serve_args, RelayProcess};
+use super::common::{auth_plain, Client};
+use super::{run_checked, text, QUICK_EXIT};
+
+/// `idemrelay user add NAME --users FILE` with the password on stdin, whatever it exits with.
+fn user_add(users: &Path, name: &str, password: &str) -> Output {
+    use std::io::Write;
+    let mut child = idemrelay()
+        .args(["user", "add", name, "--users"])
+        .arg(users)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run idemrelay user add");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(format!("{password}\n").as_bytes()).unwrap();
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
+/// The reply code to `AUTH PLAIN` on a fresh connection (the plain listener offers AUTH to
+/// loopback clients).
+async fn auth(addr: SocketAddr, user: &str, password: &str) -> u16 {
+    let (mut client, greeting) = Client::connect(addr).await;
+    assert_eq!(greeting.code, 220, "{greeting:?}");
+    let ehlo = client.cmd("EHLO client.test").await;
+    assert!(
+        ehlo.lines.iter().any(|l| l.starts_with("AUTH ")),
+        "{ehlo:?}"
+    );
+    let code = client.cmd(&auth_plain(user, password)).await.code;
+    client.quit().await;
+    code
+}
+
+/// The `n`th line (from 1) of the relay's log that contains `needle`, once it is there.
+async fn log_line(relay: &RelayProcess, needle: &str, n: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let log = relay.log();
+        if let Some(line) = log.lines().filter(|l| l.contains(needle)).nth(n - 1) {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line {n} with {needle:?} in the log:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_users_file_and_a_bad_file_keeps_the_users_in_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    let added = user_add(&users, "alice", "alice's long password");
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    let users_arg = users.to_str().unwrap();
+    let mut relay = RelayProcess::spawn(&serve_args(
+        &dir.path().join("relay.db"),
+        &["--users-file", users_arg],
+    ))
+    .ready()
+    .await;
+    assert_eq!(
+        auth(relay.addr, "alice", "alice's long password").await,
+        235
+    );
+    assert_eq!(
+        auth(relay.addr, "carol", "carol's long password").await,
+        535
+    );
+
+    // Written while the relay runs: not in service until the HUP.
+    let added = user_add(&users, "carol", "carol's long password");
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    assert_eq!(
+        auth(relay.addr, "carol", "carol's long password").await,
+        535
+    );
+    relay.signal("HUP");
+    let line = log_line(&relay, "users file reloaded", 1).await;
+    assert!(
+        line.contains("2 users; added: carol; removed: none"),
+        "{line}"
+    );
+    assert!(line.contains(users_arg), "{line}");
+    assert_eq!(
+        auth(relay.addr, "carol", "carol's long password").await,
+        235
+    );
+
+    // A file that does not load: the log says why (by line, quoting nothing of the file), and
+    // the users in service stay.
+    std::fs::write(
+        &users,
+        "[users.carol]\npassword_hash = \"not-a-hash-secret\"\n",
+    )
+    .unwrap();
+    relay.signal("HUP");
+    let line = log_line(&relay, "users file reload failed", 1).await;
+    assert!(line.contains("previous users stay in service"), "{line}");
+    assert!(line.contains("line 2"), "{line}");
+    assert!(!line.contains("not-a-hash-secret"), "{line}");
+    assert_eq!(
+        auth(relay.addr, "carol", "carol's long password").await,
+        235
+    );
+    assert_eq!(
+        auth(relay.addr, "alice", "alice's long password").await,
+        235
+    );
+
+    // Passwords never reach the log.
+    relay.signal("TERM");
+    assert!(relay.wait_exit(QUICK_EXIT).await.success());
+    let log = relay.log();
+    assert!(!log.contains("long password"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_without_anything_to_reload_does_not_stop_the_relay() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = RelayProcess::spawn(&serve_args(&dir.path().join("relay.db"), &[]))
+        .ready()
+        .await;
+    relay.signal("HUP");
+    log_line(&relay, "SIGHUP: nothing to reload", 1).await;
+    assert!(relay.try_exit().is_none(), "{}", relay.log());
+    let (_client, greeting) = Client::connect(relay.addr).await;
+    assert_eq!(greeting.code, 220);
+    relay.signal("TERM");
+    assert!(relay.wait_exit(QUICK_EXIT).await.success());
+}
+
+#[test]
+fn user_add_refuses_a_password_under_12_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    let short = user_add(&users, "bob", "eleven char");
+    assert_eq!(short.status.code(), Some(1), "{short:?}");
+    let stderr = text(&short.stderr);
+    assert!(stderr.contains("too short (11 characters)"), "{stderr}");
+    assert!(stderr.contains("at least 12 characters"), "{stderr}");
+    assert!(
+        !stderr.contains("eleven char"),
+        "the password was echoed: {stderr}"
+    );
+    assert!(!users.exists(), "a refused user wrote the file");
+
+    // Counted in characters, not bytes: 12 characters in more than 12 bytes is enough.
+    let ok = user_add(&users, "bob", "pässwörd 🔑xy");
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    assert!(std::fs::read_to_string(&users)
+        .unwrap()
+        .contains("[users.bob]"));
+}
+
+/// `(commit X)` in a version text.
+fn commit_in(version: &str) -> &str {
+    let rest = &version[version.find("(commit ").expect(version) + "(commit ".len()..];
+    &rest[..rest.find(')').expect(version)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_and_the_startup_line_name_the_commit() {
+    let out = run_checked(idemrelay().arg("--version"), None);
+    let version = text(&out.stdout);
+    assert!(
+        version.starts_with(&format!("idemrelay {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{version}"
+    );
+    let commit = commit_in(&version).to_string();
+    // Built in a git checkout (here, and in CI): the commit of that checkout's HEAD.
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| text(&o.stdout).trim().to_string());
+    match (head, std::env::var("IDEMRELAY_GIT_COMMIT")) {
+        (_, Ok(forced)) if !forced.trim().is_empty() => assert_eq!(commit, forced.trim()),
+        (Some(head), _) => assert_eq!(commit, head),
+        (None, _) => assert_eq!(commit, "unknown"),
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProcess::spawn(&serve_args(&dir.path().join("relay.db"), &[]))
+        .ready()
+        .await;
+    let log = relay.log();
+    let first = log.lines().next().unwrap_or_default();
+    let want = format!(
+        "idemrelay {} (commit {commit}) starting",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(first.contains(&want), "first line {first:?}, want {want:?}");
+    assert!(
+        first.contains(&format!("commit=\"{commit}\""))
+            || first.contains(&format!("commit={commit}")),
+        "{first}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_on_one_sqlite_file_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("relay.db");
+    // Delivery is what heartbeats; an upstream nobody listens on is enough for that.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = format!("smtp://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let args = serve_args(&db, &["--upstream", &upstream]);
+    let first = RelayProcess::spawn(&args).ready().await;
+    const WARNING: &str = "another relay process is serving this SQLite store too";
+    // Alone, for a few heartbeats: no warning.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!first.log().contains(WARNING), "{}", first.log());
+
+    let second = RelayProcess::spawn(&args).ready().await;
+    let seen_by_second = log_line(&second, WARNING, 1).await;
+    let seen_by_first = log_line(&first, WARNING, 1).await;
+    // Each names the other by the id its heartbeat row has (host/pid/random): the same pid in
+    // two containers still tells them apart.
+    let field = |line: &str, name: &str| -> String {
+        let rest = &line[line.find(&format!("{name}=")).expect(line) + name.len() + 1..];
+        rest.trim_start_matches('"')
+            .split(['"', ' '])
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        field(&seen_by_second, "other_process"),
+        field(&seen_by_first, "this_process")
+    );
+    assert_eq!(
+        field(&seen_by_first, "other_process"),
+        field(&seen_by_second, "this_process")
+    );
+    // Once per other process.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(second.log().matches(WARNING).count(), 1);
+
+    // A relay that was SIGKILLed leaves a heartbeat row behind: no evidence of a sibling.
+    first.kill();
+    second.kill();
+    let third = RelayProcess::spawn(&args).ready().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!third.log().contains(WARNING), "{}", third.log());
+}
+
+#[test]
+fn the_systemd_unit_is_hardened_and_verifies() {
+    let unit_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/idemrelay.service");
+    let unit = std::fs::read_to_string(&unit_path).unwrap();
+    let settings: Vec<(&str, &str)> = unit
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with('['))
+        .filter_map(|l| l.split_once('='))
+        .collect();
+    let value = |key: &str| -> Vec<&str> {
+        settings
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, v)| *v)
+            .collect()
+    };
+    for (key, want) in [
+        ("DynamicUser", "yes"),
+        ("StateDirectory", "idemrelay"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("NoNewPrivileges", "yes"),
+        ("PrivateTmp", "yes"),
+        ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),
+        ("SystemCallFilter", "@system-service"),
+        ("CapabilityBoundingSet", ""),
+        ("ExecReload", "/bin/kill -HUP $MAINPID"),
+    ] {
+        assert_eq!(value(key), [want], "{key}");
+    }
+    // The default listeners need no capability; binding 25/465/587 is a documented opt-in.
+    assert!(value("AmbientCapabilities").is_empty());
+    assert!(unit.contains("#AmbientCapabilities=CAP_NET_BIND_SERVICE"));
+    let exec = value("ExecStart");
+    assert_eq!(exec.len(), 1);
+    assert!(
+        exec[0].starts_with("/usr/local/bin/idemrelay serve"),
+        "{exec:?}"
+    );
+
+    // systemd's own check, on the unit pointed at the binary under test (verify insists that
+    // ExecStart exists). It exits 0 on unknown keys and bad values, so any output fails.
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI installs systemd: systemd-analyze is missing"
+        );
+        eprintln!("SKIPPED systemd-analyze verify: systemd-analyze is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let under_test = dir.path().join("idemrelay.service");
+    std::fs::write(
+        &under_test,
+        unit.replace("/usr/local/bin/idemrelay", super::common::process::BIN),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&under_test)
+        .output()
+        .unwrap();
+    let report = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success() && report.trim().is_empty(), "{report}");
+}
+
+#[test]
+fn completions_and_the_man_page_come_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    for shell in ["bash", "zsh", "fish"] {
+        let script = text(&run_checked(idemrelay().args(["completions", shell]), None).stdout);
+        for word in ["check-config", "healthcheck", "store", "users-file"] {
+            assert!(script.contains(word), "{shell}: no {word}");
+        }
+        std::fs::write(dir.path().join(shell), &script).unwrap();
+    }
+    let bash = dir.path().join("bash");
+    let syntax = Command::new("bash").arg("-n").arg(&bash).output().unwrap();
+    assert!(syntax.status.success(), "{}", text(&syntax.stderr));
+    // Sourced, it registers a completion for the command; asked, it completes a subcommand.
+    let script = format!(
+        "source {}; complete -p idemrelay; COMP_WORDS=(idemrelay chec); COMP_CWORD=1; \
+         COMP_LINE='idemrelay chec'; COMP_POINT=${{#COMP_LINE}}; \
+         $(complete -p idemrelay | sed -E 's/.*-F ([^ ]+).*/\\1/') idemrelay chec idemrelay; \
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        bash.display()
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.starts_with("complete ") && stdout.lines().next().unwrap().ends_with(" idemrelay"),
+        "{stdout}"
+    );
+    assert!(stdout.lines().any(|l| l == "check-config"), "{stdout}");
+    for (shell, check) in [("zsh", "-n"), ("fish", "--no-execute")] {
+        match Command::new(shell)
+            .arg(check)
+            .arg(dir.path().join(shell))
+            .output()
+        {
+            Ok(out) => assert!(out.status.success(), "{shell}: {}", text(&out.stderr)),
+            Err(_) => eprintln!("SKIPPED {shell} {check}: {shell} is not installed"),
+        }
+    }
+
+    let man = text(&run_checked(idemrelay().arg("man"), None).stdout);
+    for section in [
+        ".TH idemrelay 1",
+        ".SH NAME",
+        ".SH SYNOPSIS",
+        ".SH SUBCOMMANDS",
+        ".SH VERSION",
+    ] {
+        assert!(man.contains(section), "no {section}:\n{man}");
+    }
+    let page = dir.path().join("idemrelay.1");
+    std::fs::write(&page, &man).unwrap();
+    // Rendered as a reader sees it: by groff, warnings on, or else by man.
+    let rendered = if Command::new("groff").arg("--version").output().is_ok() {
+        let out = Command::new("groff")
+            .args(["-man", "-Tutf8", "-ww", "-z"])
+            .arg(&page)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "groff: {}",
+            text(&out.stderr)
+        );
+        let out = Command::new("groff")
+            .args(["-man", "-Tutf8"])
+            .arg(&page)
+            .output()
+            .unwrap();
+        text(&out.stdout)
+    } else if Command::new("man").arg("--version").output().is_ok() {
+        let out = Command::new("man")
+            .arg("-l")
+            .arg(&page)
+            .env("MANPAGER", "cat")
+            .env("MANWIDTH", "100")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "man: {}", text(&out.stderr));
+        text(&out.stdout)
+    } else {
+        eprintln!("SKIPPED rendering the man page: neither groff nor man is installed");
+        return;
+    };
+    // Formatting may embolden with backspaces; compare letters only.
+    let plain: String = rendered
+        .chars()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter_map(|w| (w[1] != '\u{8}' && w[0] != '\u{8}').then_some(w[0]))
+        .collect();
+    for word in ["NAME", "SYNOPSIS", "check-config", "exactly-once"] {
+        assert!(plain.contains(word), "rendered page lacks {word}:\n{plain}");
+    }
+}
