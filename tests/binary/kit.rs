@@ -67,9 +67,24 @@ async fn sighup_reloads_the_users_file_and_a_bad_file_keeps_the_users_in_service
     let added = user_add(&users, "alice", "alice's long password");
     assert!(added.status.success(), "{}", text(&added.stderr));
     let users_arg = users.to_str().unwrap();
+    let certs = dir.path().join("certs");
+    run_checked(
+        idemrelay().args(["certs", "generate", "--out"]).arg(&certs),
+        None,
+    );
+    let (cert, key) = (certs.join("cert.pem"), certs.join("key.pem"));
     let mut relay = RelayProcess::spawn(&serve_args(
         &dir.path().join("relay.db"),
-        &["--users-file", users_arg],
+        &[
+            "--users-file",
+            users_arg,
+            "--submissions-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
     ))
     .ready()
     .await;
@@ -96,6 +111,8 @@ async fn sighup_reloads_the_users_file_and_a_bad_file_keeps_the_users_in_service
         "{line}"
     );
     assert!(line.contains(users_arg), "{line}");
+    // The certificate too, although its files did not change.
+    log_line(&relay, "TLS certificate reloaded", 1).await;
     assert_eq!(
         auth(relay.addr, "carol", "carol's long password").await,
         235
