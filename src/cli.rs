@@ -295,6 +295,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             };
             crate::auth::Users::add_user(&users, &name, password, &scope, &allow_senders)?;
             println!("user {name} written to {} (scope {scope})", users.display());
+            // stdout is for the result; the hint goes where a script does not parse it.
+            eprintln!("a running relay takes it on SIGHUP (systemctl reload idemrelay)");
             Ok(())
         }
         Command::Completions { shell } => {
