@@ -446,7 +446,7 @@ impl Reloadable {
         let path = users.path().display().to_string();
         let admitted = users.reload(|new| {
             let shared = admit_users(&self.scope_upstreams, &self.default_scope, new)?;
-            // Before the new users can log in: their keys are told apart from the first one.
+            // Before any new user can log in, so that its very first key carries its scope.
             self.intake.share_scopes(shared);
             Ok(())
         });
