@@ -44,6 +44,24 @@ async fn auth(addr: SocketAddr, user: &str, password: &str) -> u16 {
     code
 }
 
+/// Submits a message under the key `shared-key`, after AUTH if `login` is given (its scope),
+/// else as a loopback client (the listener's scope); returns the queue id.
+async fn submit_keyed(addr: SocketAddr, login: Option<(&str, &str)>) -> String {
+    let (mut client, _) = Client::connect(addr).await;
+    client.cmd("EHLO client.test").await;
+    if let Some((user, password)) = login {
+        assert_eq!(client.cmd(&auth_plain(user, password)).await.code, 235);
+    }
+    let message = super::common::message(Some("shared-key"), "shared", "one key, two scopes");
+    let answer = client
+        .submit("app@example.com", &["user@example.com"], &message)
+        .await;
+    client.quit().await;
+    answer
+        .queue_id()
+        .unwrap_or_else(|| panic!("not queued: {answer:?}"))
+}
+
 /// The `n`th line (from 1) of the relay's log that contains `needle`, once it is there.
 async fn log_line(relay: &RelayProcess, needle: &str, n: usize) -> String {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -117,6 +135,22 @@ async fn sighup_reloads_the_users_file_and_a_bad_file_keeps_the_users_in_service
         auth(relay.addr, "carol", "carol's long password").await,
         235
     );
+    // carol's scope is new on the relay's upstream, which the listener's scope uses too: the
+    // same client key from both must reach the upstream as two keys, each carrying its scope.
+    let carols = submit_keyed(relay.addr, Some(("carol", "carol's long password"))).await;
+    let anonymous = submit_keyed(relay.addr, None).await;
+    let db = dir.path().join("relay.db");
+    let upstream_key = |id: &str| -> String {
+        let shown = super::queue_json(&db, &["show", id, "--json"]);
+        shown["upstream_key"].as_str().unwrap().to_string()
+    };
+    let (carols, anonymous) = (upstream_key(&carols), upstream_key(&anonymous));
+    assert!(
+        carols.starts_with("u1-") && carols.ends_with("-1-shared-key"),
+        "{carols}"
+    );
+    assert!(anonymous.starts_with("u1-"), "{anonymous}");
+    assert_ne!(carols, anonymous);
 
     // A file that does not load: the log says why (by line, quoting nothing of the file), and
     // the users in service stay.
