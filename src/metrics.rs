@@ -14,10 +14,100 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::delivery::breaker::BreakerState;
+use crate::delivery::outcome::{OutcomeKind, Phase};
+use crate::delivery::upstream::ReplyClass;
 use crate::intake::Outcome as SubmissionOutcome;
+use crate::smtp::session::RefusalReason;
 use crate::store::{QueueStats, State, WebhookOutcome};
 
 type Labels = Vec<(&'static str, &'static str)>;
+/// Labels whose values come from data (scope names), bounded by the code that sets them.
+type OwnedLabels = Vec<(&'static str, String)>;
+
+/// Scopes shown by name in `idemrelay_queued_by_scope`; the rest are summed as `other`, so a
+/// relay with thousands of users does not become thousands of series.
+pub const TOP_SCOPES: usize = 10;
+
+/// Why delivery is paused, as the `reason` label of `idemrelay_delivery_paused`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseReason {
+    /// `queue pause` or the API: a person stopped it and a person resumes it.
+    Operator,
+    /// The upstream refused the account; the relay probes and resumes by itself.
+    Account,
+}
+
+impl PauseReason {
+    pub const ALL: [PauseReason; 2] = [PauseReason::Operator, PauseReason::Account];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseReason::Operator => "operator",
+            PauseReason::Account => "account",
+        }
+    }
+}
+
+/// The two exposition formats `/metrics` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `application/openmetrics-text; version=1.0.0`, the default.
+    OpenMetrics,
+    /// `text/plain; version=0.0.4`, the Prometheus text format (`promtool check metrics`).
+    Text004,
+}
+
+impl Format {
+    /// The format an `Accept` header prefers: the media range with the highest `q` of the two
+    /// we speak; OpenMetrics when both tie, neither is named, or there is no header.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let Some(accept) = accept else {
+            return Format::OpenMetrics;
+        };
+        let mut openmetrics = None::<f32>;
+        let mut text = None::<f32>;
+        for range in accept.split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("").to_ascii_lowercase();
+            let q = parts
+                .filter_map(|p| p.split_once('='))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+                .and_then(|(_, v)| v.trim().parse::<f32>().ok())
+                .unwrap_or(1.0);
+            let slot = match media.as_str() {
+                "application/openmetrics-text" => &mut openmetrics,
+                "text/plain" => &mut text,
+                _ => continue,
+            };
+            *slot = Some(slot.map_or(q, |old| old.max(q)));
+        }
+        match (openmetrics, text) {
+            (None, Some(t)) if t > 0.0 => Format::Text004,
+            (Some(o), Some(t)) if t > o => Format::Text004,
+            _ => Format::OpenMetrics,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Text004 => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+}
+
+/// What `/metrics` reads besides the registry, at scrape time.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// None when the store could not be read in time: the store-derived gauges keep the
+    /// values of the last scrape that could.
+    pub stats: Option<QueueStats>,
+    pub now_ms: i64,
+    pub connections_open: usize,
+    pub paused: Option<PauseReason>,
+    /// The last store outcome (a write, or the health probe every `store_probe_interval`).
+    pub store_writable: bool,
+}
 
 /// Every submission result, in the words of the metric's `result` label.
 const SUBMISSION_RESULTS: [SubmissionOutcome; 7] = [
@@ -81,6 +171,13 @@ const COMMIT_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// From acceptance to the upstream's 250: seconds on a healthy path, hours through an outage
+/// (the upstream's window is 3 hours by default).
+const DELIVERY_BUCKETS: [f64; 16] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 10800.0,
+    86400.0,
+];
+
 pub struct Metrics {
     registry: Registry,
     submissions: Family<Labels, Counter>,
@@ -93,8 +190,17 @@ pub struct Metrics {
     oldest_queued: Gauge<f64, AtomicU64>,
     damaged: Gauge,
     breaker: Family<Labels, Gauge>,
+    breaker_transitions: Family<Labels, Counter>,
+    /// The breaker's state as the workers last saw it, for `/readyz`.
+    breaker_now: Mutex<BreakerState>,
     connections_open: Gauge,
-    delivery_paused: Gauge,
+    delivery_paused: Family<Labels, Gauge>,
+    store_writable: Gauge,
+    connections_refused: Family<Labels, Counter>,
+    commands_refused: Family<Labels, Counter>,
+    delivery_latency: Histogram,
+    upstream_replies: Family<Labels, Counter>,
+    queued_by_scope: Family<OwnedLabels, Gauge>,
     webhook_requests: Counter,
     webhook_duplicates: Counter,
     webhook_refused: Family<Labels, Counter>,
@@ -136,8 +242,16 @@ impl Metrics {
         let oldest_queued = Gauge::<f64, AtomicU64>::default();
         let damaged = Gauge::default();
         let breaker = Family::<Labels, Gauge>::default();
+        let breaker_transitions = Family::<Labels, Counter>::default();
         let connections_open = Gauge::default();
-        let delivery_paused = Gauge::default();
+        let delivery_paused = Family::<Labels, Gauge>::default();
+        let store_writable = Gauge::default();
+        let connections_refused = Family::<Labels, Counter>::default();
+        let commands_refused = Family::<Labels, Counter>::default();
+        let delivery_latency = Histogram::new(DELIVERY_BUCKETS);
+        let upstream_replies = Family::<Labels, Counter>::default();
+        let queued_by_scope = Family::<OwnedLabels, Gauge>::default();
+        let build_info = Family::<Labels, Gauge>::default();
         let webhook_requests = Counter::default();
         let webhook_duplicates = Counter::default();
         let webhook_refused = Family::<Labels, Counter>::default();
@@ -240,8 +354,49 @@ impl Metrics {
         );
         registry.register(
             "delivery_paused",
-            "1 while delivery is paused (account-level upstream failure or an operator)",
+            "1 while delivery is paused, by reason: operator (a person paused it) or account (the upstream refused the account; the relay probes and resumes)",
             delivery_paused.clone(),
+        );
+        registry.register(
+            "circuit_breaker_transitions",
+            "Upstream circuit breaker state changes, by the state entered",
+            breaker_transitions.clone(),
+        );
+        registry.register(
+            "store_writable",
+            "1 when the last store write or health probe succeeded; 0 while new mail is refused (421 4.3.2 / 451 4.3.0)",
+            store_writable.clone(),
+        );
+        registry.register(
+            "smtp_connections_refused",
+            "SMTP connections turned away before a session, by reason (store, caps, policy, shutdown)",
+            connections_refused.clone(),
+        );
+        registry.register(
+            "smtp_commands_refused",
+            "SMTP commands refused and sessions cut by the relay, by reason (store, policy, smuggling, limits, auth, shutdown)",
+            commands_refused.clone(),
+        );
+        registry.register_with_unit(
+            "delivery_latency",
+            "Time from the client's 250 to the upstream's 250, per delivered record",
+            Unit::Seconds,
+            delivery_latency.clone(),
+        );
+        registry.register(
+            "upstream_replies",
+            "Upstream attempt endings by class: 2xx, 4xx, 5xx, connect (refused or lost before the dot), timeout (a phase deadline before the dot), tls, auth (refused at AUTH), unknown (no usable answer to the final dot)",
+            upstream_replies.clone(),
+        );
+        registry.register(
+            "queued_by_scope",
+            "Queued records per scope: the largest scopes by name, the rest summed as other",
+            queued_by_scope.clone(),
+        );
+        registry.register(
+            "build_info",
+            "Always 1; the labels say which version and git commit is running",
+            build_info.clone(),
         );
         // Every label value exists from the start, so a rate() over a counter that has not
         // moved yet is 0, not absent.
@@ -254,6 +409,30 @@ impl Metrics {
         for reason in WebhookRefusal::ALL {
             let _ = webhook_refused.get_or_create(&label("reason", reason.as_str()));
         }
+        for reason in RefusalReason::AT_CONNECT {
+            let _ = connections_refused.get_or_create(&label("reason", reason.as_str()));
+        }
+        for reason in RefusalReason::IN_SESSION {
+            let _ = commands_refused.get_or_create(&label("reason", reason.as_str()));
+        }
+        for class in ReplyClass::ALL {
+            let _ = upstream_replies.get_or_create(&label("class", class.as_str()));
+        }
+        for state in BREAKER_STATES {
+            let _ = breaker_transitions.get_or_create(&label("to", state.as_str()));
+        }
+        for (outcome, phase) in attempt_labels() {
+            let _ = attempts.get_or_create(&vec![("outcome", outcome), ("phase", phase)]);
+        }
+        for reason in PauseReason::ALL {
+            let _ = delivery_paused.get_or_create(&label("reason", reason.as_str()));
+        }
+        build_info
+            .get_or_create(&vec![
+                ("version", crate::build_info::VERSION),
+                ("commit", crate::build_info::GIT_COMMIT),
+            ])
+            .set(1);
         let metrics = Metrics {
             registry,
             submissions,
@@ -266,8 +445,16 @@ impl Metrics {
             oldest_queued,
             damaged,
             breaker,
+            breaker_transitions,
+            breaker_now: Mutex::new(BreakerState::Closed),
             connections_open,
             delivery_paused,
+            store_writable,
+            connections_refused,
+            commands_refused,
+            delivery_latency,
+            upstream_replies,
+            queued_by_scope,
             webhook_requests,
             webhook_duplicates,
             webhook_refused,
@@ -341,15 +528,48 @@ impl Metrics {
     }
 
     pub fn breaker_state(&self, state: BreakerState) {
-        for s in [
-            BreakerState::Closed,
-            BreakerState::Open,
-            BreakerState::HalfOpen,
-        ] {
+        for s in BREAKER_STATES {
             self.breaker
                 .get_or_create(&label("state", s.as_str()))
                 .set(i64::from(s == state));
         }
+        *self.breaker_now.lock().expect("breaker state lock") = state;
+    }
+
+    /// The breaker entered `to` (the state gauge follows through `breaker_state`).
+    pub fn breaker_transition(&self, to: BreakerState) {
+        self.breaker_transitions
+            .get_or_create(&label("to", to.as_str()))
+            .inc();
+        self.breaker_state(to);
+    }
+
+    /// The breaker's state as the delivery workers last saw it.
+    pub fn breaker_now(&self) -> BreakerState {
+        *self.breaker_now.lock().expect("breaker state lock")
+    }
+
+    pub fn connection_refused(&self, reason: RefusalReason) {
+        self.connections_refused
+            .get_or_create(&label("reason", reason.as_str()))
+            .inc();
+    }
+
+    pub fn command_refused(&self, reason: RefusalReason) {
+        self.commands_refused
+            .get_or_create(&label("reason", reason.as_str()))
+            .inc();
+    }
+
+    /// A record delivered `took` after the client's 250.
+    pub fn delivered_after(&self, took: Duration) {
+        self.delivery_latency.observe(took.as_secs_f64());
+    }
+
+    pub fn upstream_reply(&self, class: ReplyClass) {
+        self.upstream_replies
+            .get_or_create(&label("class", class.as_str()))
+            .inc();
     }
 
     /// A delivery worker is alive and not stuck (see `admin` readiness).
@@ -364,14 +584,29 @@ impl Metrics {
             .map(|t| t.elapsed())
     }
 
-    /// The text exposition, with the store-derived gauges set from `stats` first.
-    pub fn render(
-        &self,
-        stats: &QueueStats,
-        now_ms: i64,
-        connections_open: usize,
-        paused: bool,
-    ) -> String {
+    /// The exposition in `format`, with the scrape-time gauges set from `snapshot` first.
+    pub fn render(&self, snapshot: &Snapshot, format: Format) -> String {
+        if let Some(stats) = &snapshot.stats {
+            self.set_store_gauges(stats, snapshot.now_ms);
+        }
+        self.connections_open
+            .set(i64::try_from(snapshot.connections_open).unwrap_or(i64::MAX));
+        for reason in PauseReason::ALL {
+            self.delivery_paused
+                .get_or_create(&label("reason", reason.as_str()))
+                .set(i64::from(snapshot.paused == Some(reason)));
+        }
+        self.store_writable.set(i64::from(snapshot.store_writable));
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        match format {
+            Format::OpenMetrics => out,
+            Format::Text004 => text_format_004(&out),
+        }
+    }
+
+    fn set_store_gauges(&self, stats: &QueueStats, now_ms: i64) {
         for (state, n) in &stats.by_state {
             self.queue_depth
                 .get_or_create(&label("state", state_label(*state)))
@@ -385,14 +620,93 @@ impl Metrics {
             .set(i64::try_from(stats.damaged).unwrap_or(i64::MAX));
         self.unmatched_events
             .set(i64::try_from(stats.unmatched_events).unwrap_or(i64::MAX));
-        self.connections_open
-            .set(i64::try_from(connections_open).unwrap_or(i64::MAX));
-        self.delivery_paused.set(i64::from(paused));
-        let mut out = String::new();
-        // Writing to a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
+        // Rebuilt on every read: a scope that left the top must not linger with an old value.
+        self.queued_by_scope.clear();
+        let mut other = 0u64;
+        // A scope literally named "other" is summed with the rest: one series per name.
+        let (mut by_scope, named_other): (Vec<_>, Vec<_>) = stats
+            .queued_by_scope
+            .iter()
+            .cloned()
+            .partition(|(scope, _)| scope != "other");
+        for (_, n) in named_other {
+            other = other.saturating_add(n);
+        }
+        by_scope.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        for (i, (scope, n)) in by_scope.into_iter().enumerate() {
+            if i < TOP_SCOPES {
+                self.queued_by_scope
+                    .get_or_create(&vec![("scope", scope)])
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            } else {
+                other = other.saturating_add(n);
+            }
+        }
+        self.queued_by_scope
+            .get_or_create(&vec![("scope", "other".to_string())])
+            .set(i64::try_from(other).unwrap_or(i64::MAX));
     }
+}
+
+const BREAKER_STATES: [BreakerState; 3] = [
+    BreakerState::Closed,
+    BreakerState::Open,
+    BreakerState::HalfOpen,
+];
+
+/// The (outcome, phase) pairs an attempt can end in: accepted and unknown only at the dot,
+/// permanent only once the upstream judged the message (MAIL onward), transient anywhere.
+fn attempt_labels() -> Vec<(&'static str, &'static str)> {
+    let mut pairs = Vec::new();
+    for outcome in OutcomeKind::ALL {
+        for phase in Phase::ALL {
+            let possible = match outcome {
+                OutcomeKind::Accepted | OutcomeKind::Unknown => phase == Phase::Dot,
+                OutcomeKind::Permanent => {
+                    matches!(
+                        phase,
+                        Phase::Mail | Phase::Rcpt | Phase::Data | Phase::Body | Phase::Dot
+                    )
+                }
+                OutcomeKind::Transient => true,
+            };
+            if possible {
+                pairs.push((outcome.as_str(), phase.as_str()));
+            }
+        }
+    }
+    pairs
+}
+
+/// The Prometheus text format 0.0.4, from prometheus-client's OpenMetrics output. The sample
+/// lines are the same in both; the differences are in the metadata: 0.0.4 has no `# UNIT` and
+/// no `# EOF`, and a counter's HELP and TYPE name the sample (`x_total`), where OpenMetrics
+/// names the family (`x`). The registry uses no type 0.0.4 lacks (info, stateset,
+/// gaugehistogram), no exemplars and no `_created` samples; a test holds it to that.
+pub fn text_format_004(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        match renamed {
+            Some(line) => out.push_str(&line),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// Label values use underscores, as Prometheus label values conventionally do.
@@ -422,6 +736,26 @@ mod tests {
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
+    fn stats() -> QueueStats {
+        QueueStats {
+            by_state: vec![(State::Queued, 3), (State::Failed, 1)],
+            oldest_queued_at_ms: Some(10_000),
+            damaged: 1,
+            unmatched_events: 4,
+            queued_by_scope: Vec::new(),
+        }
+    }
+
+    fn snapshot(stats: QueueStats) -> Snapshot {
+        Snapshot {
+            stats: Some(stats),
+            now_ms: 12_500,
+            connections_open: 7,
+            paused: Some(PauseReason::Account),
+            store_writable: true,
+        }
+    }
+
     #[test]
     fn counters_gauges_and_histograms_are_exposed() {
         let m = Metrics::new();
@@ -435,14 +769,12 @@ mod tests {
             Duration::from_millis(30),
         );
         m.intake_commit(Duration::from_millis(2));
-        m.breaker_state(BreakerState::Open);
-        let stats = QueueStats {
-            by_state: vec![(State::Queued, 3), (State::Failed, 1)],
-            oldest_queued_at_ms: Some(10_000),
-            damaged: 1,
-            unmatched_events: 4,
-        };
-        let text = m.render(&stats, 12_500, 7, true);
+        m.breaker_transition(BreakerState::Open);
+        m.connection_refused(RefusalReason::Store);
+        m.command_refused(RefusalReason::Smuggling);
+        m.upstream_reply(ReplyClass::Connect);
+        m.delivered_after(Duration::from_secs(3));
+        let text = m.render(&snapshot(stats()), Format::OpenMetrics);
         let v = |series: &str| sample(&text, series).unwrap_or_else(|| panic!("{series}\n{text}"));
         assert_eq!(v("idemrelay_submissions_total{result=\"accepted\"}"), 2.0);
         assert_eq!(
@@ -453,6 +785,22 @@ mod tests {
         assert_eq!(
             v("idemrelay_delivery_attempts_total{outcome=\"permanent\",phase=\"rcpt\"}"),
             1.0
+        );
+        // Every possible pair is there from the start.
+        assert_eq!(
+            v("idemrelay_delivery_attempts_total{outcome=\"transient\",phase=\"connect\"}"),
+            0.0
+        );
+        assert_eq!(
+            v("idemrelay_delivery_attempts_total{outcome=\"unknown\",phase=\"dot\"}"),
+            0.0
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "idemrelay_delivery_attempts_total{outcome=\"accepted\",phase=\"rcpt\"}"
+            ),
+            None
         );
         assert_eq!(
             v("idemrelay_delivery_decisions_total{decision=\"failed\"}"),
@@ -477,8 +825,169 @@ mod tests {
         );
         assert_eq!(v("idemrelay_circuit_breaker_state{state=\"open\"}"), 1.0);
         assert_eq!(v("idemrelay_circuit_breaker_state{state=\"closed\"}"), 0.0);
+        assert_eq!(
+            v("idemrelay_circuit_breaker_transitions_total{to=\"open\"}"),
+            1.0
+        );
+        assert_eq!(
+            v("idemrelay_circuit_breaker_transitions_total{to=\"closed\"}"),
+            0.0
+        );
+        assert_eq!(m.breaker_now(), BreakerState::Open);
         assert_eq!(v("idemrelay_connections_open"), 7.0);
-        assert_eq!(v("idemrelay_delivery_paused"), 1.0);
+        assert_eq!(v("idemrelay_delivery_paused{reason=\"account\"}"), 1.0);
+        assert_eq!(v("idemrelay_delivery_paused{reason=\"operator\"}"), 0.0);
+        assert_eq!(v("idemrelay_store_writable"), 1.0);
+        assert_eq!(
+            v("idemrelay_smtp_connections_refused_total{reason=\"store\"}"),
+            1.0
+        );
+        assert_eq!(
+            v("idemrelay_smtp_connections_refused_total{reason=\"caps\"}"),
+            0.0
+        );
+        assert_eq!(
+            v("idemrelay_smtp_commands_refused_total{reason=\"smuggling\"}"),
+            1.0
+        );
+        assert_eq!(
+            v("idemrelay_smtp_commands_refused_total{reason=\"auth\"}"),
+            0.0
+        );
+        assert_eq!(
+            v("idemrelay_upstream_replies_total{class=\"connect\"}"),
+            1.0
+        );
+        assert_eq!(v("idemrelay_upstream_replies_total{class=\"5xx\"}"), 0.0);
+        assert_eq!(
+            v("idemrelay_delivery_latency_seconds_bucket{le=\"5.0\"}"),
+            1.0
+        );
+        assert_eq!(
+            v("idemrelay_delivery_latency_seconds_bucket{le=\"2.5\"}"),
+            0.0
+        );
+        let build = format!(
+            "idemrelay_build_info{{version=\"{}\",commit=\"{}\"}}",
+            crate::build_info::VERSION,
+            crate::build_info::GIT_COMMIT
+        );
+        assert_eq!(v(&build), 1.0);
+        assert_eq!(v("idemrelay_queued_by_scope{scope=\"other\"}"), 0.0);
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn queued_by_scope_keeps_the_largest_scopes_and_sums_the_rest() {
+        let m = Metrics::new();
+        let mut s = stats();
+        s.queued_by_scope = (0..TOP_SCOPES as u64 + 3)
+            .map(|i| (format!("scope{i:02}"), i + 1))
+            .chain([("other".to_string(), 100)])
+            .collect();
+        let text = m.render(&snapshot(s.clone()), Format::OpenMetrics);
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("idemrelay_queued_by_scope{"))
+            .count();
+        assert_eq!(series, TOP_SCOPES + 1, "{text}");
+        // The three smallest (1, 2, 3) and the scope called "other" (100) are summed.
+        assert_eq!(
+            sample(&text, "idemrelay_queued_by_scope{scope=\"other\"}"),
+            Some(106.0)
+        );
+        assert_eq!(
+            sample(&text, "idemrelay_queued_by_scope{scope=\"scope12\"}"),
+            Some(13.0)
+        );
+        assert_eq!(
+            sample(&text, "idemrelay_queued_by_scope{scope=\"scope00\"}"),
+            None
+        );
+        // A scope that empties leaves the exposition at the next scrape.
+        s.queued_by_scope = vec![("only".to_string(), 2)];
+        let text = m.render(&snapshot(s), Format::OpenMetrics);
+        assert_eq!(
+            sample(&text, "idemrelay_queued_by_scope{scope=\"scope12\"}"),
+            None
+        );
+        assert_eq!(
+            sample(&text, "idemrelay_queued_by_scope{scope=\"only\"}"),
+            Some(2.0)
+        );
+        // Without fresh store counts the last ones stand.
+        let unread = Snapshot {
+            stats: None,
+            store_writable: false,
+            ..snapshot(stats())
+        };
+        let text = m.render(&unread, Format::OpenMetrics);
+        assert_eq!(
+            sample(&text, "idemrelay_queued_by_scope{scope=\"only\"}"),
+            Some(2.0)
+        );
+        assert_eq!(sample(&text, "idemrelay_store_writable"), Some(0.0));
+    }
+
+    #[test]
+    fn the_text_format_names_counters_by_their_samples_and_has_no_eof() {
+        let m = Metrics::new();
+        let om = m.render(&snapshot(stats()), Format::OpenMetrics);
+        let text = m.render(&snapshot(stats()), Format::Text004);
+        assert!(!text.contains("# EOF"), "{text}");
+        assert!(!text.contains("# UNIT"), "{text}");
+        assert!(text.contains("# TYPE idemrelay_submissions_total counter\n"));
+        assert!(text.contains("# HELP idemrelay_submissions_total Submissions"));
+        assert!(text.contains("# TYPE idemrelay_queue_depth gauge\n"));
+        assert!(text.contains("# TYPE idemrelay_intake_commit_duration_seconds histogram\n"));
+        // The samples are the same lines in both formats.
+        let samples = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(samples(&om), samples(&text));
+        // What the conversion relies on: only types 0.0.4 knows, no exemplars (` # {`), no
+        // `_created`, and HELP texts that need no escaping in either format.
+        for line in om.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let kind = rest.rsplit(' ').next().unwrap();
+                assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            }
+            if line.starts_with("# HELP ") {
+                assert!(!line.contains('\\') && !line.contains('"'), "{line}");
+            }
+            assert!(
+                !line.contains(" # {") && !line.contains("_created"),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn accept_headers_choose_the_format() {
+        use Format::*;
+        let table: &[(Option<&str>, Format)] = &[
+            (None, OpenMetrics),
+            (Some("*/*"), OpenMetrics),
+            (Some("text/plain; version=0.0.4"), Text004),
+            (Some("text/plain"), Text004),
+            (Some("application/openmetrics-text; version=1.0.0"), OpenMetrics),
+            // Prometheus 2.x's own header: OpenMetrics first.
+            (
+                Some("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
+                OpenMetrics,
+            ),
+            (
+                Some("application/openmetrics-text;q=0.2, text/plain;version=0.0.4;q=0.9"),
+                Text004,
+            ),
+            (Some("text/plain;q=0"), OpenMetrics),
+            (Some("TEXT/PLAIN; Version=0.0.4"), Text004),
+        ];
+        for (accept, want) in table {
+            assert_eq!(Format::negotiate(*accept), *want, "{accept:?}");
+        }
     }
 }

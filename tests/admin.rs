@@ -517,14 +517,70 @@ async fn metrics_count_a_scripted_run_exactly() {
         ("idemrelay_oldest_queued_age_seconds", 0.0),
         ("idemrelay_circuit_breaker_state{state=\"closed\"}", 1.0),
         ("idemrelay_circuit_breaker_state{state=\"open\"}", 0.0),
-        ("idemrelay_delivery_paused", 0.0),
+        ("idemrelay_delivery_paused{reason=\"operator\"}", 0.0),
+        ("idemrelay_delivery_paused{reason=\"account\"}", 0.0),
         ("idemrelay_replay_count_failures_total", 0.0),
+        ("idemrelay_store_writable", 1.0),
+        // a and the DSN taken; b refused at RCPT.
+        ("idemrelay_upstream_replies_total{class=\"2xx\"}", 2.0),
+        ("idemrelay_upstream_replies_total{class=\"5xx\"}", 1.0),
+        ("idemrelay_upstream_replies_total{class=\"4xx\"}", 0.0),
+        ("idemrelay_upstream_replies_total{class=\"connect\"}", 0.0),
+        ("idemrelay_delivery_latency_seconds_count", 2.0),
+        ("idemrelay_queued_by_scope{scope=\"other\"}", 0.0),
+        (
+            "idemrelay_circuit_breaker_transitions_total{to=\"open\"}",
+            0.0,
+        ),
+        (
+            "idemrelay_smtp_connections_refused_total{reason=\"store\"}",
+            0.0,
+        ),
+        (
+            "idemrelay_smtp_commands_refused_total{reason=\"smuggling\"}",
+            0.0,
+        ),
     ];
     for (series, value) in expected {
         assert_eq!(sample(&page, series), Some(*value), "{series} in:\n{page}");
     }
     assert!(page.contains("# TYPE idemrelay_intake_commit_duration_seconds histogram"));
     assert!(page.ends_with("# EOF\n"));
+    let build = format!(
+        "idemrelay_build_info{{version=\"{}\",commit=\"{}\"}}",
+        env!("CARGO_PKG_VERSION"),
+        idemrelay::build_info::GIT_COMMIT
+    );
+    assert_eq!(sample(&page, &build), Some(1.0), "{page}");
+    let ready = get(admin, "/readyz", None).await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(ready.json()["breaker"], "closed", "{}", ready.body);
+
+    // The same registry in the Prometheus text format, as promtool reads it.
+    let text = scrape(admin, Some("text/plain; version=0.0.4")).await;
+    assert_eq!(
+        text.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    assert!(!text.body.contains("# EOF"), "{}", text.body);
+    assert!(text
+        .body
+        .contains("# TYPE idemrelay_submissions_total counter\n"));
+    assert_eq!(
+        sample(
+            &text.body,
+            "idemrelay_submissions_total{result=\"accepted\"}"
+        ),
+        Some(2.0)
+    );
+    promtool_check_metrics(&text.body);
+    // Without an Accept header (or asking for it): OpenMetrics, as before.
+    let open = scrape(admin, None).await;
+    assert_eq!(
+        open.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    assert!(open.body.ends_with("# EOF\n"));
 
     // The same run, as `report` will show it.
     let report = relay.store().report(None).await.unwrap();
@@ -542,6 +598,107 @@ async fn metrics_count_a_scripted_run_exactly() {
         (2, 1, 2, 1, 0),
         "{day:?}"
     );
+}
+
+/// `/metrics` with this `Accept` header (none: no header).
+async fn scrape(admin: std::net::SocketAddr, accept: Option<&str>) -> common::http::HttpResponse {
+    let headers: Vec<(&str, &str)> = accept.iter().map(|a| ("Accept", *a)).collect();
+    common::http::send(
+        admin,
+        "GET",
+        "/metrics",
+        &headers,
+        common::http::Body::Bytes(b""),
+    )
+    .await
+}
+
+/// `promtool check metrics` (from Debian's `prometheus` package) on a real scrape: it finds
+/// missing HELP, misnamed counters and format errors. Skipped where promtool is missing,
+/// except under CI, which installs it.
+fn promtool_check_metrics(page: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "promtool is not installed (CI installs the prometheus package)"
+            );
+            eprintln!("promtool not installed: `promtool check metrics` skipped");
+            return;
+        }
+        Err(err) => panic!("cannot run promtool: {err}"),
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics: {}\n{said}\n{page}",
+        out.status
+    );
+}
+
+/// A store outage must show on the dashboard: the drill (the store locked from
+/// outside) answered clients `421 4.3.2` while `submissions_total{result="unavailable"}` stayed
+/// 0, because once the health probe sees the outage every client is turned away at connect,
+/// before any submission is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_shows_in_the_metrics() {
+    let relay = TestRelay::start_with(|s| {
+        s.store_busy_timeout = Duration::from_millis(200);
+        s.store_probe_interval = Duration::from_millis(100);
+    })
+    .await;
+    let admin = relay.admin();
+    let page = get(admin, "/metrics", None).await.body;
+    assert_eq!(sample(&page, "idemrelay_store_writable"), Some(1.0));
+    let lock = WriteLock::hold(relay.settings.store.expose()).await;
+    let greeting = common::eventually(LIMIT, "a 421 at connect", || async {
+        let (_client, greeting) = Client::connect(relay.addr).await;
+        (greeting.code == 421).then_some(greeting)
+    })
+    .await;
+    assert!(greeting.line().starts_with("421 4.3.2 "), "{greeting:?}");
+    let page = get(admin, "/metrics", None).await.body;
+    lock.release().await;
+    let expected: &[(&str, f64)] = &[
+        ("idemrelay_store_writable", 0.0),
+        ("idemrelay_submissions_total{result=\"unavailable\"}", 1.0),
+        (
+            "idemrelay_smtp_connections_refused_total{reason=\"store\"}",
+            1.0,
+        ),
+        (
+            "idemrelay_smtp_connections_refused_total{reason=\"caps\"}",
+            0.0,
+        ),
+    ];
+    for (series, value) in expected {
+        assert_eq!(sample(&page, series), Some(*value), "{series} in:\n{page}");
+    }
+    common::eventually(LIMIT, "the store writable again", || async {
+        let page = get(admin, "/metrics", None).await.body;
+        (sample(&page, "idemrelay_store_writable") == Some(1.0)).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,15 @@
 //! `/healthz` (the process is up), `/readyz` (it can take and move mail) and `/metrics`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::{error, AdminState};
+use super::AdminState;
+use crate::metrics::{Format, PauseReason, Snapshot};
 
 pub async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
     if *state.stopping.borrow() {
@@ -45,11 +47,18 @@ pub async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
     // A pause is the relay doing its job (an account-level refusal, or an operator): it
     // still accepts mail, so it stays ready; a wedge or an unwritable store does not.
     let ready = !stopping && writable && delivery["status"] != "wedged";
+    // An open breaker is the relay protecting the upstream while it keeps accepting mail:
+    // like a pause it is shown, not made a reason to be taken out of rotation (another
+    // instance would meet the same upstream).
+    let breaker = state
+        .wedged_after
+        .map(|_| state.metrics.breaker_now().as_str());
     let body = serde_json::json!({
         "ready": ready,
         "shutting_down": stopping,
         "store": if writable { "writable" } else { "not writable" },
         "delivery": delivery,
+        "breaker": breaker.unwrap_or("not configured"),
     });
     let status = if ready {
         StatusCode::OK
@@ -59,30 +68,36 @@ pub async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
     (status, Json(body)).into_response()
 }
 
-pub async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
-    let stats = match state.store.queue_stats().await {
-        Ok(stats) => stats,
-        Err(err) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                format!("cannot read queue statistics: {err}"),
-            )
+/// How long a scrape waits for the store's counts: a store that hangs (a lock held from
+/// outside) must not hang the scrape that would show it, so past this the store-derived
+/// gauges keep their last values and `idemrelay_store_writable` says the rest.
+const STATS_WAIT: Duration = Duration::from_secs(2);
+
+pub async fn metrics(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+    let stats = match tokio::time::timeout(STATS_WAIT, state.store.queue_stats()).await {
+        Ok(Ok(stats)) => Some(stats),
+        Ok(Err(err)) => {
+            tracing::warn!(target: "idemrelay::admin", error = %err, "metrics: cannot read queue statistics; the store gauges keep their last values");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(target: "idemrelay::admin", "metrics: queue statistics not read within {STATS_WAIT:?}; the store gauges keep their last values");
+            None
         }
     };
-    let paused = matches!(state.store.paused().await, Ok(Some(_)));
-    let text = state.metrics.render(
-        &stats,
-        crate::store::now_ms(),
-        state.limits.open_connections(),
+    let paused = match tokio::time::timeout(STATS_WAIT, state.store.paused()).await {
+        Ok(Ok(Some(pause))) if pause.probe => Some(PauseReason::Account),
+        Ok(Ok(Some(_))) => Some(PauseReason::Operator),
+        _ => None,
+    };
+    let snapshot = Snapshot {
+        stats,
+        now_ms: crate::store::now_ms(),
+        connections_open: state.limits.open_connections(),
         paused,
-    );
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+        store_writable: state.intake.store_healthy(),
+    };
+    let text = state.metrics.render(&snapshot, format);
+    ([(header::CONTENT_TYPE, format.content_type())], text).into_response()
 }

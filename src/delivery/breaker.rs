@@ -42,6 +42,8 @@ pub struct Breaker {
     threshold: u32,
     cooldown: Duration,
     inner: Inner,
+    /// The state last handed out by [`Breaker::transition`].
+    reported: BreakerState,
 }
 
 impl Breaker {
@@ -52,7 +54,19 @@ impl Breaker {
             threshold: threshold.max(1),
             cooldown,
             inner: Inner::Closed { failures: 0 },
+            reported: BreakerState::Closed,
         }
+    }
+
+    /// The state at `now` when it differs from the one this returned last (or from closed, the
+    /// first time): call it after every `allow` and `on_*`, and each change is seen once, for
+    /// the log and the transition counter.
+    pub fn transition(&mut self, now: Instant) -> Option<BreakerState> {
+        let state = self.state(now);
+        (state != self.reported).then(|| {
+            self.reported = state;
+            state
+        })
     }
 
     /// May an attempt start now? Open → false until cooldown elapsed, then HalfOpen admitting
@@ -165,6 +179,8 @@ mod tests {
         Succeed,
         Neutral,
         State(u64, BreakerState),
+        /// `transition` at t: the state entered since the last call, if any.
+        Moved(u64, Option<BreakerState>),
     }
     use Step::*;
 
@@ -178,6 +194,9 @@ mod tests {
                 Succeed => b.on_success(),
                 Neutral => b.on_neutral(),
                 State(t, want) => assert_eq!(b.state(at(t0, t)), want, "{name}: step {i} {step:?}"),
+                Moved(t, want) => {
+                    assert_eq!(b.transition(at(t0, t)), want, "{name}: step {i} {step:?}")
+                }
             }
         }
     }
@@ -330,6 +349,37 @@ mod tests {
                     Fail(0),
                     State(0, Open),
                     Allow(0, false),
+                ],
+            ),
+            (
+                "each change is reported once: closed, open, half-open, closed",
+                2,
+                &[
+                    Moved(0, None),
+                    Fail(0),
+                    Moved(0, None),
+                    Fail(1),
+                    Moved(1, Some(Open)),
+                    Moved(2, None),
+                    Allow(31, true),
+                    Moved(31, Some(HalfOpen)),
+                    Moved(31, None),
+                    Succeed,
+                    Moved(31, Some(Closed)),
+                    Moved(32, None),
+                ],
+            ),
+            (
+                "a failed probe reports open again; an elapsed cooldown reads half-open",
+                1,
+                &[
+                    Fail(0),
+                    Moved(0, Some(Open)),
+                    Moved(30, Some(HalfOpen)),
+                    Allow(30, true),
+                    Moved(30, None),
+                    Fail(31),
+                    Moved(31, Some(Open)),
                 ],
             ),
             (

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
-use super::breaker::Breaker;
+use super::breaker::{Breaker, BreakerState};
 use super::dsn::{build_dsn, dsn_key, DsnInput};
-use super::outcome::{is_account_problem, is_slow_down, Outcome, OutcomeKind};
+use super::outcome::{is_account_problem, is_slow_down, EnhancedCode, Outcome, OutcomeKind};
 use super::ratelimit::TokenBucket;
 use super::retry::{next_step, Ledger, Next, RetryPolicy};
-use super::upstream::{Envelope, PhaseTimeouts, UpstreamClient, UpstreamTarget};
+use super::upstream::{Envelope, PhaseTimeouts, ReplyClass, UpstreamClient, UpstreamTarget};
 use crate::app::stopped;
 use crate::intake::fingerprint::{fingerprint, message_fingerprint};
 use crate::intake::key::KEY_HEADER;
@@ -206,10 +206,7 @@ impl Worker {
             let now = Instant::now();
             let mut breaker = self.shared.breaker.lock().expect("breaker lock");
             let allowed = breaker.allow(now);
-            self.shared
-                .settings
-                .metrics
-                .breaker_state(breaker.state(now));
+            self.breaker_moved(&mut breaker, now, None);
             allowed
         };
         if !allowed {
@@ -300,7 +297,7 @@ impl Worker {
             tracing::warn!(
                 target: "idemrelay::attempt",
                 id = %job.id,
-                key = job.key.as_deref().unwrap_or("-"),
+                key = %job.key.as_deref().unwrap_or("-"),
                 decision = "unresolved",
                 "outcome unknown and the upstream window is over: parked for an operator"
             );
@@ -387,6 +384,8 @@ impl Worker {
         };
         let latency = started.elapsed();
         self.observe(&outcome);
+        let class = ReplyClass::of(&outcome);
+        self.shared.settings.metrics.upstream_reply(class);
         let ledger = ledger_at(
             attempt,
             job.any_unknown || outcome.kind() == OutcomeKind::Unknown,
@@ -452,18 +451,29 @@ impl Worker {
                 settle_name(&settle),
                 latency,
             );
+            // Everything about one message carries `id=<id>` (Display, never quoted), so one
+            // grep finds its whole life, as Postfix's queue id does in maillog.
             tracing::info!(
                 target: "idemrelay::attempt",
                 id = %job.id,
-                key = job.key.as_deref().unwrap_or("-"),
+                key = %job.key.as_deref().unwrap_or("-"),
                 attempt,
                 outcome = result.outcome,
+                class = class.as_str(),
                 phase = result.phase.unwrap_or("-"),
                 code = result.code.unwrap_or(0),
+                reply = %result.reply,
                 decision = settle_name(&settle),
+                retry_in_ms = match settle {
+                    Settle::Retry { after } => after.as_millis() as u64,
+                    _ => 0,
+                },
                 latency_ms = latency.as_millis() as u64,
                 "attempt"
             );
+            let since_accepted =
+                ms(job.now_ms + claimed_at.elapsed().as_millis() as i64 - job.accepted_at_ms);
+            self.log_final(&job, attempt, &result, &settle, since_accepted);
         } else {
             tracing::warn!(target: "idemrelay::attempt", id = %job.id, attempt, "lease lost before the outcome was written; the new holder decides");
         }
@@ -479,10 +489,7 @@ impl Worker {
             OutcomeKind::Permanent => breaker.on_neutral(),
             OutcomeKind::Transient | OutcomeKind::Unknown => breaker.on_failure(now),
         }
-        self.shared
-            .settings
-            .metrics
-            .breaker_state(breaker.state(now));
+        self.breaker_moved(&mut breaker, now, Some(&outcome.reply_text()));
         drop(breaker);
         let mut bucket = self.shared.bucket.lock().expect("bucket lock");
         if is_slow_down(outcome) {
@@ -490,6 +497,114 @@ impl Worker {
             tracing::warn!(target: "idemrelay::delivery", rate = bucket.current_rate(), "upstream asked to slow down; relay-wide rate lowered");
         } else if outcome.kind() == OutcomeKind::Accepted {
             bucket.on_success();
+        }
+    }
+
+    /// Logs and counts a change of the breaker's state, with why. `last` is the upstream's
+    /// answer (or the failure) that moved it, when an attempt did.
+    fn breaker_moved(&self, breaker: &mut Breaker, now: Instant, last: Option<&str>) {
+        let metrics = &self.shared.settings.metrics;
+        let from = metrics.breaker_now();
+        let Some(to) = breaker.transition(now) else {
+            return;
+        };
+        metrics.breaker_transition(to);
+        let cooldown_ms = self.shared.settings.breaker_cooldown.as_millis() as u64;
+        let last = last.unwrap_or("-");
+        match to {
+            BreakerState::Open if from == BreakerState::HalfOpen => tracing::warn!(
+                target: "idemrelay::breaker",
+                from = from.as_str(),
+                to = to.as_str(),
+                last = %last,
+                cooldown_ms,
+                "circuit breaker open: the probe attempt failed; attempts stop for the cooldown"
+            ),
+            BreakerState::Open => tracing::warn!(
+                target: "idemrelay::breaker",
+                from = from.as_str(),
+                to = to.as_str(),
+                failures = self.shared.settings.breaker_threshold.max(1),
+                last = %last,
+                cooldown_ms,
+                "circuit breaker open: transient or unknown upstream failures in a row; attempts stop for the cooldown"
+            ),
+            BreakerState::HalfOpen => tracing::info!(
+                target: "idemrelay::breaker",
+                from = from.as_str(),
+                to = to.as_str(),
+                "circuit breaker half-open: cooldown over; one probe attempt let through"
+            ),
+            BreakerState::Closed => tracing::info!(
+                target: "idemrelay::breaker",
+                from = from.as_str(),
+                to = to.as_str(),
+                last = %last,
+                "circuit breaker closed: the upstream answered; attempts resume"
+            ),
+        }
+    }
+
+    /// The line that closes a record's story (Postfix's `status=sent` / `status=bounced`):
+    /// what the upstream said last, and how long the message was with us. A retry has none:
+    /// its attempt line says when the next one is.
+    fn log_final(
+        &self,
+        job: &Claimed,
+        attempts: u32,
+        result: &AttemptResult,
+        settle: &Settle,
+        since_accepted: Duration,
+    ) {
+        let key = job.key.as_deref().unwrap_or("-");
+        let delay_ms = since_accepted.as_millis() as u64;
+        match settle {
+            Settle::Delivered { upstream_reply } => {
+                self.shared.settings.metrics.delivered_after(since_accepted);
+                tracing::info!(
+                    target: "idemrelay::delivery",
+                    id = %job.id,
+                    key = %key,
+                    status = "delivered",
+                    attempts,
+                    delay_ms,
+                    reply = %upstream_reply,
+                    "delivered"
+                );
+            }
+            Settle::Failed {
+                upstream_reply,
+                dsn,
+            } => {
+                let enhanced = EnhancedCode::from_reply(upstream_reply)
+                    .map_or_else(|| "-".to_string(), |e| e.to_string());
+                let dsn_id = dsn.as_ref().map_or("-", |d| d.id.as_str());
+                tracing::warn!(
+                    target: "idemrelay::delivery",
+                    id = %job.id,
+                    key = %key,
+                    status = "bounced",
+                    attempts,
+                    delay_ms,
+                    phase = result.phase.unwrap_or("-"),
+                    code = result.code.unwrap_or(0),
+                    enhanced = %enhanced,
+                    reply = %upstream_reply,
+                    dsn_id = %dsn_id,
+                    "bounced: the upstream refused the message for good"
+                );
+            }
+            Settle::Unresolved { upstream_reply } => tracing::warn!(
+                target: "idemrelay::delivery",
+                id = %job.id,
+                key = %key,
+                status = "unresolved",
+                attempts,
+                delay_ms,
+                reply = %upstream_reply,
+                "unresolved: the upstream may or may not have the message; parked for an operator"
+            ),
+            Settle::Retry { .. } => {}
         }
     }
 
@@ -667,7 +782,7 @@ async fn settle_with_retry(
         match store.settle(id, token, attempt, settle).await {
             Ok(held) => return Ok(held),
             Err(err) if Instant::now() + pause < until => {
-                tracing::warn!(target: "idemrelay::store", error = %err, id, "cannot write the attempt outcome yet; retrying");
+                tracing::warn!(target: "idemrelay::store", error = %err, id = %id, "cannot write the attempt outcome yet; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
             }
@@ -690,7 +805,7 @@ async fn release_with_retry(
         match store.release(id, token, after).await {
             Ok(()) => return,
             Err(err) if Instant::now() + pause < until => {
-                tracing::warn!(target: "idemrelay::store", error = %err, id, "cannot give the delivery lease back yet; retrying");
+                tracing::warn!(target: "idemrelay::store", error = %err, id = %id, "cannot give the delivery lease back yet; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
             }

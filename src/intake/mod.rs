@@ -143,6 +143,11 @@ impl Intake {
         self
     }
 
+    /// The relay's registry: the SMTP listeners count their refusals in it too.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }
@@ -186,16 +191,28 @@ impl Intake {
     pub async fn submit(&self, origin: &Origin, sub: &Submission) -> (Reply, Outcome) {
         let (decision, key) = self.submit_inner(origin, sub).await;
         let Decision { reply, outcome, id } = decision;
+        // The Message-ID identifies the message to its sender's people; the header section
+        // is read again here (bounded) because the decision above may have refused it early.
+        let message_id = bounded_header_section(&sub.message)
+            .and_then(|len| scan_headers(&sub.message[..len]).message_id)
+            .unwrap_or_else(|| "-".to_string());
+        // Display (`%`) for every value: the human format then writes `id=X`, never
+        // `id="X"`, so `grep 'id=X'` finds this line and every delivery line alike.
         tracing::info!(
             target: "idemrelay::submission",
-            id = id.as_deref().unwrap_or("-"),
+            id = %id.as_deref().unwrap_or("-"),
             scope = %origin.scope,
-            key = key.as_ref().map_or("-", |k| k.value.as_str()),
+            key = %key.as_ref().map_or("-", |k| k.value.as_str()),
             key_source = key.as_ref().map_or("none", |k| k.source.as_str()),
             result = outcome.as_str(),
+            client = %origin.peer,
+            helo = %sub.helo,
+            user = %sub.auth_user.as_deref().unwrap_or("-"),
+            message_id = %message_id,
             size = sub.message.len(),
             recipients = sub.envelope.rcpt_to.len(),
             code = reply.code,
+            reply = %reply.line(),
             "submission"
         );
         self.metrics.submission(outcome);

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::proxy_header::{self, Framing, Refusal};
 use super::reply::Reply;
-use super::session::{Output, Session, SessionConfig};
+use super::session::{Output, RefusalReason, Session, SessionConfig};
 use super::tls::TlsCerts;
 use crate::app::stopped;
 use crate::auth::throttle::{AuthFailures, ThrottleLimits, Verdict};
@@ -254,6 +254,25 @@ async fn refuse(mut stream: TcpStream, reply: Reply) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `refuse`, counted and logged: every connection turned away leaves a line and a count.
+async fn refuse_connection(
+    ctx: &ServerContext,
+    stream: TcpStream,
+    client: SocketAddr,
+    reply: Reply,
+    why: RefusalReason,
+) -> std::io::Result<()> {
+    ctx.intake.metrics().connection_refused(why);
+    tracing::info!(
+        target: "idemrelay::smtp",
+        client = %client.ip(),
+        reason = why.as_str(),
+        reply = %reply.line(),
+        "connection refused"
+    );
+    refuse(stream, reply).await
+}
+
 /// Reads and drops what the client still sends, briefly, after our last reply: closing with
 /// unread input makes the kernel send a reset, and the client may then never see that reply.
 async fn linger<S: AsyncRead + Unpin>(stream: &mut S) {
@@ -302,20 +321,44 @@ async fn admit(
         ctx.limits.try_acquire(peer.ip())
     };
     let Some(mut slot) = slot else {
-        return refuse(stream, Reply::too_many_connections())
-            .await
-            .map_err(|e| (peer, e));
+        return refuse_connection(
+            ctx,
+            stream,
+            peer,
+            Reply::too_many_connections(),
+            RefusalReason::Caps,
+        )
+        .await
+        .map_err(|e| (peer, e));
     };
     if *shutdown.borrow() {
-        return refuse(stream, Reply::shutting_down())
-            .await
-            .map_err(|e| (peer, e));
+        return refuse_connection(
+            ctx,
+            stream,
+            peer,
+            Reply::shutting_down(),
+            RefusalReason::Shutdown,
+        )
+        .await
+        .map_err(|e| (peer, e));
     }
     if !ctx.intake.store_healthy() {
         // Fail closed: nothing could be accepted, so say so before the client sends a message.
-        return refuse(stream, Reply::store_unavailable_at_connect())
-            .await
-            .map_err(|e| (peer, e));
+        // The client came to submit and was told the store is unavailable: that is an
+        // unavailable submission, and without counting it the counter stayed 0 through a
+        // whole outage (every client is turned away here once the probe has seen it).
+        ctx.intake
+            .metrics()
+            .submission(crate::intake::Outcome::Unavailable);
+        return refuse_connection(
+            ctx,
+            stream,
+            peer,
+            Reply::store_unavailable_at_connect(),
+            RefusalReason::Store,
+        )
+        .await
+        .map_err(|e| (peer, e));
     }
     let client = if proxied {
         let wait = ctx.timeouts.read.min(PROXY_HEADER_WAIT);
@@ -324,6 +367,9 @@ async fn admit(
             Ok(named) => named,
             Err(why) => {
                 // The spec has receivers just drop the connection; the log says why.
+                ctx.intake
+                    .metrics()
+                    .connection_refused(RefusalReason::Policy);
                 tracing::warn!(target: "idemrelay::proxy", %peer, reason = %why, "connection closed: PROXY protocol");
                 return Ok(());
             }
@@ -332,9 +378,15 @@ async fn admit(
         let client = named.unwrap_or(peer);
         tracing::debug!(target: "idemrelay::proxy", %client, proxy = %peer, "PROXY header read");
         if !slot.attribute(client.ip()) {
-            return refuse(stream, Reply::too_many_connections())
-                .await
-                .map_err(|e| (client, e));
+            return refuse_connection(
+                ctx,
+                stream,
+                client,
+                Reply::too_many_connections(),
+                RefusalReason::Caps,
+            )
+            .await
+            .map_err(|e| (client, e));
         }
         client
     } else {
@@ -360,7 +412,14 @@ async fn converse(
                 unexpected_proxy_header(ctx, peer, client.ip());
                 return Ok(());
             }
-            return refuse(stream, Reply::early_talker()).await;
+            return refuse_connection(
+                ctx,
+                stream,
+                client,
+                Reply::early_talker(),
+                RefusalReason::Policy,
+            )
+            .await;
         }
     }
     let may_submit = ctx.policy.allows(client.ip());
@@ -445,6 +504,9 @@ fn unexpected_proxy_header(ctx: &ServerContext, peer: SocketAddr, client: IpAddr
     } else {
         "PROXY header from an address not in this listener's proxy_protocol_from".to_string()
     };
+    ctx.intake
+        .metrics()
+        .connection_refused(RefusalReason::Policy);
     tracing::warn!(target: "idemrelay::proxy", %peer, %reason, "connection closed: PROXY protocol");
 }
 
@@ -649,13 +711,22 @@ impl Conversation<'_> {
             let mut next = None;
             let mut close = false;
             let mut starttls = false;
+            let mut refused = Vec::new();
             for output in outputs {
                 match output {
-                    Output::Reply(reply) => reply.write_to(&mut wire),
+                    Output::Reply(reply) => {
+                        if let Some(why) = RefusalReason::of(&reply) {
+                            refused.push((why, reply.line()));
+                        }
+                        reply.write_to(&mut wire);
+                    }
                     Output::Close => close = true,
                     Output::StartTls => starttls = true,
                     other => next = Some(other),
                 }
+            }
+            for (why, line) in refused {
+                self.refused(why, &line, session, close);
             }
             if !wire.is_empty() {
                 write_all(stream, &wire, read_timeout).await?;
@@ -732,6 +803,37 @@ impl Conversation<'_> {
                 }
                 Some(_) => unreachable!("replies, close and STARTTLS are handled above"),
             };
+        }
+    }
+}
+
+impl Conversation<'_> {
+    /// One line and one count per refusal: a session refused or cut always leaves a trace
+    /// (a bare LF's 521 used to leave none, even at debug).
+    fn refused(&self, why: RefusalReason, reply: &str, session: &Session, closing: bool) {
+        self.ctx.intake.metrics().command_refused(why);
+        let helo = session.helo().unwrap_or("-");
+        let user = session.authenticated().map_or("-", |u| u.name.as_str());
+        if closing {
+            tracing::warn!(
+                target: "idemrelay::smtp",
+                client = %self.origin.peer,
+                helo = %helo,
+                user = %user,
+                reason = why.as_str(),
+                reply = %reply,
+                "session closed by the relay"
+            );
+        } else {
+            tracing::info!(
+                target: "idemrelay::smtp",
+                client = %self.origin.peer,
+                helo = %helo,
+                user = %user,
+                reason = why.as_str(),
+                reply = %reply,
+                "command refused"
+            );
         }
     }
 }

@@ -488,6 +488,8 @@ pub struct QueueStats {
     pub damaged: u64,
     /// Upstream events kept without a record to match (yet).
     pub unmatched_events: u64,
+    /// Queued records per scope, scopes with none left out (metrics keep the largest few).
+    pub queued_by_scope: Vec<(String, u64)>,
 }
 
 /// The UTC calendar day of a Unix time in milliseconds, as `YYYY-MM-DD`.
@@ -543,6 +545,7 @@ pub(crate) fn queue_stats(
     oldest_queued_at_ms: Option<i64>,
     damaged: i64,
     unmatched_events: i64,
+    queued_by_scope: Vec<(String, i64)>,
 ) -> QueueStats {
     let mut by_state: Vec<(State, u64)> = [State::Queued]
         .into_iter()
@@ -559,6 +562,10 @@ pub(crate) fn queue_stats(
         oldest_queued_at_ms,
         damaged: damaged.max(0) as u64,
         unmatched_events: unmatched_events.max(0) as u64,
+        queued_by_scope: queued_by_scope
+            .into_iter()
+            .map(|(scope, n)| (scope, n.max(0) as u64))
+            .collect(),
     }
 }
 
@@ -572,7 +579,7 @@ pub(crate) fn body_checksum(body: &[u8]) -> [u8; 32] {
 pub(crate) fn report_damage(id: &str, reason: &str) -> String {
     tracing::error!(
         target: "idemrelay::store",
-        id,
+        id = %id,
         reason,
         "ALERT stored body damaged; record failed, not forwarded (see README: damaged records)"
     );

@@ -502,7 +502,14 @@ impl Store for SqliteStore {
             sqlx::query_scalar("SELECT COUNT(*) FROM upstream_events WHERE record_id IS NULL")
                 .fetch_one(&self.pool)
                 .await?;
-        Ok(super::queue_stats(counts, oldest, damaged, unmatched))
+        let by_scope: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT scope, COUNT(*) FROM messages WHERE state = 'queued' GROUP BY scope",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(super::queue_stats(
+            counts, oldest, damaged, unmatched, by_scope,
+        ))
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {

@@ -249,7 +249,7 @@ pub fn format_ms(ms: i64) -> String {
 
 /// The log line of a resolution (at receipt, or when the record became known later).
 pub fn log_resolution(id: &str, evidence: &str) {
-    tracing::info!(target: "idemrelay::webhook", id, "resolved delivered by event {evidence}");
+    tracing::info!(target: "idemrelay::webhook", id = %id, "resolved delivered by event {evidence}");
 }
 
 /// The text to store for an event: as received, cut at `MAX_EVENT_JSON` on a character
