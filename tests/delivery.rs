@@ -189,6 +189,61 @@ async fn upstream_down_for_a_while_is_delivered_after_it_returns() {
     assert_eq!(sink.messages().len(), 1);
 }
 
+/// The breaker's changes (closed, open, half-open, closed) are counted, and `/readyz` shows
+/// its state while staying 200: an open breaker protects the upstream, the relay still takes
+/// mail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breaker_changes_are_counted_and_shown_by_readyz() {
+    use common::http::{get, sample};
+    let sink = start_sink().await;
+    sink.pause(Down::Greet421).await.unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.delivery.breaker_threshold = 2;
+        s.delivery.breaker_cooldown = Duration::from_millis(300);
+    })
+    .await;
+    let admin = relay.admin();
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(Some("breaker-1"), "s", "b"),
+    )
+    .await;
+    let ready = eventually(LIMIT, "/readyz showing the breaker open", || async {
+        let ready = get(admin, "/readyz", None).await;
+        (ready.json()["breaker"] == "open").then_some(ready)
+    })
+    .await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    sink.resume().await.unwrap();
+    wait_state(&relay, &id, State::Delivered).await;
+    let ready = eventually(LIMIT, "/readyz showing the breaker closed", || async {
+        let ready = get(admin, "/readyz", None).await;
+        (ready.json()["breaker"] == "closed").then_some(ready)
+    })
+    .await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    let page = get(admin, "/metrics", None).await.body;
+    let value =
+        |series: &str| sample(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
+    for to in ["open", "half_open", "closed"] {
+        let series = format!("idemrelay_circuit_breaker_transitions_total{{to=\"{to}\"}}");
+        assert!(value(&series) >= 1.0, "{series} in:\n{page}");
+    }
+    assert_eq!(
+        value("idemrelay_circuit_breaker_state{state=\"closed\"}"),
+        1.0
+    );
+    // The 421 greetings are 4xx replies; the last attempt a 2xx.
+    assert!(value("idemrelay_upstream_replies_total{class=\"4xx\"}") >= 2.0);
+    assert_eq!(
+        value("idemrelay_upstream_replies_total{class=\"2xx\"}"),
+        1.0
+    );
+    assert_eq!(value("idemrelay_delivery_latency_seconds_count"), 1.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_past_the_window_is_unresolved_and_not_resent() {
     let (sink, relay) = common::relay_whose_attempts_end_unknown().await;

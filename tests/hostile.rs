@@ -244,6 +244,23 @@ async fn bare_line_endings_in_commands_get_521_and_close() {
     c.send(b"EHLO c\n").await;
     expect_close(&mut c, &Reply::bare_line_ending(), "521 5.5.2").await;
     assert_eq!(relay.count("messages").await, 0);
+    // Each one counted as what it looks like: 9 cases and 3 more sessions.
+    assert_refusals(&relay, "commands", &[("smuggling", 12.0), ("limits", 0.0)]).await;
+}
+
+/// The relay's refusal counters (`idemrelay_smtp_{kind}_refused_total`) have these values.
+async fn assert_refusals(relay: &TestRelay, kind: &str, expected: &[(&str, f64)]) {
+    let page = common::http::get(relay.admin(), "/metrics", None)
+        .await
+        .body;
+    for (reason, value) in expected {
+        let series = format!("idemrelay_smtp_{kind}_refused_total{{reason=\"{reason}\"}}");
+        assert_eq!(
+            common::http::sample(&page, &series),
+            Some(*value),
+            "{series} in:\n{page}"
+        );
+    }
 }
 
 /// The smuggling sequences: a second, smuggled transaction follows the fake terminator, and a
@@ -630,6 +647,8 @@ async fn too_many_errors_get_421_and_close() {
     c.send(b"RCPT TO:<a@example.com>\r\nNOOP\r\nNOOP\r\n").await;
     expect_close(&mut c, &Reply::too_many_errors(), "421 4.7.0").await;
     assert_eq!(relay.count("messages").await, 0);
+    // Syntax errors are not refusals; the session cut for them is.
+    assert_refusals(&relay, "commands", &[("limits", 1.0), ("smuggling", 0.0)]).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -697,6 +716,7 @@ async fn the_global_cap_refuses_with_421_and_releases_slots() {
     let _c = greeted_again(loopback(3), relay.addr).await;
     refused_by_cap(loopback(4), relay.addr).await;
     assert_eq!(relay.count("messages").await, 0);
+    assert_refusals(&relay, "connections", &[("caps", 3.0), ("store", 0.0)]).await;
 }
 
 // ---------------------------------------------------------------------------------------------
