@@ -763,6 +763,218 @@ async fn json_logs_have_one_event_per_attempt_and_no_secrets() {
     );
 }
 
+// --- following one message in the log ---------------------------------------------------
+
+/// The lines of `log` that contain `needle`.
+fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
+    log.lines().filter(|l| l.contains(needle)).collect()
+}
+
+/// Like Postfix's queue id in maillog: `grep 'id=ID'` on the relay's (human) log finds every
+/// line of one message's life, each with what an operator needs: the submission with client,
+/// HELO and Message-ID; each attempt with the upstream's whole reply, or why there was none
+/// (connection refused); the final delivered or bounced line (with the enhanced code); and
+/// the breaker opening and closing around an outage. A session cut for a bare LF leaves a
+/// line too. Bodies, subjects and passwords never appear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_grep_for_the_id_finds_a_messages_whole_life() {
+    let sink = common::start_sink().await;
+    // Down at first: the first attempts meet a refused connection.
+    sink.pause(idemrelay::sink::Down::Refuse).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        r#"
+[delivery]
+connections = 1
+scan_interval = "50ms"
+retry_base = "100ms"
+retry_cap = "300ms"
+max_attempts = 200
+breaker_threshold = 2
+breaker_cooldown = "200ms"
+
+[delivery.timeouts]
+connect = "2s"
+greeting = "2s"
+starttls = "2s"
+auth = "2s"
+mail = "2s"
+rcpt = "2s"
+data = "2s"
+dot = "3s"
+"#,
+    )
+    .unwrap();
+    let upstream = format!("smtp://{}?tls=none", sink.smtp_addr());
+    let args = serve_args(
+        &dir.path().join("relay.db"),
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--upstream",
+            &upstream,
+        ],
+    );
+    let relay = RelayProcess::spawn(&args).ready().await;
+    let mut client = Client::ready(relay.addr).await;
+    let mail = |key: &str| {
+        format!(
+            "From: Sender <sender@example.com>\r\nTo: rcpt@example.com\r\n\
+             Message-ID: <{key}@example.com>\r\nX-Bird-Idempotency-Key: {key}\r\n\
+             Subject: subject-not-logged\r\n\r\nbody-not-logged\r\n"
+        )
+        .into_bytes()
+    };
+    let a = client
+        .submit("sender@example.com", &["rcpt@example.com"], &mail("life-a"))
+        .await
+        .queue_id()
+        .expect("queued");
+    let b = client
+        .submit(
+            "sender@example.com",
+            &["nobody@example.com"],
+            &mail("life-b"),
+        )
+        .await
+        .queue_id()
+        .expect("queued");
+    client.quit().await;
+    common::eventually(Duration::from_secs(20), "the breaker open", || {
+        let log = relay.log();
+        async move { log.contains("circuit breaker open").then_some(()) }
+    })
+    .await;
+    // Back, with one 4xx for a and a 5xx for b.
+    sink.set_faults(vec![
+        idemrelay::sink::FaultRule::reply(
+            idemrelay::sink::Phase::Rcpt,
+            451,
+            "4.2.1 mailbox busy, try later",
+        )
+        .with_rcpt("rcpt@")
+        .with_times(1),
+        idemrelay::sink::FaultRule::reply(idemrelay::sink::Phase::Rcpt, 550, "5.1.1 no such user")
+            .with_rcpt("nobody@"),
+    ])
+    .unwrap();
+    sink.resume().await.unwrap();
+    // A session cut for a bare LF.
+    let (mut cut, greeting) = Client::connect(relay.addr).await;
+    assert_eq!(greeting.code, 220);
+    cut.send(b"EHLO smuggler.test\r\nNOOP\n").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let log = loop {
+        let log = relay.log();
+        let done = |id: &str, status: &str| {
+            log.lines()
+                .any(|l| l.contains(&format!("id={id} ")) && l.contains(status))
+        };
+        if done(&a, "status=delivered")
+            && done(&b, "status=bounced")
+            && log.contains("session closed by the relay")
+        {
+            break log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no final lines for {a} and {b}, or no cut session:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // Every line naming a, and only those, is found by `id=<a>` (never `id="<a>"`).
+    for id in [&a, &b] {
+        let naming = lines_with(&log, id);
+        let found = lines_with(&log, &format!("id={id} "));
+        assert_eq!(naming, found, "lines naming {id} without id={id}:\n{log}");
+    }
+    let life = lines_with(&log, &format!("id={a} "));
+    let one = |what: &str, test: &dyn Fn(&str) -> bool| -> String {
+        let hits: Vec<&&str> = life.iter().filter(|l| test(l)).collect();
+        assert!(
+            !hits.is_empty(),
+            "no {what} line for {a}:\n{}",
+            life.join("\n")
+        );
+        hits[0].to_string()
+    };
+    let submission = one("submission", &|l| l.contains("submission"));
+    for field in [
+        "result=accepted",
+        "client=127.0.0.1",
+        "helo=client.test",
+        "user=-",
+        "message_id=life-a@example.com",
+        "key=life-a",
+        &format!("reply=250 2.0.0 OK queued as {a}"),
+    ] {
+        assert!(submission.contains(field), "{field} missing: {submission}");
+    }
+    let refused = one("refused connection", &|l| {
+        l.contains(" attempt ") || l.contains("attempt id=")
+    });
+    assert!(
+        refused.contains("class=connect") && refused.contains("Connection refused"),
+        "the first attempt says why it failed: {refused}"
+    );
+    let busy = one("4xx attempt", &|l| l.contains("code=451"));
+    assert!(
+        busy.contains("reply=451 4.2.1 mailbox busy, try later")
+            && busy.contains("decision=retry")
+            && busy.contains("class=4xx"),
+        "{busy}"
+    );
+    let accepted = one("accepted attempt", &|l| l.contains("outcome=accepted"));
+    let upstream_reply = accepted
+        .split("reply=")
+        .nth(1)
+        .and_then(|r| r.split(" decision=").next())
+        .unwrap_or_else(|| panic!("no reply on {accepted}"))
+        .to_string();
+    assert!(upstream_reply.starts_with("250 2.0.0 OK "), "{accepted}");
+    let delivered = one("delivered", &|l| l.contains("status=delivered"));
+    assert!(
+        delivered.contains(&format!("reply={upstream_reply}")),
+        "the final line carries the upstream's reply (its queue id): {delivered}"
+    );
+    // b bounced: the enhanced code and text, and the DSN it caused.
+    let bounced = lines_with(&log, &format!("id={b} "))
+        .into_iter()
+        .find(|l| l.contains("status=bounced"))
+        .unwrap()
+        .to_string();
+    for field in [
+        "enhanced=5.1.1",
+        "code=550",
+        "phase=rcpt",
+        "reply=550 5.1.1 no such user",
+    ] {
+        assert!(bounced.contains(field), "{field} missing: {bounced}");
+    }
+    assert!(!bounced.contains("dsn_id=-"), "{bounced}");
+    // The breaker around the outage, in order.
+    let open = log.find("circuit breaker open").unwrap();
+    let half = log
+        .find("circuit breaker half-open")
+        .expect("half-open logged");
+    let closed = log.find("circuit breaker closed").expect("closed logged");
+    assert!(open < half && half < closed, "{log}");
+    // The bare LF.
+    let cut = lines_with(&log, "session closed by the relay");
+    assert!(
+        cut.iter().any(|l| l.contains("reason=smuggling")
+            && l.contains("helo=smuggler.test")
+            && l.contains("reply=521 5.5.2")),
+        "{cut:?}"
+    );
+    for secret in ["body-not-logged", "subject-not-logged"] {
+        assert!(!log.contains(secret), "{secret} leaked into the log");
+    }
+}
+
 // --- a newcomer's first run ------------------------------------------------------------
 
 /// The README's first command (`serve` with no `--store`) in an empty working directory: the

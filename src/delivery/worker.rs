@@ -298,7 +298,7 @@ impl Worker {
                 target: "idemrelay::attempt",
                 id = %job.id,
                 key = %job.key.as_deref().unwrap_or("-"),
-                decision = "unresolved",
+                decision = %"unresolved",
                 "outcome unknown and the upstream window is over: parked for an operator"
             );
             return Ok(());
@@ -458,12 +458,12 @@ impl Worker {
                 id = %job.id,
                 key = %job.key.as_deref().unwrap_or("-"),
                 attempt,
-                outcome = result.outcome,
-                class = class.as_str(),
-                phase = result.phase.unwrap_or("-"),
+                outcome = %result.outcome,
+                class = %class.as_str(),
+                phase = %result.phase.unwrap_or("-"),
                 code = result.code.unwrap_or(0),
                 reply = %result.reply,
-                decision = settle_name(&settle),
+                decision = %settle_name(&settle),
                 retry_in_ms = match settle {
                     Settle::Retry { after } => after.as_millis() as u64,
                     _ => 0,
@@ -514,16 +514,16 @@ impl Worker {
         match to {
             BreakerState::Open if from == BreakerState::HalfOpen => tracing::warn!(
                 target: "idemrelay::breaker",
-                from = from.as_str(),
-                to = to.as_str(),
+                from = %from.as_str(),
+                to = %to.as_str(),
                 last = %last,
                 cooldown_ms,
                 "circuit breaker open: the probe attempt failed; attempts stop for the cooldown"
             ),
             BreakerState::Open => tracing::warn!(
                 target: "idemrelay::breaker",
-                from = from.as_str(),
-                to = to.as_str(),
+                from = %from.as_str(),
+                to = %to.as_str(),
                 failures = self.shared.settings.breaker_threshold.max(1),
                 last = %last,
                 cooldown_ms,
@@ -531,14 +531,14 @@ impl Worker {
             ),
             BreakerState::HalfOpen => tracing::info!(
                 target: "idemrelay::breaker",
-                from = from.as_str(),
-                to = to.as_str(),
+                from = %from.as_str(),
+                to = %to.as_str(),
                 "circuit breaker half-open: cooldown over; one probe attempt let through"
             ),
             BreakerState::Closed => tracing::info!(
                 target: "idemrelay::breaker",
-                from = from.as_str(),
-                to = to.as_str(),
+                from = %from.as_str(),
+                to = %to.as_str(),
                 last = %last,
                 "circuit breaker closed: the upstream answered; attempts resume"
             ),
@@ -565,7 +565,7 @@ impl Worker {
                     target: "idemrelay::delivery",
                     id = %job.id,
                     key = %key,
-                    status = "delivered",
+                    status = %"delivered",
                     attempts,
                     delay_ms,
                     reply = %upstream_reply,
@@ -583,10 +583,10 @@ impl Worker {
                     target: "idemrelay::delivery",
                     id = %job.id,
                     key = %key,
-                    status = "bounced",
+                    status = %"bounced",
                     attempts,
                     delay_ms,
-                    phase = result.phase.unwrap_or("-"),
+                    phase = %result.phase.unwrap_or("-"),
                     code = result.code.unwrap_or(0),
                     enhanced = %enhanced,
                     reply = %upstream_reply,
@@ -598,7 +598,7 @@ impl Worker {
                 target: "idemrelay::delivery",
                 id = %job.id,
                 key = %key,
-                status = "unresolved",
+                status = %"unresolved",
                 attempts,
                 delay_ms,
                 reply = %upstream_reply,

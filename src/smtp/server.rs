@@ -266,7 +266,7 @@ async fn refuse_connection(
     tracing::info!(
         target: "idemrelay::smtp",
         client = %client.ip(),
-        reason = why.as_str(),
+        reason = %why.as_str(),
         reply = %reply.line(),
         "connection refused"
     );
@@ -820,7 +820,7 @@ impl Conversation<'_> {
                 client = %self.origin.peer,
                 helo = %helo,
                 user = %user,
-                reason = why.as_str(),
+                reason = %why.as_str(),
                 reply = %reply,
                 "session closed by the relay"
             );
@@ -830,7 +830,7 @@ impl Conversation<'_> {
                 client = %self.origin.peer,
                 helo = %helo,
                 user = %user,
-                reason = why.as_str(),
+                reason = %why.as_str(),
                 reply = %reply,
                 "command refused"
             );
