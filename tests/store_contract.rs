@@ -886,3 +886,39 @@ async fn an_accepted_event_resolves_an_unresolved_record_and_names_itself(backen
         );
     }
 }
+
+on_both_backends!(queue_stats_count_queued_records_per_scope);
+/// The per-scope queue depth behind `idemrelay_queued_by_scope`: queued records only, each
+/// scope once, scopes with nothing queued left out.
+async fn queue_stats_count_queued_records_per_scope(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, _b) in instances(&dir, backend).await {
+        let in_scope = |id: &str, scope: &str, fp: u8| NewRecord {
+            scope: scope.into(),
+            ..record(id, &format!("k-{id}"), fp)
+        };
+        // Delivered records in "t" and "u" first: only queued ones count.
+        for (id, scope, fp) in [("done", "t", 1), ("gone", "u", 5)] {
+            a.insert(&in_scope(id, scope, fp), RETENTION).await.unwrap();
+            attempt_once(
+                &a,
+                id,
+                accepted(),
+                Settle::Delivered {
+                    upstream_reply: "250 ok".into(),
+                },
+            )
+            .await;
+        }
+        for (id, scope, fp) in [("s1", "s", 2), ("s2", "s", 3), ("t1", "t", 4)] {
+            a.insert(&in_scope(id, scope, fp), RETENTION).await.unwrap();
+        }
+        let mut by_scope = a.queue_stats().await.unwrap().queued_by_scope;
+        by_scope.sort();
+        assert_eq!(
+            by_scope,
+            vec![("s".to_string(), 2), ("t".to_string(), 1)],
+            "{name}"
+        );
+    }
+}
