@@ -703,9 +703,13 @@ async fn json_logs_have_one_event_per_attempt_and_no_secrets() {
         .expect("queued");
     client.quit().await;
     // Three attempts: the two messages and the DSN for the refused one.
+    // And their last lines: two delivered (the first message and the DSN), one bounced.
     let log = common::eventually(Duration::from_secs(20), "three attempt events", || {
         let log = process.log();
-        async move { (log.matches("\"message\":\"attempt\"").count() >= 3).then_some(log) }
+        let done = log.matches("\"message\":\"attempt\"").count() >= 3
+            && log.matches("\"status\":\"delivered\"").count() >= 2
+            && log.contains("\"status\":\"bounced\"");
+        async move { done.then_some(log) }
     })
     .await;
     let events: Vec<serde_json::Value> = log
@@ -734,7 +738,27 @@ async fn json_logs_have_one_event_per_attempt_and_no_secrets() {
     assert_eq!(f["phase"], "rcpt");
     assert_eq!(f["code"], 550);
     assert_eq!(f["decision"], "failed");
+    assert_eq!(f["reply"], "550 5.1.1 no such user");
     assert!(f["latency_ms"].is_u64(), "{f}");
+    // Each message's last line: the upstream's reply (and for the bounce its enhanced code).
+    let last = |id: &str, status: &str| {
+        events
+            .iter()
+            .find(|e| e["fields"]["id"] == id && e["fields"]["status"] == status)
+            .unwrap_or_else(|| panic!("no {status} event for {id}:\n{log}"))["fields"]
+            .clone()
+    };
+    let delivered = last(&ok, "delivered");
+    assert_eq!(delivered["reply"], attempt(&ok)["reply"]);
+    assert!(
+        delivered["reply"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("250 2.0.0 OK ")),
+        "{delivered}"
+    );
+    let bounced = last(&refused, "bounced");
+    assert_eq!(bounced["enhanced"], "5.1.1");
+    assert_eq!(bounced["reply"], "550 5.1.1 no such user");
     for secret in [
         "body-not-logged",
         "subject-not-logged",

@@ -241,7 +241,12 @@ async fn breaker_changes_are_counted_and_shown_by_readyz() {
         value("idemrelay_upstream_replies_total{class=\"2xx\"}"),
         1.0
     );
-    assert_eq!(value("idemrelay_delivery_latency_seconds_count"), 1.0);
+    // Counted just after the commit that wait_state saw.
+    eventually(LIMIT, "the delivery latency observed", || async {
+        let page = get(admin, "/metrics", None).await.body;
+        (sample(&page, "idemrelay_delivery_latency_seconds_count") == Some(1.0)).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

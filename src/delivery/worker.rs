@@ -445,6 +445,12 @@ impl Worker {
             );
         }
         if settled {
+            let since_accepted =
+                ms(job.now_ms + claimed_at.elapsed().as_millis() as i64 - job.accepted_at_ms);
+            if matches!(settle, Settle::Delivered { .. }) {
+                // Before the attempt's counters: a scrape that sees it delivered sees this too.
+                self.shared.settings.metrics.delivered_after(since_accepted);
+            }
             self.shared.settings.metrics.attempt(
                 result.outcome,
                 result.phase,
@@ -471,8 +477,6 @@ impl Worker {
                 latency_ms = latency.as_millis() as u64,
                 "attempt"
             );
-            let since_accepted =
-                ms(job.now_ms + claimed_at.elapsed().as_millis() as i64 - job.accepted_at_ms);
             self.log_final(&job, attempt, &result, &settle, since_accepted);
         } else {
             tracing::warn!(target: "idemrelay::attempt", id = %job.id, attempt, "lease lost before the outcome was written; the new holder decides");
@@ -560,7 +564,6 @@ impl Worker {
         let delay_ms = since_accepted.as_millis() as u64;
         match settle {
             Settle::Delivered { upstream_reply } => {
-                self.shared.settings.metrics.delivered_after(since_accepted);
                 tracing::info!(
                     target: "idemrelay::delivery",
                     id = %job.id,
