@@ -711,12 +711,17 @@ impl Conversation<'_> {
             let mut next = None;
             let mut close = false;
             let mut starttls = false;
-            let mut refused = Vec::new();
+            // Refusals among the replies, each with whether it is the last reply (the one a
+            // closing session ends with).
+            let mut refused: Vec<(RefusalReason, String, bool)> = Vec::new();
             for output in outputs {
                 match output {
                     Output::Reply(reply) => {
+                        if let Some(last) = refused.last_mut() {
+                            last.2 = false;
+                        }
                         if let Some(why) = RefusalReason::of(&reply) {
-                            refused.push((why, reply.line()));
+                            refused.push((why, reply.line(), true));
                         }
                         reply.write_to(&mut wire);
                     }
@@ -725,8 +730,8 @@ impl Conversation<'_> {
                     other => next = Some(other),
                 }
             }
-            for (why, line) in refused {
-                self.refused(why, &line, session, close);
+            for (why, line, last) in refused {
+                self.refused(why, &line, session, close && last);
             }
             if !wire.is_empty() {
                 write_all(stream, &wire, read_timeout).await?;
