@@ -1062,6 +1062,65 @@ async fn failed_auth_leaves_memory_bounded() {
     );
 }
 
+/// AUTH as an operator reads it: a failed AUTH is a refusal (counted, and logged with the
+/// client), and a submission after AUTH names its user on the submission line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_failures_are_counted_and_the_submission_line_names_the_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = relay_with_a_user(dir.path()).await;
+    let mut c = Client::ready(relay.addr).await;
+    let failed = c.cmd(&common::auth_plain("alice", "wrong password")).await;
+    assert_reply(&failed, &Reply::auth_failed(), "535 5.7.8");
+    let ok = c.cmd(&common::auth_plain("alice", "correct horse")).await;
+    assert_eq!(ok.code, 235, "{ok:?}");
+    let id = c
+        .submit(
+            "sender@example.com",
+            &["rcpt@example.com"],
+            &message(Some("auth-log-1"), "s", "b"),
+        )
+        .await
+        .queue_id()
+        .expect("queued");
+    c.quit().await;
+    let log = common::eventually(Duration::from_secs(10), "the submission line", || {
+        let log = relay.log();
+        let found = log.contains(&format!("id={id} "));
+        async move { found.then_some(log) }
+    })
+    .await;
+    let submission = log
+        .lines()
+        .find(|l| l.contains(&format!("id={id} ")) && l.contains("submission"))
+        .unwrap();
+    for field in [
+        "user=alice",
+        "scope=alice",
+        "client=127.0.0.1",
+        "helo=client.test",
+    ] {
+        assert!(submission.contains(field), "{field} missing: {submission}");
+    }
+    assert!(
+        log.lines().any(|l| l.contains("command refused")
+            && l.contains("reason=auth")
+            && l.contains("reply=535 5.7.8")),
+        "{log}"
+    );
+    assert!(!log.contains("wrong password") && !log.contains("correct horse"));
+    let page = common::http::get(relay.admin(), "/metrics", None)
+        .await
+        .body;
+    assert_eq!(
+        common::http::sample(
+            &page,
+            "idemrelay_smtp_commands_refused_total{reason=\"auth\"}"
+        ),
+        Some(1.0),
+        "{page}"
+    );
+}
+
 /// A large message's buffers are given back once it is committed, while its connection is
 /// still open: 3 idle connections that each sent 24 MB used to hold 15 → 100+ MB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
