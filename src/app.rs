@@ -340,6 +340,7 @@ impl Relay {
                 wedged_after: settings.upstream.as_ref().map(|_| wedge_limit(settings)),
                 started,
                 delivery_hint: hint,
+                retention: settings.retention_policy(),
             });
             admin_addr = Some(addr);
             admin_task = Some(tokio::spawn(admin::serve(listener, state, admin_stop_rx)));

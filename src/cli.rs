@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{CommandFactory as _, Parser, Subcommand};
 
-use crate::admin::view::{show_json, summary_json, time_ms};
+mod queue;
+
 use crate::app::{termination_signal, Relay};
 use crate::config::{ConfigArgs, Settings};
 use crate::intake::fingerprint::fingerprint;
 use crate::intake::key::{derive_key, read_key_header, KeyHeader};
 use crate::intake::message::scan_headers;
 use crate::smtp::session::{BodyType, Envelope};
-use crate::store::{AttemptRow, EventRow, MessageSummary, Requeue, State, StoredMessage};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -66,8 +66,13 @@ pub enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
-    /// The delivery queue.
+    /// The delivery queue, through the running relay's admin API (`--admin ADDR`, token from
+    /// IDEMRELAY_ADMIN_TOKEN), or with --direct on the store itself. Never creates a store.
     Queue {
+        /// Work on the store (`--store`) directly instead of through the relay's admin API:
+        /// for a relay that is not running. Actions are recorded as the local user's.
+        #[arg(long, global = true)]
+        direct: bool,
         #[command(subcommand)]
         command: QueueCommand,
     },
@@ -153,58 +158,83 @@ pub enum UserCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum QueueCommand {
-    /// Resume delivery after an account-level pause (the relay notices within a second).
-    Resume,
+    /// Resume delivery after a pause (the relay notices within a second).
+    Resume {
+        /// Why (recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Pause delivery for the whole relay; accepted messages keep queueing.
     Pause {
-        #[arg(long, default_value = "paused by an operator")]
-        reason: String,
-    },
-    /// Show whether delivery is paused, and why.
-    Status,
-    /// List records, ordered by id.
-    List {
-        /// Only records in this state (queued, delivered, failed, unresolved, rejected).
-        #[arg(long, value_parser = parse_state)]
-        state: Option<State>,
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-        /// List records with ids after this one (paging).
+        /// Why (shown by `queue status`, recorded with who did it).
         #[arg(long)]
-        after: Option<String>,
-        /// One JSON array instead of a table.
+        reason: Option<String>,
+    },
+    /// Show whether delivery is paused, and why, with the latest relay-wide operator actions.
+    Status {
         #[arg(long)]
         json: bool,
     },
-    /// Show one record (by id, or by idempotency key) with its replies and every attempt.
+    /// List records (oldest first unless --newest), with filters; says when more follow.
+    List(queue::ListArgs),
+    /// Show one record (by id, or by idempotency key) with its replies, every attempt, its
+    /// upstream events, its DSN links, why it waits, and its operator history.
     Show {
-        /// A key is looked up in `--scope` (default: the configured `scope`).
-        id_or_key: String,
+        /// An id; failing that, a key in `--scope` (default: the configured `scope`).
+        #[arg(required_unless_present = "key")]
+        id_or_key: Option<String>,
+        /// Name the record by its idempotency key (in `--scope`).
+        #[arg(long, conflicts_with = "id_or_key")]
+        key: Option<String>,
         #[arg(long)]
         json: bool,
     },
-    /// Requeue a `failed` or `unresolved` record for delivery now.
+    /// Requeue a `failed`, `unresolved` or `cancelled` record for delivery now.
     Retry {
-        id: String,
+        #[command(flatten)]
+        record: queue::RecordArg,
         /// Required for an `unresolved` record: the upstream may already have it, so a retry
         /// can deliver a second copy.
         #[arg(long)]
         confirm_duplicate_risk: bool,
+        /// Why (recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
     },
-    /// Fail a queued record that is not being delivered right now (no DSN is sent).
-    Cancel { id: String },
+    /// Cancel a queued record that is not being delivered right now (state `cancelled`; no
+    /// DSN is sent).
+    Cancel {
+        #[command(flatten)]
+        record: queue::RecordArg,
+        /// Why (recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Make a queued record (or, with --all, every waiting one) due now; records a worker
+    /// holds are left alone, and a pause still holds them all.
+    Flush {
+        /// The record's id.
+        #[arg(required_unless_present_any = ["key", "all"])]
+        id: Option<String>,
+        /// Name the record by its idempotency key (in `--scope`).
+        #[arg(long, conflicts_with = "id")]
+        key: Option<String>,
+        /// Every queued record that is not due yet.
+        #[arg(long, conflicts_with_all = ["id", "key"])]
+        all: bool,
+        /// Why (recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Delete records past the configured retention.
     Purge {
         /// Delete terminal records older than `retention` (the only purge there is).
         #[arg(long, required = true)]
         expired: bool,
+        /// Why (recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
     },
-}
-
-fn parse_state(s: &str) -> Result<State, String> {
-    State::parse(s).ok_or_else(|| {
-        format!("unknown state {s:?} (queued, delivered, failed, unresolved, rejected)")
-    })
 }
 
 #[derive(Debug, Subcommand)]
@@ -247,7 +277,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", derive_report(&args, &settings.scope)?);
             Ok(())
         }
-        Command::Queue { command } => queue(&Settings::load(&config)?, command),
+        Command::Queue { direct, command } => {
+            queue::run(&Settings::load(&config)?, direct, command)
+        }
         Command::Report { since, json } => {
             report(&Settings::load(&config)?, since.as_deref(), json)
         }
@@ -328,132 +360,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn queue(settings: &Settings, command: QueueCommand) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let store = crate::store::open(settings.store.expose(), settings.store_busy_timeout).await?;
-        match command {
-            QueueCommand::Resume => {
-                store.resume().await?;
-                println!("delivery resumed");
-            }
-            QueueCommand::Pause { reason } => {
-                store.pause(&reason, false).await?;
-                println!("delivery paused: {reason}");
-            }
-            QueueCommand::Status => match store.paused().await? {
-                Some(pause) if pause.probe => {
-                    println!(
-                        "paused (resumes after a normal upstream probe): {}",
-                        pause.reason
-                    )
-                }
-                Some(pause) => println!("paused by an operator: {}", pause.reason),
-                None => println!("running"),
-            },
-            QueueCommand::List {
-                state,
-                limit,
-                after,
-                json,
-            } => {
-                let rows = store.list(state, limit, after.as_deref()).await?;
-                if json {
-                    let rows: Vec<_> = rows.iter().map(summary_json).collect();
-                    println!("{}", serde_json::to_string_pretty(&rows)?);
-                } else {
-                    print!("{}", list_table(&rows));
-                }
-            }
-            QueueCommand::Show { id_or_key, json } => {
-                let message = match store.message(&id_or_key).await? {
-                    Some(message) => Some(message),
-                    None => {
-                        let scope = &settings.scope;
-                        // Part 1 of a split message (each part is shown by its own id).
-                        let parts = store
-                            .lookup(scope, &id_or_key, settings.retention_policy())
-                            .await?;
-                        match parts.first() {
-                            Some(found) => store.message(&found.id).await?,
-                            None => None,
-                        }
-                    }
-                };
-                let Some(message) = message else {
-                    anyhow::bail!(
-                        "no record with id {id_or_key:?}, nor a live one with that key in scope {:?}",
-                        settings.scope
-                    );
-                };
-                let attempts = store.attempts(&message.id).await?;
-                let events = store.events(&message.id).await?;
-                if json {
-                    let value = show_json(&message, &attempts, &events);
-                    println!("{}", serde_json::to_string_pretty(&value)?);
-                } else {
-                    print!("{}", show_text(&message, &attempts, &events));
-                }
-            }
-            QueueCommand::Retry {
-                id,
-                confirm_duplicate_risk,
-            } => match store.requeue(&id, confirm_duplicate_risk).await? {
-                Requeue::Requeued => println!("requeued {id}"),
-                Requeue::NotFound => anyhow::bail!("no record with id {id:?}"),
-                Requeue::WrongState(state) => anyhow::bail!(
-                    "{id} is {}: only failed or unresolved records can be retried",
-                    state.as_str()
-                ),
-                Requeue::NeedsConfirmation(state) => anyhow::bail!(
-                    "{}, then rerun with --confirm-duplicate-risk",
-                    crate::store::confirmation_reason(&id, state)
-                ),
-                Requeue::ContentGone => {
-                    anyhow::bail!("{id} can not be retried: its content is no longer stored")
-                }
-            },
-            QueueCommand::Cancel { id } => {
-                if store.cancel(&id).await? {
-                    println!("cancelled {id}: failed, no DSN sent");
-                } else {
-                    match store.message(&id).await? {
-                        None => anyhow::bail!("no record with id {id:?}"),
-                        Some(m) if m.state == State::Queued => anyhow::bail!(
-                            "{id} is being delivered right now (leased by a worker); try again \
-                             when the attempt has finished"
-                        ),
-                        Some(m) => anyhow::bail!(
-                            "{id} is {}: only queued records can be cancelled",
-                            m.state.as_str()
-                        ),
-                    }
-                }
-            }
-            QueueCommand::Purge { expired } => {
-                debug_assert!(expired);
-                let n = store.purge_expired(settings.retention_policy()).await?;
-                println!(
-                    "purged {n} expired record(s) (retention {}, parked {}, upstream window {})",
-                    humantime::format_duration(settings.retention),
-                    humantime::format_duration(settings.parked_retention),
-                    humantime::format_duration(settings.delivery.upstream_window)
-                );
-            }
-        }
-        Ok(())
-    })
-}
-
 fn report(settings: &Settings, since: Option<&str>, json: bool) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let rows = runtime.block_on(async {
         let store =
-            crate::store::open(settings.store.expose(), settings.store_busy_timeout).await?;
+            crate::store::open_existing(settings.store.expose(), settings.store_busy_timeout)
+                .await?;
         anyhow::Ok(store.report(since).await?)
     })?;
     if json {
@@ -467,7 +381,7 @@ fn report(settings: &Settings, since: Option<&str>, json: bool) -> anyhow::Resul
 
 fn report_table(rows: &[crate::store::DailyCounts]) -> String {
     let mut cells: Vec<Vec<String>> = Vec::new();
-    let mut total = [0u64; 7];
+    let mut total = [0u64; 8];
     for r in rows {
         let counts = [
             r.accepted,
@@ -475,6 +389,7 @@ fn report_table(rows: &[crate::store::DailyCounts]) -> String {
             r.delivered,
             r.failed,
             r.unresolved,
+            r.cancelled,
             r.resolved_by_event,
             r.bounced,
         ];
@@ -497,6 +412,7 @@ fn report_table(rows: &[crate::store::DailyCounts]) -> String {
             "DELIVERED",
             "FAILED",
             "UNRESOLVED",
+            "CANCELLED",
             "RESOLVED-BY-EVENT",
             "BOUNCED",
         ],
@@ -532,145 +448,6 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 
 fn or_dash<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_string(), |v| v.to_string())
-}
-
-fn list_table(rows: &[MessageSummary]) -> String {
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|s| {
-            let last = match &s.last_outcome {
-                Some(outcome) => {
-                    let mut last = outcome.clone();
-                    if let Some(phase) = &s.last_phase {
-                        last.push_str(&format!("@{phase}"));
-                    }
-                    if let Some(code) = s.last_code {
-                        last.push_str(&format!(" {code}"));
-                    }
-                    last
-                }
-                None if s.attempts > 0 => "open".to_string(),
-                None => "-".to_string(),
-            };
-            vec![
-                s.id.clone(),
-                s.state.as_str().to_string(),
-                s.scope.clone(),
-                or_dash(s.key.as_deref()),
-                time_ms(s.accepted_at_ms),
-                s.attempts.to_string(),
-                last,
-                or_dash(s.upstream_reply.as_deref()),
-            ]
-        })
-        .collect();
-    table(
-        &[
-            "ID", "STATE", "SCOPE", "KEY", "ACCEPTED", "ATTEMPTS", "LAST", "REPLY",
-        ],
-        &cells,
-    )
-}
-
-fn show_text(m: &StoredMessage, attempts: &[AttemptRow], events: &[EventRow]) -> String {
-    let mut out = String::new();
-    let mut field = |name: &str, value: String| out.push_str(&format!("{name:<16}{value}\n"));
-    field("id", m.id.clone());
-    field("state", m.state.as_str().to_string());
-    field("scope", m.scope.clone());
-    field(
-        "key",
-        format!("{} ({})", or_dash(m.key.as_deref()), m.key_source),
-    );
-    field("upstream key", or_dash(m.upstream_key.as_deref()));
-    field("part", m.part.to_string());
-    field("fingerprint", m.fingerprint.to_hex());
-    field("mail from", format!("<{}>", m.mail_from));
-    field("rcpt to", m.rcpt_to.join(", "));
-    field("accepted at", time_ms(m.accepted_at_ms));
-    field("finished at", or_dash(m.finished_at_ms.map(time_ms)));
-    field("reply", m.reply.clone());
-    field("upstream reply", or_dash(m.upstream_reply.as_deref()));
-    field("message-id", or_dash(m.message_id.as_deref()));
-    if let Some(evidence) = &m.resolved_by {
-        field("resolved by", format!("upstream event {evidence}"));
-    }
-    field(
-        "content",
-        if m.content.is_some() {
-            "stored"
-        } else {
-            "not stored"
-        }
-        .to_string(),
-    );
-    if let Some(damage) = &m.damage {
-        field("damage", damage.clone());
-    }
-    out.push_str(&format!("attempts        {}\n", attempts.len()));
-    if !attempts.is_empty() {
-        let rows: Vec<Vec<String>> = attempts
-            .iter()
-            .map(|a| {
-                vec![
-                    a.attempt.to_string(),
-                    time_ms(a.started_at_ms),
-                    or_dash(a.finished_at_ms.map(time_ms)),
-                    a.outcome.clone().unwrap_or_else(|| "open".into()),
-                    or_dash(a.phase.as_deref()),
-                    or_dash(a.code),
-                    or_dash(a.upstream_id.as_deref()),
-                    or_dash(a.reply.as_deref()),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &[
-                "#",
-                "STARTED",
-                "FINISHED",
-                "OUTCOME",
-                "PHASE",
-                "CODE",
-                "UPSTREAM-ID",
-                "REPLY",
-            ],
-            &rows,
-        ));
-    }
-    out.push_str(&format!("upstream events {}\n", events.len()));
-    if !events.is_empty() {
-        let rows: Vec<Vec<String>> = events
-            .iter()
-            .map(|e| {
-                let applied = match (e.applied, e.evidence) {
-                    (_, true) => "evidence",
-                    (true, false) => "applied",
-                    (false, false) => "stale",
-                };
-                vec![
-                    e.recipient.clone().unwrap_or_else(|| "*".into()),
-                    time_ms(e.event_time_ms),
-                    e.event_type.clone(),
-                    e.kind.as_str().to_string(),
-                    applied.to_string(),
-                    format!("{}/{}#{}", e.source, e.webhook_id, e.index),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &[
-                "RECIPIENT",
-                "EVENT TIME",
-                "TYPE",
-                "KIND",
-                "APPLIED",
-                "REQUEST",
-            ],
-            &rows,
-        ));
-    }
-    out
 }
 
 fn serve(settings: &Settings) -> anyhow::Result<()> {

@@ -107,7 +107,7 @@ async fn records_are_read_by_id_and_key_listed_in_pages_and_retried() {
     assert_eq!(rows[0]["id"], failed.as_str());
     assert_eq!(rows[0]["last_outcome"], "permanent");
     assert_eq!(rows[0]["last_code"], 550);
-    assert_eq!(listed["next_after"], serde_json::Value::Null);
+    assert_eq!(listed["next_cursor"], serde_json::Value::Null);
     let everything = get(admin, "/api/v1/messages", None).await.json();
     let all: Vec<String> = everything["messages"]
         .as_array()
@@ -117,10 +117,10 @@ async fn records_are_read_by_id_and_key_listed_in_pages_and_retried() {
         .collect();
     assert_eq!(all.len(), 3, "the two messages and the DSN: {everything}");
     let mut paged = Vec::new();
-    let mut after: Option<String> = None;
+    let mut cursor: Option<String> = None;
     for _ in 0..5 {
-        let path = match &after {
-            Some(id) => format!("/api/v1/messages?limit=2&after={id}"),
+        let path = match &cursor {
+            Some(c) => format!("/api/v1/messages?limit=2&cursor={c}"),
             None => "/api/v1/messages?limit=2".to_string(),
         };
         let page = get(admin, &path, None).await.json();
@@ -132,16 +132,22 @@ async fn records_are_read_by_id_and_key_listed_in_pages_and_retried() {
             .collect();
         assert!(ids.len() <= 2, "{page}");
         paged.extend(ids);
-        match page["next_after"].as_str() {
-            Some(next) => {
-                assert_eq!(Some(next), paged.last().map(String::as_str));
-                after = Some(next.to_string());
-            }
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
             None => break,
         }
     }
     assert_eq!(paged, all, "pages cover the list once, in order");
-    for (query, code) in [("state=lost", "bad_state"), ("limit=0", "bad_limit")] {
+    for (query, code) in [
+        ("state=lost", "bad_state"),
+        ("limit=0", "bad_limit"),
+        // An unknown filter is refused, never ignored.
+        ("rcpt=x", "bad_query"),
+        ("after=x", "bad_query"),
+        ("cursor=nonsense", "bad_cursor"),
+        ("since=yesterday", "bad_time"),
+        ("order=sideways", "bad_order"),
+    ] {
         let bad = get(admin, &format!("/api/v1/messages?{query}"), None).await;
         assert_eq!(bad.status, 400, "{query}");
         assert_eq!(bad.json()["code"], code);
@@ -272,7 +278,7 @@ async fn a_queued_record_is_cancelled_with_delete() {
     assert_eq!(cancelled.status, 200, "{}", cancelled.body);
     assert_eq!(cancelled.json()["cancelled"], true);
     let m = get(admin, &path, None).await.json();
-    assert_eq!(m["state"], "failed");
+    assert_eq!(m["state"], "cancelled");
     assert_eq!(m["upstream_reply"], "cancelled by an operator");
     assert_eq!(m["queued_job"], false);
 
@@ -740,6 +746,7 @@ async fn a_replay_is_answered_when_its_count_cannot_be_written() {
                 replayed INTEGER NOT NULL DEFAULT 0 CHECK (replayed = 0),
                 delivered INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
                 unresolved INTEGER NOT NULL DEFAULT 0,
+                cancelled INTEGER NOT NULL DEFAULT 0,
                 resolved_by_event INTEGER NOT NULL DEFAULT 0,
                 bounced INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (scope, day)) STRICT;
              COMMIT",

@@ -13,9 +13,9 @@ use idemrelay::app::Relay;
 use idemrelay::sink::{FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandle};
 use idemrelay::smtp::server::ListenerKind;
 use idemrelay::store::{
-    self, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Insert, MessageSummary,
-    NewRecord, Pause, QueueStats, Requeue, Retention, Settle, State, Store, StoreError,
-    StoredMessage,
+    self, Action, ActionRow, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Flush,
+    Insert, ListFilter, NewRecord, Operator, Page, Pause, QueueStats, Requeue, Retention, Settle,
+    State, Store, StoreError, StoredMessage,
 };
 
 async fn wait_terminal(relay: &TestRelay, id: &str, limit: Duration) -> State {
@@ -321,19 +321,36 @@ impl Store for FlakyIntent {
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
         self.inner.attempts(id).await
     }
-    async fn list(
+    async fn list_page(&self, filter: &ListFilter) -> Result<Page, StoreError> {
+        self.inner.list_page(filter).await
+    }
+    async fn requeue(
         &self,
-        state: Option<State>,
-        limit: usize,
-        after_id: Option<&str>,
-    ) -> Result<Vec<MessageSummary>, StoreError> {
-        self.inner.list(state, limit, after_id).await
+        id: &str,
+        allow_unresolved: bool,
+        by: &Operator,
+    ) -> Result<Requeue, StoreError> {
+        self.inner.requeue(id, allow_unresolved, by).await
     }
-    async fn requeue(&self, id: &str, allow_unresolved: bool) -> Result<Requeue, StoreError> {
-        self.inner.requeue(id, allow_unresolved).await
+    async fn cancel(&self, id: &str, by: &Operator) -> Result<bool, StoreError> {
+        self.inner.cancel(id, by).await
     }
-    async fn cancel(&self, id: &str) -> Result<bool, StoreError> {
-        self.inner.cancel(id).await
+    async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError> {
+        self.inner.flush(id, by).await
+    }
+    async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError> {
+        self.inner.flush_all(by).await
+    }
+    async fn record_action(
+        &self,
+        action: Action,
+        by: &Operator,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.inner.record_action(action, by, detail).await
+    }
+    async fn relay_actions(&self, limit: usize) -> Result<Vec<ActionRow>, StoreError> {
+        self.inner.relay_actions(limit).await
     }
     async fn paused(&self) -> Result<Option<Pause>, StoreError> {
         self.inner.paused().await

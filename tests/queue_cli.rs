@@ -1,5 +1,6 @@
-//! `idemrelay queue list|show|retry|cancel|purge` run as an operator would: the built binary
-//! against the store of a running in-process relay, with `idemrelay sink` as the upstream.
+//! `idemrelay queue list|show|retry|cancel|flush|purge` run as an operator would: the built
+//! binary against a running in-process relay's admin API, or with `--direct` against its
+//! store, with `idemrelay sink` as the upstream.
 
 mod common;
 
@@ -32,30 +33,55 @@ impl Run {
     }
 }
 
-/// `idemrelay queue --store <the relay's store> ARGS...`.
-async fn queue(relay: &TestRelay, args: &[&str]) -> Run {
-    let mut all = vec![
-        "queue".to_string(),
-        "--store".to_string(),
-        store_url(&relay.db_path()),
-    ];
+/// How `idemrelay queue` reaches the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// The relay's admin API (`--admin ADDR`), the default.
+    Api,
+    /// `--direct --store <the relay's store>`.
+    Store,
+}
+
+/// `idemrelay queue --admin <the relay's admin API> ARGS...`, or `--direct --store URL`.
+async fn queue_via(relay: &TestRelay, via: Via, args: &[&str]) -> Run {
+    let mut all = vec!["queue".to_string()];
+    match via {
+        Via::Api => all.extend(["--admin".to_string(), relay.admin().to_string()]),
+        Via::Store => all.extend([
+            "--direct".to_string(),
+            "--store".to_string(),
+            store_url(&relay.db_path()),
+        ]),
+    }
     all.extend(args.iter().map(|a| a.to_string()));
     run(all).await
 }
 
 async fn ok(relay: &TestRelay, args: &[&str]) -> Run {
-    let run = queue(relay, args).await;
+    ok_via(relay, Via::Api, args).await
+}
+
+async fn ok_via(relay: &TestRelay, via: Via, args: &[&str]) -> Run {
+    let run = queue_via(relay, via, args).await;
     assert!(
         run.ok,
-        "queue {args:?} failed:\n{}\n{}",
+        "queue {args:?} via {via:?} failed:\n{}\n{}",
         run.stdout, run.stderr
     );
     run
 }
 
 async fn refused(relay: &TestRelay, args: &[&str]) -> Run {
-    let run = queue(relay, args).await;
-    assert!(!run.ok, "queue {args:?} succeeded:\n{}", run.stdout);
+    refused_via(relay, Via::Api, args).await
+}
+
+async fn refused_via(relay: &TestRelay, via: Via, args: &[&str]) -> Run {
+    let run = queue_via(relay, via, args).await;
+    assert!(
+        !run.ok,
+        "queue {args:?} via {via:?} succeeded:\n{}",
+        run.stdout
+    );
     run
 }
 
@@ -105,17 +131,23 @@ async fn a_failed_message_is_listed_shown_and_delivered_after_retry() {
     let failed = ok(&relay, &["list", "--state", "failed", "--json"])
         .await
         .json();
-    let failed = failed.as_array().unwrap();
+    assert_eq!(failed["next_cursor"], serde_json::Value::Null);
+    let failed = failed["messages"].as_array().unwrap();
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0]["id"], id.as_str());
     assert_eq!(failed[0]["state"], "failed");
     assert_eq!(failed[0]["key"], "retry-1");
     assert_eq!(failed[0]["attempts"], 1);
     assert_eq!(failed[0]["last_code"], 550);
+    assert_eq!(
+        failed[0]["rcpt_to"],
+        serde_json::json!(["nobody@example.com"])
+    );
+    assert_eq!(failed[0]["mail_from"], "sender@example.com");
     let delivered = ok(&relay, &["list", "--state", "delivered", "--json"])
         .await
         .json();
-    assert!(delivered
+    assert!(delivered["messages"]
         .as_array()
         .unwrap()
         .iter()
@@ -188,10 +220,13 @@ async fn an_unresolved_message_is_retried_only_with_confirmation() {
     sink.set_faults(vec![]).unwrap();
     let before = relay.store().attempts(&id).await.unwrap().len();
 
-    let list = ok(&relay, &["list", "--state", "unresolved"]).await.stdout;
+    // This one goes to the store directly (`--direct`), as with a relay that is down.
+    let list = ok_via(&relay, Via::Store, &["list", "--state", "unresolved"])
+        .await
+        .stdout;
     assert!(row(&list, &id).contains("unresolved"), "{list}");
 
-    let refusal = refused(&relay, &["retry", &id]).await;
+    let refusal = refused_via(&relay, Via::Store, &["retry", &id]).await;
     assert!(
         refusal.stderr.contains("unresolved")
             && refusal.stderr.contains("second copy")
@@ -205,14 +240,50 @@ async fn an_unresolved_message_is_retried_only_with_confirmation() {
     assert_eq!(relay.store().attempts(&id).await.unwrap().len(), before);
 
     common::wait_out_held_replies(&relay, &id).await;
-    let retry = ok(&relay, &["retry", &id, "--confirm-duplicate-risk"]).await;
+    let retry = ok_via(
+        &relay,
+        Via::Store,
+        &[
+            "retry",
+            "--key",
+            "unres-1",
+            "--confirm-duplicate-risk",
+            "--reason",
+            "checked with the upstream: not there",
+        ],
+    )
+    .await;
     assert!(
         retry.stdout.contains(&format!("requeued {id}")),
         "{}",
         retry.stdout
     );
+    // The action's one log line names the record.
+    assert!(
+        retry.stderr.contains(&format!("id={id}")) && retry.stderr.contains("operator action"),
+        "{}",
+        retry.stderr
+    );
     wait_state(&relay, &id, State::Delivered).await;
     let show = ok(&relay, &["show", &id, "--json"]).await.json();
+    let history = show["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{show}");
+    assert_eq!(history[0]["action"], "retry");
+    assert!(
+        history[0]["actor"]
+            .as_str()
+            .unwrap()
+            .starts_with("local user "),
+        "{show}"
+    );
+    assert_eq!(history[0]["reason"], "checked with the upstream: not there");
+    assert!(
+        history[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate risk confirmed"),
+        "{show}"
+    );
     // The old ledger stays; new attempts continue its numbering and the last one is accepted
     // (the upstream's replay of the transaction it held).
     let attempts = show["attempts"].as_array().unwrap();
@@ -241,7 +312,7 @@ async fn an_unresolved_message_is_retried_only_with_confirmation() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_message_is_failed_and_never_delivered() {
+async fn a_cancelled_message_is_cancelled_and_never_delivered() {
     let sink = start_sink().await;
     let relay = relay_for(&sink, |_| {}).await;
     relay.store().pause("hold", false).await.unwrap();
@@ -254,25 +325,56 @@ async fn a_cancelled_message_is_failed_and_never_delivered() {
     let queued = ok(&relay, &["list", "--state", "queued", "--json"])
         .await
         .json();
+    let queued = &queued["messages"];
     assert_eq!(queued[0]["id"], id.as_str());
     assert_eq!(queued[0]["state"], "queued");
     assert_eq!(queued[0]["attempts"], 0);
+    assert_eq!(queued[0]["waiting"]["reason"], "paused", "{queued}");
 
-    let cancel = ok(&relay, &["cancel", &id]).await;
+    let cancel = ok(
+        &relay,
+        &[
+            "cancel",
+            "--key",
+            "cancel-1",
+            "--reason",
+            "sent to the wrong list",
+        ],
+    )
+    .await;
     assert!(
         cancel.stdout.contains(&format!("cancelled {id}")),
         "{}",
         cancel.stdout
     );
     let show = ok(&relay, &["show", &id]).await.stdout;
-    assert!(show.contains("state           failed"), "{show}");
+    assert!(show.contains("state           cancelled"), "{show}");
     assert!(show.contains("cancelled by an operator"), "{show}");
     assert!(show.contains("attempts        0"), "{show}");
+    assert!(show.contains("operator actions 1"), "{show}");
+    let action = show
+        .lines()
+        .find(|l| l.contains(" cancel "))
+        .unwrap_or_else(|| panic!("no cancel row:\n{show}"));
+    // Through the API, the actor is the token's name and the local user the CLI names.
+    assert!(action.contains("admin API"), "{action}");
+    assert!(action.contains("sent to the wrong list"), "{action}");
+    let cancelled = ok(&relay, &["list", "--state", "cancelled", "--json"])
+        .await
+        .json();
+    assert_eq!(cancelled["messages"][0]["id"], id.as_str());
+    assert_eq!(
+        ok(&relay, &["list", "--state", "failed", "--json"])
+            .await
+            .json()["messages"],
+        serde_json::json!([]),
+        "cancelled is not failed"
+    );
 
     relay.store().resume().await.unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(sink.transactions(), vec![]);
-    assert_eq!(relay.stored(&id).await.state, State::Failed);
+    assert_eq!(relay.stored(&id).await.state, State::Cancelled);
     assert_eq!(relay.count("delivery_jobs").await, 0, "no DSN, no job");
 
     let again = refused(&relay, &["cancel", &id]).await;
@@ -367,6 +469,7 @@ async fn report_counts_each_scope_and_day() {
             "delivered": 2,
             "failed": 1,
             "unresolved": 0,
+            "cancelled": 0,
             "resolved_by_event": 0,
             "bounced": 0,
         }])
@@ -389,6 +492,7 @@ async fn report_counts_each_scope_and_day() {
                 "DELIVERED",
                 "FAILED",
                 "UNRESOLVED",
+                "CANCELLED",
                 "RESOLVED-BY-EVENT",
                 "BOUNCED"
             ],
@@ -401,9 +505,10 @@ async fn report_counts_each_scope_and_day() {
                 "1",
                 "0",
                 "0",
+                "0",
                 "0"
             ],
-            vec!["total", "-", "2", "2", "2", "1", "0", "0", "0"],
+            vec!["total", "-", "2", "2", "2", "1", "0", "0", "0", "0"],
         ],
         "{}",
         table.stdout

@@ -23,6 +23,13 @@ const RETENTION: Retention = Retention {
 };
 const LONG_LEASE: Duration = Duration::from_secs(600);
 
+fn operator() -> store::Operator {
+    store::Operator {
+        actor: "local user tester".into(),
+        reason: "contract test".into(),
+    }
+}
+
 fn record(id: &str, key: &str, fp: u8) -> NewRecord {
     NewRecord {
         id: id.into(),
@@ -336,7 +343,7 @@ async fn a_body_that_fails_its_checksum_is_failed_as_damaged_and_the_queue_goes_
 
 on_both_backends!(a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown);
 /// A dead worker's open intent, closed as UNKNOWN by an operator's cancel, makes the record
-/// `failed` with an UNKNOWN in its ledger: retrying it may send a second copy, so it needs
+/// `cancelled` with an UNKNOWN in its ledger: retrying it may send a second copy, so it needs
 /// the confirmation like an `unresolved` record. Without one (a ledger of definite outcomes),
 /// the upstream window keeps counting from the first attempt ever made.
 async fn a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown(backend: Backend) {
@@ -353,21 +360,21 @@ async fn a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown(backe
         assert!(a.begin_attempt("open", job.token, 1).await.unwrap());
         // The worker dies; its lease runs out; an operator cancels the record.
         tokio::time::sleep(Duration::from_millis(400)).await;
-        assert!(b.cancel("open").await.unwrap(), "{name}");
+        assert!(b.cancel("open", &operator()).await.unwrap(), "{name}");
         let ledger = b.attempts("open").await.unwrap();
         assert_eq!(ledger[0].outcome.as_deref(), Some("unknown"), "{name}");
         assert_eq!(
-            b.requeue("open", false).await.unwrap(),
-            store::Requeue::NeedsConfirmation(State::Failed),
+            b.requeue("open", false, &operator()).await.unwrap(),
+            store::Requeue::NeedsConfirmation(State::Cancelled),
             "{name}"
         );
         assert_eq!(
             b.message("open").await.unwrap().unwrap().state,
-            State::Failed,
+            State::Cancelled,
             "{name}"
         );
         assert_eq!(
-            b.requeue("open", true).await.unwrap(),
+            b.requeue("open", true, &operator()).await.unwrap(),
             store::Requeue::Requeued,
             "{name}"
         );
@@ -402,7 +409,7 @@ async fn a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown(backe
             .unwrap());
         let started = b.attempts("plain").await.unwrap()[0].started_at_ms;
         assert_eq!(
-            b.requeue("plain", false).await.unwrap(),
+            b.requeue("plain", false, &operator()).await.unwrap(),
             store::Requeue::Requeued,
             "{name}"
         );

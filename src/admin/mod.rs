@@ -5,9 +5,12 @@
 //! token is configured.
 
 pub mod api;
+pub mod client;
 pub mod health;
 pub mod healthcheck;
+pub mod ops;
 pub mod view;
+pub mod waiting;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +28,7 @@ use crate::app::stopped;
 use crate::intake::Intake;
 use crate::metrics::Metrics;
 use crate::smtp::server::ConnectionLimits;
-use crate::store::Store;
+use crate::store::{Retention, Store};
 
 /// What the admin handlers read; owned by the relay.
 pub struct AdminState {
@@ -41,6 +44,8 @@ pub struct AdminState {
     pub wedged_after: Option<Duration>,
     pub started: Instant,
     pub delivery_hint: Arc<Notify>,
+    /// For `POST /api/v1/queue/purge`: the relay's retention settings.
+    pub retention: Retention,
 }
 
 pub fn router(state: Arc<AdminState>) -> Router {
@@ -48,7 +53,14 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/metrics", get(health::metrics))
         .route("/api/v1/messages", get(api::list))
         .route("/api/v1/messages/{id}", get(api::show).delete(api::cancel))
+        .route("/api/v1/messages/{id}/cancel", post(api::cancel))
         .route("/api/v1/messages/{id}/retry", post(api::retry))
+        .route("/api/v1/messages/{id}/flush", post(api::flush))
+        .route("/api/v1/queue/flush", post(api::flush_all))
+        .route("/api/v1/queue/pause", post(api::pause))
+        .route("/api/v1/queue/resume", post(api::resume))
+        .route("/api/v1/queue/purge", post(api::purge))
+        .route("/api/v1/queue/status", get(api::status))
         .route("/api/v1/keys/{scope}/{*key}", get(api::show_key))
         .route_layer(middleware::from_fn_with_state(state.clone(), bearer));
     Router::new()

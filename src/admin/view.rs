@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::store::{AttemptRow, DailyCounts, EventRow, MessageSummary, StoredMessage};
+use super::waiting::Waiting;
+use crate::store::{ActionRow, AttemptRow, DailyCounts, EventRow, MessageSummary, StoredMessage};
 
 /// RFC 3339 UTC with milliseconds, from Unix milliseconds.
 pub fn time_ms(ms: i64) -> String {
@@ -11,7 +12,8 @@ pub fn time_ms(ms: i64) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
-pub fn summary_json(s: &MessageSummary) -> serde_json::Value {
+/// One listed record; `waiting` says why a queued one has not gone yet.
+pub fn summary_json(s: &MessageSummary, waiting: Option<&Waiting>) -> serde_json::Value {
     serde_json::json!({
         "id": s.id,
         "scope": s.scope,
@@ -19,11 +21,39 @@ pub fn summary_json(s: &MessageSummary) -> serde_json::Value {
         "state": s.state.as_str(),
         "accepted_at": time_ms(s.accepted_at_ms),
         "accepted_at_ms": s.accepted_at_ms,
+        "mail_from": s.mail_from,
+        "rcpt_to": s.rcpt_to,
+        "message_id": s.message_id,
+        "dsn_of": s.dsn_of,
         "attempts": s.attempts,
+        "failed_attempts": s.failed_attempts,
         "last_outcome": s.last_outcome,
         "last_phase": s.last_phase,
         "last_code": s.last_code,
         "upstream_reply": s.upstream_reply,
+        "next_attempt_at": s.next_attempt_at_ms.map(time_ms),
+        "next_attempt_at_ms": s.next_attempt_at_ms,
+        "waiting": waiting_json(waiting),
+    })
+}
+
+pub fn waiting_json(waiting: Option<&Waiting>) -> serde_json::Value {
+    match waiting {
+        Some(w) => serde_json::json!({ "reason": w.reason, "detail": w.detail }),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// One operator action (who, why, when).
+pub fn action_json(a: &ActionRow) -> serde_json::Value {
+    serde_json::json!({
+        "at": time_ms(a.at_ms),
+        "at_ms": a.at_ms,
+        "id": a.record_id,
+        "action": a.action,
+        "actor": a.actor,
+        "reason": a.reason,
+        "detail": a.detail,
     })
 }
 
@@ -86,6 +116,7 @@ pub fn show_json(
     m: &StoredMessage,
     attempts: &[AttemptRow],
     events: &[EventRow],
+    waiting: Option<&Waiting>,
 ) -> serde_json::Value {
     serde_json::json!({
         "id": m.id,
@@ -108,6 +139,13 @@ pub fn show_json(
         "damage": m.damage,
         "message_id": m.message_id,
         "resolved_by": m.resolved_by,
+        "dsn_of": m.dsn_of,
+        "dsns": m.dsns,
+        "next_attempt_at": m.next_attempt_at_ms.filter(|_| m.has_job).map(time_ms),
+        "next_attempt_at_ms": m.next_attempt_at_ms.filter(|_| m.has_job),
+        "leased": m.leased,
+        "waiting": waiting_json(waiting),
+        "history": m.history.iter().map(action_json).collect::<Vec<_>>(),
         "attempts": attempts.iter().map(attempt_json).collect::<Vec<_>>(),
         "events": events.iter().map(event_json).collect::<Vec<_>>(),
         "recipient_status": recipient_status(events),
@@ -123,6 +161,7 @@ pub fn daily_json(r: &DailyCounts) -> serde_json::Value {
         "delivered": r.delivered,
         "failed": r.failed,
         "unresolved": r.unresolved,
+        "cancelled": r.cancelled,
         "resolved_by_event": r.resolved_by_event,
         "bounced": r.bounced,
     })

@@ -1,6 +1,7 @@
 //! Durable records: one storage trait, backends chosen by URL scheme.
 
 mod group_commit;
+pub mod listing;
 mod migrate;
 pub mod postgres;
 mod postgres_webhook;
@@ -18,6 +19,7 @@ use async_trait::async_trait;
 
 use crate::intake::fingerprint::Fingerprint;
 use crate::smtp::session::Envelope;
+pub use listing::{Action, ActionRow, Cursor, Flush, ListFilter, Operator, Page, StateFilter};
 pub use webhook::{
     EventKind, EventRow, UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,
 };
@@ -31,14 +33,27 @@ pub enum State {
     Unresolved,
     /// Refused at intake with a permanent reply that is replayed to retries.
     Rejected,
+    /// Taken out of the queue by an operator before delivery (no DSN).
+    Cancelled,
 }
 
 impl State {
-    pub const TERMINAL: [State; 4] = [
+    pub const TERMINAL: [State; 5] = [
         State::Delivered,
         State::Failed,
         State::Unresolved,
         State::Rejected,
+        State::Cancelled,
+    ];
+
+    /// Every state, for lists that must not miss one (counts, metrics labels, help texts).
+    pub const ALL: [State; 6] = [
+        State::Queued,
+        State::Delivered,
+        State::Failed,
+        State::Unresolved,
+        State::Rejected,
+        State::Cancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -48,6 +63,7 @@ impl State {
             State::Failed => "failed",
             State::Unresolved => "unresolved",
             State::Rejected => "rejected",
+            State::Cancelled => "cancelled",
         }
     }
 
@@ -58,6 +74,7 @@ impl State {
             "failed" => State::Failed,
             "unresolved" => State::Unresolved,
             "rejected" => State::Rejected,
+            "cancelled" => State::Cancelled,
             _ => return None,
         })
     }
@@ -144,6 +161,16 @@ pub struct StoredMessage {
     /// The upstream event that resolved this record (`source/webhook-id#index type`), when
     /// one did.
     pub resolved_by: Option<String>,
+    /// For a delivery status notification: the record it reports on.
+    pub dsn_of: Option<String>,
+    /// The DSNs sent about this record (normally at most one).
+    pub dsns: Vec<String>,
+    /// When the queued record's next attempt is due (its job's due time).
+    pub next_attempt_at_ms: Option<i64>,
+    /// A worker holds the record's lease right now.
+    pub leased: bool,
+    /// Operator actions on this record, oldest first.
+    pub history: Vec<ActionRow>,
 }
 
 /// One record as listed by `queue list`.
@@ -156,10 +183,24 @@ pub struct MessageSummary {
     pub accepted_at_ms: i64,
     /// Rows in the attempt ledger.
     pub attempts: u32,
+    /// Attempts that ended transient or unknown.
+    pub failed_attempts: u32,
     pub last_outcome: Option<String>,
     pub last_phase: Option<String>,
     pub last_code: Option<u16>,
     pub upstream_reply: Option<String>,
+    pub mail_from: String,
+    pub rcpt_to: Vec<String>,
+    /// The Message-ID header's value (without angle brackets).
+    pub message_id: Option<String>,
+    /// For a DSN: the record it reports on.
+    pub dsn_of: Option<String>,
+    /// When a queued record's next attempt is due.
+    pub next_attempt_at_ms: Option<i64>,
+    /// A worker holds its lease right now.
+    pub leased: bool,
+    /// The store's clock when the listing was read (to say how far off `next_attempt_at_ms` is).
+    pub read_at_ms: i64,
 }
 
 /// What an operator's requeue did.
@@ -264,6 +305,9 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("store misconfigured: {0}")]
     Config(String),
+    /// A listing's filter that cannot be run (the caller's mistake, not the store's).
+    #[error("{0}")]
+    InvalidFilter(String),
     /// The batch this write was part of did not commit: nothing of it is durable.
     #[error("store commit failed: {0}")]
     CommitFailed(String),
@@ -346,22 +390,58 @@ pub trait Store: Send + Sync {
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError>;
 
+    /// One page of the records `filter` selects, ordered by id (acceptance order). A cursor
+    /// from a listing in the other order is `StoreError::InvalidFilter`.
+    async fn list_page(&self, filter: &ListFilter) -> Result<Page, StoreError>;
+
     /// Records ordered by id, optionally in one state, after `after_id` (for paging).
     async fn list(
         &self,
         state: Option<State>,
         limit: usize,
         after_id: Option<&str>,
-    ) -> Result<Vec<MessageSummary>, StoreError>;
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let filter = ListFilter {
+            state: state.map(StateFilter::Is),
+            cursor: after_id.map(Cursor::after_id),
+            ..ListFilter::all(limit)
+        };
+        Ok(self.list_page(&filter).await?.records)
+    }
 
-    /// Puts a `failed` or `unresolved` record back in the queue with a job due now; its
-    /// ledger is kept and later attempts continue its numbering. `confirmed`: the operator
-    /// accepts that a retry may deliver a second copy, required whenever the ledger holds an
-    /// UNKNOWN attempt (see `requeue_refusal`).
-    async fn requeue(&self, id: &str, confirmed: bool) -> Result<Requeue, StoreError>;
+    /// Puts a `failed`, `unresolved` or `cancelled` record back in the queue with a job due
+    /// now; its ledger is kept and later attempts continue its numbering. `confirmed`: the
+    /// operator accepts that a retry may deliver a second copy, required whenever the ledger
+    /// holds an UNKNOWN attempt (see `requeue_refusal`). Recorded as `by`'s action in the
+    /// same commit.
+    async fn requeue(
+        &self,
+        id: &str,
+        confirmed: bool,
+        by: &Operator,
+    ) -> Result<Requeue, StoreError>;
 
-    /// Fails a queued record whose job is not leased right now (no DSN). False otherwise.
-    async fn cancel(&self, id: &str) -> Result<bool, StoreError>;
+    /// Cancels a queued record whose job is not leased right now (no DSN), recorded as
+    /// `by`'s action in the same commit. False otherwise.
+    async fn cancel(&self, id: &str, by: &Operator) -> Result<bool, StoreError>;
+
+    /// Makes a queued record that no worker holds due now, recorded as `by`'s action.
+    async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError>;
+
+    /// Makes every queued record due now that is not yet due and that no worker holds; each
+    /// is recorded as `by`'s action. Returns the ids flushed.
+    async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError>;
+
+    /// Records an operator action on the whole relay (pause, resume, purge).
+    async fn record_action(
+        &self,
+        action: Action,
+        by: &Operator,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError>;
+
+    /// The newest operator actions on the whole relay, newest first.
+    async fn relay_actions(&self, limit: usize) -> Result<Vec<ActionRow>, StoreError>;
 
     /// Relay-wide delivery pause; `None` when running.
     async fn paused(&self) -> Result<Option<Pause>, StoreError>;
@@ -429,7 +509,7 @@ impl Retention {
         let own = match state {
             State::Queued => return false,
             State::Delivered | State::Rejected => after(accepted_at_ms, self.replay),
-            State::Failed | State::Unresolved => {
+            State::Failed | State::Unresolved | State::Cancelled => {
                 after(finished_at_ms.unwrap_or(accepted_at_ms), self.parked)
             }
         };
@@ -441,7 +521,7 @@ impl Retention {
     pub(crate) fn expired_sql(now: &str, replay: &str, parked: &str, window: &str) -> String {
         format!(
             "((m.state IN ('delivered', 'rejected') AND m.accepted_at + {replay} <= {now})
-               OR (m.state IN ('failed', 'unresolved')
+               OR (m.state IN ('failed', 'unresolved', 'cancelled')
                    AND COALESCE(m.finished_at, m.accepted_at) + {parked} <= {now}))
              AND NOT EXISTS (SELECT 1 FROM attempts a
                              WHERE a.message_id = m.id AND a.started_at + {window} > {now})"
@@ -472,6 +552,8 @@ pub struct DailyCounts {
     pub delivered: u64,
     pub failed: u64,
     pub unresolved: u64,
+    /// Records an operator cancelled.
+    pub cancelled: u64,
     /// `unresolved` records that an upstream event resolved to `delivered` (also counted in
     /// `delivered`, on the day of the resolution).
     pub resolved_by_event: u64,
@@ -538,6 +620,25 @@ pub async fn open(url: &str, busy_timeout: Duration) -> Result<Arc<dyn Store>, S
     }
 }
 
+/// Opens a store that must exist already (the `queue` and `report` commands: a typo in a path
+/// must not create an empty store and report it empty). Only `serve` creates a store.
+pub async fn open_existing(
+    url: &str,
+    busy_timeout: Duration,
+) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("sqlite:") {
+        let path = sqlite::database_path(url)?;
+        if !path.exists() {
+            return Err(StoreError::Config(format!(
+                "no store at {} (from {url}); check --store / IDEMRELAY_STORE (`idemrelay serve` \
+                 creates the store, the queue commands never do)",
+                path.display()
+            )));
+        }
+    }
+    open(url, busy_timeout).await
+}
+
 /// Per-state counts (from `SELECT state, COUNT(*) ... GROUP BY state`) with every state
 /// present, zero included.
 pub(crate) fn queue_stats(
@@ -547,11 +648,7 @@ pub(crate) fn queue_stats(
     unmatched_events: i64,
     queued_by_scope: Vec<(String, i64)>,
 ) -> QueueStats {
-    let mut by_state: Vec<(State, u64)> = [State::Queued]
-        .into_iter()
-        .chain(State::TERMINAL)
-        .map(|s| (s, 0))
-        .collect();
+    let mut by_state: Vec<(State, u64)> = State::ALL.into_iter().map(|s| (s, 0)).collect();
     for (state, n) in counts {
         if let Some(slot) = by_state.iter_mut().find(|(s, _)| s.as_str() == state) {
             slot.1 = n.max(0) as u64;
@@ -586,7 +683,7 @@ pub(crate) fn report_damage(id: &str, reason: &str) -> String {
     format!("stored body damaged ({reason}); not forwarded")
 }
 
-/// Why a record cannot be requeued, if it cannot: only `failed` and `unresolved` records,
+/// Why a record cannot be requeued, if it cannot: only `failed`, `unresolved` and `cancelled` records,
 /// only while their bytes are kept, and only with the operator's confirmation of the
 /// duplicate risk whenever the ledger holds an UNKNOWN attempt (an `unresolved` record always
 /// does; a `failed` one may, e.g. cancelled with a dead worker's intent open).
@@ -597,7 +694,7 @@ pub(crate) fn requeue_refusal(
     any_unknown: bool,
 ) -> Option<Requeue> {
     let refusal = match state {
-        State::Failed | State::Unresolved => {
+        State::Failed | State::Unresolved | State::Cancelled => {
             let risky = any_unknown || state == State::Unresolved;
             (risky && !confirmed).then_some(Requeue::NeedsConfirmation(state))
         }
@@ -624,6 +721,32 @@ pub fn confirmation_reason(id: &str, state: State) -> String {
         "{what}: the upstream may already have accepted it (its reply after the final dot was \
          lost), so a retry may deliver a second copy; check with the upstream first"
     )
+}
+
+/// The reply a cancelled record keeps.
+pub(crate) const CANCELLED_REPLY: &str = "cancelled by an operator";
+
+/// What a retry's action row says beyond who and why.
+pub(crate) fn retry_detail(state: State, confirmed: bool) -> String {
+    let mut detail = format!("requeued from {}", state.as_str());
+    if confirmed {
+        detail.push_str("; duplicate risk confirmed");
+    }
+    detail
+}
+
+/// What a flush's action row says beyond who and why.
+pub(crate) fn flush_detail(was_due_at_ms: i64, now_ms: i64) -> String {
+    if was_due_at_ms > now_ms {
+        format!(
+            "was due in {}",
+            humantime::format_duration(std::time::Duration::from_secs(
+                ((was_due_at_ms - now_ms + 999) / 1000) as u64
+            ))
+        )
+    } else {
+        "was already due".to_string()
+    }
 }
 
 pub(crate) fn requeued_first_attempt(

@@ -14,9 +14,10 @@ use sqlx::{Connection, Executor, Row};
 use super::migrate::{Embedded, Steps};
 use super::postgres_webhook as webhook;
 use super::{
-    retention_ms, rows, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, EventRow, Insert,
-    MessageSummary, NewRecord, Pause, QueueStats, Requeue, Retention, Settle, State, Store,
-    StoreError, StoredMessage, WebhookApplied, WebhookReceipt,
+    listing, retention_ms, rows, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed,
+    DailyCounts, EventRow, Flush, Insert, ListFilter, NewRecord, Operator, Page, Pause, QueueStats,
+    Requeue, Retention, Settle, State, Store, StoreError, StoredMessage, WebhookApplied,
+    WebhookReceipt,
 };
 
 const MIGRATIONS: Steps = &[
@@ -59,6 +60,11 @@ const MIGRATIONS: Steps = &[
         8,
         "webhooks",
         include_str!("../../migrations/postgres/0008_webhooks.sql"),
+    ),
+    (
+        9,
+        "operator",
+        include_str!("../../migrations/postgres/0009_operator.sql"),
     ),
 ];
 
@@ -266,6 +272,30 @@ async fn insert_job(conn: &mut PgConnection, id: &str, now: i64) -> Result<(), S
     Ok(())
 }
 
+/// Writes one operator action (relay-wide when `record_id` is `None`).
+async fn record_action(
+    conn: &mut PgConnection,
+    record_id: Option<&str>,
+    action: Action,
+    by: &Operator,
+    detail: Option<&str>,
+    now: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO operator_actions (at, record_id, action, actor, reason, detail)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(now)
+    .bind(record_id)
+    .bind(action.as_str())
+    .bind(&by.actor)
+    .bind(&by.reason)
+    .bind(detail)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 async fn delete_job(conn: &mut PgConnection, id: &str) -> Result<(), StoreError> {
     sqlx::query("DELETE FROM delivery_jobs WHERE message_id = $1")
         .bind(id)
@@ -365,13 +395,31 @@ impl Store for PostgresStore {
 
     async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
         let row = sqlx::query(
-            "SELECT m.*, EXISTS (SELECT 1 FROM delivery_jobs j WHERE j.message_id = m.id) AS has_job
-             FROM messages m WHERE m.id = $1",
+            "SELECT m.*, j.message_id IS NOT NULL AS has_job, j.due_at,
+                COALESCE(j.lease_until > idemrelay_now_ms(), FALSE) AS leased
+             FROM messages m LEFT JOIN delivery_jobs j ON j.message_id = m.id
+             WHERE m.id = $1",
         )
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        row.as_ref().map(rows::stored_message).transpose()
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let mut message = rows::stored_message(&row)?;
+        message.dsns = sqlx::query_scalar("SELECT id FROM messages WHERE dsn_of = $1 ORDER BY id")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        let history = sqlx::query(&format!(
+            "SELECT {} FROM operator_actions WHERE record_id = $1 ORDER BY seq",
+            listing::ACTION_COLUMNS
+        ))
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        message.history = history.iter().map(rows::action).collect::<Result<_, _>>()?;
+        Ok(Some(message))
     }
 
     async fn finish(
@@ -696,32 +744,27 @@ impl Store for PostgresStore {
         found.iter().map(rows::attempt).collect()
     }
 
-    async fn list(
-        &self,
-        state: Option<State>,
-        limit: usize,
-        after_id: Option<&str>,
-    ) -> Result<Vec<MessageSummary>, StoreError> {
-        let found = sqlx::query(
-            "SELECT m.id, m.scope, m.idem_key, m.state, m.accepted_at, m.upstream_reply,
-                    (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
-                    l.outcome, l.phase, l.code
-             FROM messages m
-             LEFT JOIN attempts l ON l.message_id = m.id
-                AND l.attempt = (SELECT MAX(attempt) FROM attempts x WHERE x.message_id = m.id)
-             WHERE ($1::TEXT IS NULL OR m.state = $1) AND ($2::TEXT IS NULL OR m.id > $2)
-             ORDER BY m.id
-             LIMIT $3",
-        )
-        .bind(state.map(State::as_str))
-        .bind(after_id)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await?;
-        found.iter().map(rows::summary).collect()
+    async fn list_page(&self, filter: &ListFilter) -> Result<Page, StoreError> {
+        let (sql, params) = listing::list_sql(filter, listing::Dialect::Postgres)
+            .map_err(StoreError::InvalidFilter)?;
+        let mut query = sqlx::query(&sql);
+        for param in params {
+            query = match param {
+                listing::Param::Text(text) => query.bind(text),
+                listing::Param::Int(n) => query.bind(n),
+            };
+        }
+        let found = query.fetch_all(&self.pool).await?;
+        let records = found.iter().map(rows::summary).collect::<Result<_, _>>()?;
+        Ok(listing::page(records, filter))
     }
 
-    async fn requeue(&self, id: &str, confirmed: bool) -> Result<Requeue, StoreError> {
+    async fn requeue(
+        &self,
+        id: &str,
+        confirmed: bool,
+        by: &Operator,
+    ) -> Result<Requeue, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
             "SELECT state, content IS NOT NULL AS has_content,
@@ -769,11 +812,13 @@ impl Store for PostgresStore {
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        let detail = super::retry_detail(state, confirmed);
+        record_action(&mut tx, Some(id), Action::Retry, by, Some(&detail), now).await?;
         tx.commit().await?;
         Ok(Requeue::Requeued)
     }
 
-    async fn cancel(&self, id: &str) -> Result<bool, StoreError> {
+    async fn cancel(&self, id: &str, by: &Operator) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let now = db_now(&mut tx).await?;
         // A job locked right now (being claimed or settled) counts as leased.
@@ -794,17 +839,98 @@ impl Store for PostgresStore {
         // An intent left open by a dead worker stays on record as unknown, as a claim would.
         close_open_intents(&mut tx, id, now).await?;
         sqlx::query(
-            "UPDATE messages SET state = 'failed', finished_at = $1,
-                upstream_reply = 'cancelled by an operator'
-             WHERE id = $2",
+            "UPDATE messages SET state = 'cancelled', finished_at = $1, upstream_reply = $2
+             WHERE id = $3",
         )
         .bind(now)
+        .bind(super::CANCELLED_REPLY)
         .bind(id)
         .execute(&mut *tx)
         .await?;
         delete_job(&mut tx, id).await?;
+        record_action(&mut tx, Some(id), Action::Cancel, by, None, now).await?;
         tx.commit().await?;
         Ok(true)
+    }
+
+    async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = db_now(&mut tx).await?;
+        // A job locked right now (being claimed or settled) counts as leased.
+        let free: Option<i64> = sqlx::query_scalar(
+            "SELECT j.due_at FROM delivery_jobs j
+             WHERE j.message_id = $1 AND (j.lease_until IS NULL OR j.lease_until <= $2)
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(id)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(due_at) = free else {
+            tx.rollback().await?;
+            return Ok(match self.message(id).await? {
+                None => Flush::NotFound,
+                Some(m) if m.state == State::Queued => Flush::Leased,
+                Some(m) => Flush::NotQueued(m.state),
+            });
+        };
+        sqlx::query("UPDATE delivery_jobs SET due_at = LEAST(due_at, $1) WHERE message_id = $2")
+            .bind(now)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let detail = super::flush_detail(due_at, now);
+        record_action(&mut tx, Some(id), Action::Flush, by, Some(&detail), now).await?;
+        tx.commit().await?;
+        Ok(Flush::Flushed {
+            was_due_at_ms: due_at,
+        })
+    }
+
+    async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = db_now(&mut tx).await?;
+        let waiting: Vec<(String, i64)> = sqlx::query_as(
+            "WITH picked AS (
+                SELECT message_id, due_at FROM delivery_jobs
+                WHERE due_at > $1 AND (lease_until IS NULL OR lease_until <= $1)
+                FOR UPDATE SKIP LOCKED),
+             flushed AS (
+                UPDATE delivery_jobs j SET due_at = $1 FROM picked p
+                WHERE j.message_id = p.message_id RETURNING j.message_id)
+             SELECT message_id, due_at FROM picked",
+        )
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (id, due_at) in &waiting {
+            let detail = super::flush_detail(*due_at, now);
+            record_action(&mut tx, Some(id), Action::Flush, by, Some(&detail), now).await?;
+        }
+        tx.commit().await?;
+        Ok(waiting.into_iter().map(|(id, _)| id).collect())
+    }
+
+    async fn record_action(
+        &self,
+        action: Action,
+        by: &Operator,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let now = db_now(&mut conn).await?;
+        record_action(&mut conn, None, action, by, detail, now).await
+    }
+
+    async fn relay_actions(&self, limit: usize) -> Result<Vec<ActionRow>, StoreError> {
+        let found = sqlx::query(&format!(
+            "SELECT {} FROM operator_actions WHERE record_id IS NULL ORDER BY seq DESC LIMIT $1",
+            listing::ACTION_COLUMNS
+        ))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        found.iter().map(rows::action).collect()
     }
 
     async fn paused(&self) -> Result<Option<Pause>, StoreError> {
@@ -866,6 +992,7 @@ impl Store for PostgresStore {
             "SELECT scope, day, SUM(accepted)::BIGINT AS accepted,
                     SUM(replayed)::BIGINT AS replayed, SUM(delivered)::BIGINT AS delivered,
                     SUM(failed)::BIGINT AS failed, SUM(unresolved)::BIGINT AS unresolved,
+                    SUM(cancelled)::BIGINT AS cancelled,
                     SUM(resolved_by_event)::BIGINT AS resolved_by_event,
                     SUM(bounced)::BIGINT AS bounced
              FROM daily_counts WHERE ($1::TEXT IS NULL OR day >= $1)

@@ -6,8 +6,8 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use super::{
-    AttemptRow, Claimed, DailyCounts, EventKind, EventRow, Existing, MessageSummary, State,
-    StoreError, StoredMessage,
+    ActionRow, AttemptRow, Claimed, DailyCounts, EventKind, EventRow, Existing, MessageSummary,
+    State, StoreError, StoredMessage,
 };
 use crate::intake::fingerprint::Fingerprint;
 
@@ -158,6 +158,12 @@ pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreE
         upstream_reply: row.opt_text("upstream_reply")?,
         message_id: row.opt_text("header_message_id")?,
         resolved_by: row.opt_text("resolved_by")?,
+        dsn_of: row.opt_text("dsn_of")?,
+        // Filled in by the backend from their own queries.
+        dsns: Vec::new(),
+        history: Vec::new(),
+        next_attempt_at_ms: row.opt_int("due_at")?,
+        leased: row.flag("leased")?,
     })
 }
 
@@ -207,21 +213,46 @@ pub(crate) fn attempt(row: &impl Columns) -> Result<AttemptRow, StoreError> {
     })
 }
 
-/// Columns: id, scope, idem_key, state, accepted_at, upstream_reply, attempts, and the last
-/// attempt's outcome, phase, code.
+/// Columns: those of `listing::list_sql`.
 pub(crate) fn summary(row: &impl Columns) -> Result<MessageSummary, StoreError> {
     let id = row.text("id")?;
+    let count = |col: &str| -> Result<u32, StoreError> {
+        Ok(u32::try_from(row.int(col)?).unwrap_or(u32::MAX))
+    };
+    let read_at_ms = row.int("now_ms")?;
     Ok(MessageSummary {
         state: state(row, &id)?,
         scope: row.text("scope")?,
         key: row.opt_text("idem_key")?,
         accepted_at_ms: row.int("accepted_at")?,
-        attempts: u32::try_from(row.int("attempts")?).unwrap_or(u32::MAX),
+        attempts: count("attempts")?,
+        failed_attempts: count("failed_attempts")?,
         last_outcome: row.opt_text("outcome")?,
         last_phase: row.opt_text("phase")?,
         last_code: code(row)?,
         upstream_reply: row.opt_text("upstream_reply")?,
+        mail_from: row.text("mail_from")?,
+        rcpt_to: recipients(row)?,
+        message_id: row.opt_text("header_message_id")?,
+        dsn_of: row.opt_text("dsn_of")?,
+        next_attempt_at_ms: row.opt_int("due_at")?,
+        leased: row
+            .opt_int("lease_until")?
+            .is_some_and(|until| until > read_at_ms),
+        read_at_ms,
         id,
+    })
+}
+
+/// Columns: `listing::ACTION_COLUMNS`.
+pub(crate) fn action(row: &impl Columns) -> Result<ActionRow, StoreError> {
+    Ok(ActionRow {
+        at_ms: row.int("at")?,
+        record_id: row.opt_text("record_id")?,
+        action: row.text("action")?,
+        actor: row.text("actor")?,
+        reason: row.text("reason")?,
+        detail: row.opt_text("detail")?,
     })
 }
 
@@ -236,6 +267,7 @@ pub(crate) fn daily_counts(row: &impl Columns) -> Result<DailyCounts, StoreError
         delivered: count("delivered")?,
         failed: count("failed")?,
         unresolved: count("unresolved")?,
+        cancelled: count("cancelled")?,
         resolved_by_event: count("resolved_by_event")?,
         bounced: count("bounced")?,
     })

@@ -18,9 +18,10 @@ use super::rows;
 use super::spool::{Spool, SpoolReader, WithSpool};
 use super::sqlite_writes as writes;
 use super::{
-    now_ms, utc_day, AttemptResult, AttemptRow, Claimed, DailyCounts, EventRow, Existing, Insert,
-    MessageSummary, NewRecord, Pause, QueueStats, Requeue, Retention, Settle, State, Store,
-    StoreError, StoredMessage, WebhookApplied, WebhookReceipt,
+    listing, now_ms, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed, DailyCounts,
+    EventRow, Existing, Flush, Insert, ListFilter, NewRecord, Operator, Page, Pause, QueueStats,
+    Requeue, Retention, Settle, State, Store, StoreError, StoredMessage, WebhookApplied,
+    WebhookReceipt,
 };
 
 const MIGRATIONS: Steps = &[
@@ -73,6 +74,11 @@ const MIGRATIONS: Steps = &[
         10,
         "webhooks",
         include_str!("../../migrations/sqlite/0010_webhooks.sql"),
+    ),
+    (
+        11,
+        "operator",
+        include_str!("../../migrations/sqlite/0011_operator.sql"),
     ),
 ];
 
@@ -201,6 +207,13 @@ impl SqliteStore {
     }
 }
 
+/// The database file a `sqlite:` URL names.
+pub(crate) fn database_path(url: &str) -> Result<std::path::PathBuf, StoreError> {
+    Ok(SqliteConnectOptions::from_str(url)?
+        .get_filename()
+        .to_path_buf())
+}
+
 /// Next to the database file: `idemrelay.db` spools into `idemrelay.db.spool/`.
 fn spool_dir(db: &std::path::Path) -> std::path::PathBuf {
     let mut name = db.as_os_str().to_owned();
@@ -266,19 +279,35 @@ impl Store for SqliteStore {
 
     async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
         let row = sqlx::query(
-            "SELECT m.*, EXISTS (SELECT 1 FROM delivery_jobs j WHERE j.message_id = m.id) AS has_job
-             FROM messages m WHERE m.id = ?",
+            "SELECT m.*, j.message_id IS NOT NULL AS has_job, j.due_at,
+                COALESCE(j.lease_until > ?2, 0) AS leased
+             FROM messages m LEFT JOIN delivery_jobs j ON j.message_id = m.id
+             WHERE m.id = ?1",
         )
         .bind(id)
+        .bind(now_ms())
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else {
             return Ok(None);
         };
-        Ok(Some(rows::stored_message(&WithSpool {
+        let mut message = rows::stored_message(&WithSpool {
             row: &row,
             spool: &self.spool_reader,
-        })?))
+        })?;
+        message.dsns = sqlx::query_scalar("SELECT id FROM messages WHERE dsn_of = ? ORDER BY id")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        let history = sqlx::query(&format!(
+            "SELECT {} FROM operator_actions WHERE record_id = ? ORDER BY seq",
+            listing::ACTION_COLUMNS
+        ))
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        message.history = history.iter().map(rows::action).collect::<Result<_, _>>()?;
+        Ok(Some(message))
     }
 
     async fn finish(
@@ -396,43 +425,78 @@ impl Store for SqliteStore {
         found.iter().map(rows::attempt).collect()
     }
 
-    async fn list(
+    async fn list_page(&self, filter: &ListFilter) -> Result<Page, StoreError> {
+        let dialect = listing::Dialect::Sqlite { now_ms: now_ms() };
+        let (sql, params) =
+            listing::list_sql(filter, dialect).map_err(StoreError::InvalidFilter)?;
+        let mut query = sqlx::query(&sql);
+        for param in params {
+            query = match param {
+                listing::Param::Text(text) => query.bind(text),
+                listing::Param::Int(n) => query.bind(n),
+            };
+        }
+        let found = query.fetch_all(&self.pool).await?;
+        let records = found.iter().map(rows::summary).collect::<Result<_, _>>()?;
+        Ok(listing::page(records, filter))
+    }
+
+    async fn requeue(
         &self,
-        state: Option<State>,
-        limit: usize,
-        after_id: Option<&str>,
-    ) -> Result<Vec<MessageSummary>, StoreError> {
-        let found = sqlx::query(
-            "SELECT m.id, m.scope, m.idem_key, m.state, m.accepted_at, m.upstream_reply,
-                    (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
-                    l.outcome, l.phase, l.code
-             FROM messages m
-             LEFT JOIN attempts l ON l.message_id = m.id
-                AND l.attempt = (SELECT MAX(attempt) FROM attempts x WHERE x.message_id = m.id)
-             WHERE (?1 IS NULL OR m.state = ?1) AND (?2 IS NULL OR m.id > ?2)
-             ORDER BY m.id
-             LIMIT ?3",
-        )
-        .bind(state.map(State::as_str))
-        .bind(after_id)
+        id: &str,
+        confirmed: bool,
+        by: &Operator,
+    ) -> Result<Requeue, StoreError> {
+        let (id, by) = (id.to_string(), by.clone());
+        self.writer
+            .write(move |conn| writes::requeue(conn, &id, confirmed, &by))
+            .await
+    }
+
+    async fn cancel(&self, id: &str, by: &Operator) -> Result<bool, StoreError> {
+        let (id, by) = (id.to_string(), by.clone());
+        self.writer
+            .write(move |conn| writes::cancel(conn, &id, &by))
+            .await
+    }
+
+    async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError> {
+        let (id, by) = (id.to_string(), by.clone());
+        self.writer
+            .write(move |conn| writes::flush(conn, &id, &by))
+            .await
+    }
+
+    async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError> {
+        let by = by.clone();
+        self.writer
+            .write(move |conn| writes::flush_all(conn, &by))
+            .await
+    }
+
+    async fn record_action(
+        &self,
+        action: Action,
+        by: &Operator,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let (by, detail) = (by.clone(), detail.map(str::to_string));
+        self.writer
+            .write(move |conn| {
+                writes::record_action(conn, None, action, &by, detail.as_deref(), now_ms())
+            })
+            .await
+    }
+
+    async fn relay_actions(&self, limit: usize) -> Result<Vec<ActionRow>, StoreError> {
+        let found = sqlx::query(&format!(
+            "SELECT {} FROM operator_actions WHERE record_id IS NULL ORDER BY seq DESC LIMIT ?",
+            listing::ACTION_COLUMNS
+        ))
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_all(&self.pool)
         .await?;
-        found.iter().map(rows::summary).collect()
-    }
-
-    async fn requeue(&self, id: &str, confirmed: bool) -> Result<Requeue, StoreError> {
-        let id = id.to_string();
-        self.writer
-            .write(move |conn| writes::requeue(conn, &id, confirmed))
-            .await
-    }
-
-    async fn cancel(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_string();
-        self.writer
-            .write(move |conn| writes::cancel(conn, &id))
-            .await
+        found.iter().map(rows::action).collect()
     }
 
     async fn paused(&self) -> Result<Option<Pause>, StoreError> {
@@ -474,7 +538,7 @@ impl Store for SqliteStore {
 
     async fn report(&self, since_day: Option<&str>) -> Result<Vec<DailyCounts>, StoreError> {
         let rows = sqlx::query(
-            "SELECT scope, day, accepted, replayed, delivered, failed, unresolved,
+            "SELECT scope, day, accepted, replayed, delivered, failed, unresolved, cancelled,
                 resolved_by_event, bounced
              FROM daily_counts WHERE (?1 IS NULL OR day >= ?1)
              ORDER BY day, scope",
@@ -588,6 +652,13 @@ mod tests {
         );
     }
 
+    fn op() -> Operator {
+        Operator {
+            actor: "test".into(),
+            reason: "because".into(),
+        }
+    }
+
     async fn store(dir: &tempfile::TempDir) -> SqliteStore {
         let url = format!("sqlite://{}", dir.path().join("t.db").display());
         SqliteStore::open(&url, Duration::from_secs(5))
@@ -688,7 +759,7 @@ mod tests {
         };
         assert!(store.settle("m1", job.token, None, &failed).await.unwrap());
         assert_eq!(
-            store.requeue("m1", false).await.unwrap(),
+            store.requeue("m1", false, &op()).await.unwrap(),
             Requeue::Requeued,
             "a spooled body counts as stored content"
         );
@@ -843,7 +914,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            store.requeue("gone", false).await.unwrap(),
+            store.requeue("gone", false, &op()).await.unwrap(),
             Requeue::Requeued
         );
         let again = store.claim("w", LEASE).await.unwrap().unwrap();
@@ -888,17 +959,20 @@ mod tests {
         assert_eq!(listed[0].upstream_reply.as_deref(), Some("550 no"));
 
         assert_eq!(
-            store.requeue("nope", false).await.unwrap(),
+            store.requeue("nope", false, &op()).await.unwrap(),
             Requeue::NotFound
         );
-        assert_eq!(store.requeue("m1", false).await.unwrap(), Requeue::Requeued);
+        assert_eq!(
+            store.requeue("m1", false, &op()).await.unwrap(),
+            Requeue::Requeued
+        );
         let m = store.message("m1").await.unwrap().unwrap();
         assert_eq!(m.state, State::Queued);
         assert!(m.has_job);
         assert_eq!(m.upstream_reply, None);
         assert_eq!(m.finished_at_ms, None);
         assert_eq!(
-            store.requeue("m1", true).await.unwrap(),
+            store.requeue("m1", true, &op()).await.unwrap(),
             Requeue::WrongState(State::Queued)
         );
         let job = store.claim("w2", LEASE).await.unwrap().unwrap();
@@ -921,14 +995,17 @@ mod tests {
         };
         attempt(&store, "m1", "unknown", unresolved).await;
         assert_eq!(
-            store.requeue("m1", false).await.unwrap(),
+            store.requeue("m1", false, &op()).await.unwrap(),
             Requeue::NeedsConfirmation(State::Unresolved)
         );
         assert_eq!(
             store.message("m1").await.unwrap().unwrap().state,
             State::Unresolved
         );
-        assert_eq!(store.requeue("m1", true).await.unwrap(), Requeue::Requeued);
+        assert_eq!(
+            store.requeue("m1", true, &op()).await.unwrap(),
+            Requeue::Requeued
+        );
         assert_eq!(
             store.message("m1").await.unwrap().unwrap().state,
             State::Queued
@@ -943,18 +1020,29 @@ mod tests {
         store.insert(&record("m1", "k1"), retention).await.unwrap();
         store.insert(&record("m2", "k2"), retention).await.unwrap();
         let leased = store.claim("w", LEASE).await.unwrap().unwrap();
-        assert!(!store.cancel(&leased.id).await.unwrap(), "leased right now");
+        assert!(
+            !store.cancel(&leased.id, &op()).await.unwrap(),
+            "leased right now"
+        );
         let other = if leased.id == "m1" { "m2" } else { "m1" };
-        assert!(store.cancel(other).await.unwrap());
+        assert!(store.cancel(other, &op()).await.unwrap());
         let m = store.message(other).await.unwrap().unwrap();
-        assert_eq!(m.state, State::Failed);
+        assert_eq!(m.state, State::Cancelled);
         assert!(!m.has_job);
         assert_eq!(
             m.upstream_reply.as_deref(),
             Some("cancelled by an operator")
         );
-        assert!(!store.cancel(other).await.unwrap(), "already terminal");
-        assert!(!store.cancel("nope").await.unwrap());
+        assert_eq!(m.history.len(), 1);
+        assert_eq!(
+            (m.history[0].action.as_str(), m.history[0].reason.as_str()),
+            ("cancel", "because")
+        );
+        assert!(
+            !store.cancel(other, &op()).await.unwrap(),
+            "already terminal"
+        );
+        assert!(!store.cancel("nope", &op()).await.unwrap());
         // Paging by id.
         let page = store.list(None, 1, None).await.unwrap();
         assert_eq!(page[0].id, "m1");

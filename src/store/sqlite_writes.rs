@@ -10,9 +10,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::spool::{Spool, SpoolReader, WithSpool, SPOOL_MIN};
 use super::sqlite_webhook as webhook;
 use super::{
-    body_checksum, now_ms, report_damage, requeue_refusal, requeued_first_attempt, retention_ms,
-    rows, AttemptResult, Claimed, Insert, NewRecord, Requeue, Retention, Settle, State, StoreError,
-    FORGET_PROCESS_AFTER,
+    body_checksum, flush_detail, now_ms, report_damage, requeue_refusal, requeued_first_attempt,
+    retention_ms, retry_detail, rows, Action, AttemptResult, Claimed, Flush, Insert, NewRecord,
+    Operator, Requeue, Retention, Settle, State, StoreError, CANCELLED_REPLY, FORGET_PROCESS_AFTER,
 };
 
 /// A claim that finds damaged bodies marks them and goes on to the next job, up to this many
@@ -483,7 +483,12 @@ pub fn release(conn: &Connection, id: &str, token: i64, after: Duration) -> Resu
     Ok(())
 }
 
-pub fn requeue(conn: &Connection, id: &str, confirmed: bool) -> Result<Requeue, StoreError> {
+pub fn requeue(
+    conn: &Connection,
+    id: &str,
+    confirmed: bool,
+    by: &Operator,
+) -> Result<Requeue, StoreError> {
     let found = conn
         .prepare_cached(
             "SELECT state, content IS NOT NULL OR spool_segment IS NOT NULL, scope,
@@ -530,10 +535,12 @@ pub fn requeue(conn: &Connection, id: &str, confirmed: bool) -> Result<Requeue, 
         now_ms(),
         requeued_first_attempt(state, any_unknown, first_attempt)
     ])?;
+    let detail = retry_detail(state, confirmed);
+    record_action(conn, Some(id), Action::Retry, by, Some(&detail), now_ms())?;
     Ok(Requeue::Requeued)
 }
 
-pub fn cancel(conn: &Connection, id: &str) -> Result<bool, StoreError> {
+pub fn cancel(conn: &Connection, id: &str, by: &Operator) -> Result<bool, StoreError> {
     let now = now_ms();
     let free = conn
         .prepare_cached(
@@ -549,14 +556,97 @@ pub fn cancel(conn: &Connection, id: &str) -> Result<bool, StoreError> {
     // An intent left open by a dead worker stays on record as unknown, as a claim would.
     close_open_intents(conn, id, now)?;
     conn.prepare_cached(
-        "UPDATE messages SET state = 'failed', finished_at = ?,
-            upstream_reply = 'cancelled by an operator'
+        "UPDATE messages SET state = 'cancelled', finished_at = ?, upstream_reply = ?
          WHERE id = ?",
     )?
-    .execute(params![now, id])?;
+    .execute(params![now, CANCELLED_REPLY, id])?;
     conn.prepare_cached("DELETE FROM delivery_jobs WHERE message_id = ?")?
         .execute([id])?;
+    record_action(conn, Some(id), Action::Cancel, by, None, now)?;
     Ok(true)
+}
+
+pub fn flush(conn: &Connection, id: &str, by: &Operator) -> Result<Flush, StoreError> {
+    let now = now_ms();
+    let found = conn
+        .prepare_cached(
+            "SELECT m.state, j.due_at, j.lease_until FROM messages m
+             LEFT JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?",
+        )?
+        .query_row([id], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, Option<i64>>(1)?,
+                row.get::<_, Option<i64>>(2)?,
+            ))
+        })
+        .optional()?;
+    let Some((state, due_at, lease_until)) = found else {
+        return Ok(Flush::NotFound);
+    };
+    let state = State::parse(&state).ok_or(StoreError::Corrupt {
+        id: id.to_string(),
+        what: "state",
+    })?;
+    let Some(due_at) = due_at.filter(|_| state == State::Queued) else {
+        return Ok(Flush::NotQueued(state));
+    };
+    if lease_until.is_some_and(|until| until > now) {
+        return Ok(Flush::Leased);
+    }
+    conn.prepare_cached("UPDATE delivery_jobs SET due_at = MIN(due_at, ?) WHERE message_id = ?")?
+        .execute(params![now, id])?;
+    let detail = flush_detail(due_at, now);
+    record_action(conn, Some(id), Action::Flush, by, Some(&detail), now)?;
+    Ok(Flush::Flushed {
+        was_due_at_ms: due_at,
+    })
+}
+
+pub fn flush_all(conn: &Connection, by: &Operator) -> Result<Vec<String>, StoreError> {
+    let now = now_ms();
+    let mut flushed = Vec::new();
+    {
+        let mut waiting = conn.prepare_cached(
+            "SELECT message_id, due_at FROM delivery_jobs
+             WHERE due_at > ?1 AND (lease_until IS NULL OR lease_until <= ?1)",
+        )?;
+        let mut rows = waiting.query([now])?;
+        while let Some(row) = rows.next()? {
+            flushed.push((row.get::<_, String>(0)?, row.get::<_, i64>(1)?));
+        }
+    }
+    for (id, due_at) in &flushed {
+        conn.prepare_cached("UPDATE delivery_jobs SET due_at = ? WHERE message_id = ?")?
+            .execute(params![now, id])?;
+        let detail = flush_detail(*due_at, now);
+        record_action(conn, Some(id), Action::Flush, by, Some(&detail), now)?;
+    }
+    Ok(flushed.into_iter().map(|(id, _)| id).collect())
+}
+
+/// Writes one operator action (relay-wide when `record_id` is `None`).
+pub fn record_action(
+    conn: &Connection,
+    record_id: Option<&str>,
+    action: Action,
+    by: &Operator,
+    detail: Option<&str>,
+    now: i64,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO operator_actions (at, record_id, action, actor, reason, detail)
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )?
+    .execute(params![
+        now,
+        record_id,
+        action.as_str(),
+        by.actor,
+        by.reason,
+        detail
+    ])?;
+    Ok(())
 }
 
 pub fn pause(conn: &Connection, reason: &str, probe: bool) -> Result<(), StoreError> {

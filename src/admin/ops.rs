@@ -1,0 +1,293 @@
+//! The queue's operations, one function each, shared by the admin API and by `idemrelay queue
+//! --direct` (the store without the relay): the same checks, the same answers (JSON), the same
+//! record of who did what and why (DESIGN §5: every operator action is logged with who and
+//! why). Errors carry the HTTP status the API answers with; the CLI prints their message.
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use super::view::{action_json, show_json, summary_json};
+use super::waiting::{why_waiting, RecordFacts, RelayFacts};
+use crate::delivery::breaker::BreakerState;
+use crate::store::{
+    Action, Flush, ListFilter, Operator, Requeue, Retention, State, Store, StoreError,
+};
+
+/// A refusal or failure, with the status the API answers it with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl OpError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        OpError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(id: &str) -> Self {
+        OpError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no record with id {id:?}"),
+        )
+    }
+}
+
+impl std::fmt::Display for OpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for OpError {}
+
+impl From<StoreError> for OpError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::InvalidFilter(message) => {
+                OpError::new(StatusCode::BAD_REQUEST, "bad_filter", message)
+            }
+            err => OpError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                err.to_string(),
+            ),
+        }
+    }
+}
+
+pub type OpResult = Result<Value, OpError>;
+
+/// The one log line of an operator action: `grep id=ID` finds it with the record's others.
+fn log_action(action: Action, id: Option<&str>, by: &Operator, detail: Option<&str>) {
+    // Free text (who, why) is quoted; the id and the action are bare words.
+    tracing::info!(
+        target: "idemrelay::operator",
+        id = %id.unwrap_or("-"),
+        action = %action.as_str(),
+        actor = ?by.actor,
+        reason = ?by.reason,
+        detail = ?detail.unwrap_or(""),
+        "operator action"
+    );
+}
+
+/// What the relay knows beyond the store: `breaker` is `None` without the running relay.
+pub async fn relay_facts(
+    store: &dyn Store,
+    breaker: Option<BreakerState>,
+) -> Result<RelayFacts, OpError> {
+    Ok(RelayFacts {
+        pause: store.paused().await?,
+        breaker,
+    })
+}
+
+/// `{"messages": [...], "next_cursor": CURSOR|null}`.
+pub async fn list(store: &dyn Store, filter: &ListFilter, relay: &RelayFacts) -> OpResult {
+    let page = store.list_page(filter).await?;
+    let messages: Vec<Value> = page
+        .records
+        .iter()
+        .map(|s| {
+            let waiting = why_waiting(
+                &RecordFacts {
+                    state: s.state,
+                    next_attempt_at_ms: s.next_attempt_at_ms,
+                    leased: s.leased,
+                    last_outcome: s.last_outcome.as_deref(),
+                    now_ms: s.read_at_ms,
+                },
+                relay,
+            );
+            summary_json(s, waiting.as_ref())
+        })
+        .collect();
+    Ok(json!({
+        "messages": messages,
+        "next_cursor": page.next_cursor.map(|c| c.encode()),
+    }))
+}
+
+/// The record with its replies, attempts, events, DSN links, operator history and, while
+/// queued, why it waits.
+pub async fn show(store: &dyn Store, id: &str, relay: &RelayFacts) -> OpResult {
+    let Some(message) = store.message(id).await? else {
+        return Err(OpError::not_found(id));
+    };
+    let attempts = store.attempts(id).await?;
+    let events = store.events(id).await?;
+    let waiting = why_waiting(
+        &RecordFacts {
+            state: message.state,
+            next_attempt_at_ms: message.next_attempt_at_ms,
+            leased: message.leased,
+            last_outcome: attempts.last().and_then(|a| a.outcome.as_deref()),
+            now_ms: crate::store::now_ms(),
+        },
+        relay,
+    );
+    Ok(show_json(&message, &attempts, &events, waiting.as_ref()))
+}
+
+/// The id of the record under (scope, key), expired or not (part 1 of a split message).
+pub async fn resolve_key(store: &dyn Store, scope: &str, key: &str) -> Result<String, OpError> {
+    store.lookup_id_by_key(scope, key).await?.ok_or_else(|| {
+        OpError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no record under key {key:?} in scope {scope:?}"),
+        )
+    })
+}
+
+pub async fn retry(store: &dyn Store, id: &str, confirmed: bool, by: &Operator) -> OpResult {
+    match store.requeue(id, confirmed, by).await? {
+        Requeue::Requeued => {
+            let detail = if confirmed {
+                "duplicate risk confirmed"
+            } else {
+                ""
+            };
+            log_action(Action::Retry, Some(id), by, Some(detail));
+            Ok(json!({ "id": id, "state": "queued", "requeued": true }))
+        }
+        Requeue::NotFound => Err(OpError::not_found(id)),
+        Requeue::WrongState(s) => Err(OpError::new(
+            StatusCode::CONFLICT,
+            "wrong_state",
+            format!(
+                "{id} is {}: only failed, unresolved or cancelled records can be retried",
+                s.as_str()
+            ),
+        )),
+        Requeue::NeedsConfirmation(state) => Err(OpError::new(
+            StatusCode::CONFLICT,
+            "confirmation_required",
+            crate::store::confirmation_reason(id, state),
+        )),
+        Requeue::ContentGone => Err(OpError::new(
+            StatusCode::GONE,
+            "content_gone",
+            format!("{id} can not be retried: its content is no longer stored"),
+        )),
+    }
+}
+
+pub async fn cancel(store: &dyn Store, id: &str, by: &Operator) -> OpResult {
+    if store.cancel(id, by).await? {
+        log_action(Action::Cancel, Some(id), by, None);
+        return Ok(json!({ "id": id, "state": "cancelled", "cancelled": true }));
+    }
+    Err(match store.message(id).await? {
+        None => OpError::not_found(id),
+        Some(m) if m.state == State::Queued => OpError::new(
+            StatusCode::CONFLICT,
+            "leased",
+            format!(
+                "{id} is being delivered right now (leased by a worker); try again when the \
+                 attempt has finished"
+            ),
+        ),
+        Some(m) => OpError::new(
+            StatusCode::CONFLICT,
+            "wrong_state",
+            format!(
+                "{id} is {}: only queued records can be cancelled",
+                m.state.as_str()
+            ),
+        ),
+    })
+}
+
+pub async fn flush(store: &dyn Store, id: &str, by: &Operator) -> OpResult {
+    match store.flush(id, by).await? {
+        Flush::Flushed { was_due_at_ms } => {
+            log_action(Action::Flush, Some(id), by, None);
+            Ok(json!({
+                "id": id,
+                "flushed": true,
+                "was_due_at": super::view::time_ms(was_due_at_ms),
+                "paused": store.paused().await?.is_some(),
+            }))
+        }
+        Flush::NotFound => Err(OpError::not_found(id)),
+        Flush::NotQueued(state) => Err(OpError::new(
+            StatusCode::CONFLICT,
+            "wrong_state",
+            format!(
+                "{id} is {}: only queued records wait to be flushed",
+                state.as_str()
+            ),
+        )),
+        Flush::Leased => Err(OpError::new(
+            StatusCode::CONFLICT,
+            "leased",
+            format!("{id} is being delivered right now (leased by a worker); nothing to flush"),
+        )),
+    }
+}
+
+pub async fn flush_all(store: &dyn Store, by: &Operator) -> OpResult {
+    let ids = store.flush_all(by).await?;
+    for id in &ids {
+        log_action(Action::Flush, Some(id), by, Some("all"));
+    }
+    Ok(json!({
+        "flushed": ids.len(),
+        "ids": ids,
+        "paused": store.paused().await?.is_some(),
+    }))
+}
+
+pub async fn pause(store: &dyn Store, by: &Operator) -> OpResult {
+    store.pause(&by.reason, false).await?;
+    store.record_action(Action::Pause, by, None).await?;
+    log_action(Action::Pause, None, by, None);
+    status(store).await
+}
+
+pub async fn resume(store: &dyn Store, by: &Operator) -> OpResult {
+    store.resume().await?;
+    store.record_action(Action::Resume, by, None).await?;
+    log_action(Action::Resume, None, by, None);
+    status(store).await
+}
+
+/// How many of the newest relay-wide actions `status` shows.
+const RECENT_ACTIONS: usize = 10;
+
+/// `{"paused": bool, "reason", "since", "by_relay": bool, "recent_actions": [...]}`.
+pub async fn status(store: &dyn Store) -> OpResult {
+    let pause = store.paused().await?;
+    let recent = store.relay_actions(RECENT_ACTIONS).await?;
+    Ok(json!({
+        "paused": pause.is_some(),
+        "reason": pause.as_ref().map(|p| p.reason.clone()),
+        "since": pause.as_ref().map(|p| super::view::time_ms(p.since_ms)),
+        // Paused by the relay after an account-level failure (a normal probe resumes it).
+        "by_relay": pause.as_ref().is_some_and(|p| p.probe),
+        "recent_actions": recent.iter().map(action_json).collect::<Vec<_>>(),
+    }))
+}
+
+pub async fn purge(store: &dyn Store, retention: Retention, by: &Operator) -> OpResult {
+    let purged = store.purge_expired(retention).await?;
+    let detail = format!("purged {purged} expired record(s)");
+    store
+        .record_action(Action::Purge, by, Some(&detail))
+        .await?;
+    log_action(Action::Purge, None, by, Some(&detail));
+    Ok(json!({
+        "purged": purged,
+        "retention": humantime::format_duration(retention.replay).to_string(),
+        "parked_retention": humantime::format_duration(retention.parked).to_string(),
+        "upstream_window": humantime::format_duration(retention.upstream_window).to_string(),
+    }))
+}

@@ -1,0 +1,643 @@
+//! `idemrelay queue ...`: through the running relay's admin API by default, on the store itself
+//! with `--direct`. Both paths answer with the same JSON (`admin::ops`), which is printed as is
+//! (`--json`) or as tables for people.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use super::{or_dash, table, QueueCommand};
+use crate::admin::api::{reason_or_default, ListQuery};
+use crate::admin::client::{encode, AdminClient};
+use crate::admin::ops::{self, OpError, OpResult};
+use crate::config::Settings;
+use crate::store::{Operator, Retention, Store};
+
+/// The filters of `queue list` (those of `GET /api/v1/messages`).
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// Only records in this state (queued, delivered, failed, unresolved, rejected,
+    /// cancelled), or `deferred`: queued after at least one failed attempt.
+    #[arg(long)]
+    state: Option<String>,
+    /// Only records of this scope (`--scope` is the relay's own setting).
+    #[arg(long)]
+    in_scope: Option<String>,
+    /// Only records under this idempotency key (in any scope unless --in-scope).
+    #[arg(long)]
+    key: Option<String>,
+    /// Only records with this envelope sender (MAIL FROM; ASCII case ignored).
+    #[arg(long)]
+    sender: Option<String>,
+    /// Only records with this envelope recipient (RCPT TO; ASCII case ignored).
+    #[arg(long)]
+    recipient: Option<String>,
+    /// Only records with this Message-ID header.
+    #[arg(long)]
+    message_id: Option<String>,
+    /// Accepted at or after: an RFC 3339 time, or a duration ago (`2h`).
+    #[arg(long)]
+    since: Option<String>,
+    /// Accepted before: an RFC 3339 time, or a duration ago.
+    #[arg(long)]
+    until: Option<String>,
+    /// Newest first.
+    #[arg(long)]
+    newest: bool,
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    /// Continue a listing: the cursor its last page printed (same filters).
+    #[arg(long)]
+    cursor: Option<String>,
+    /// The API's JSON (`{"messages": [...], "next_cursor": ...}`) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl ListArgs {
+    fn query(&self) -> ListQuery {
+        ListQuery {
+            state: self.state.clone(),
+            scope: self.in_scope.clone(),
+            key: self.key.clone(),
+            sender: self.sender.clone(),
+            recipient: self.recipient.clone(),
+            message_id: self.message_id.clone(),
+            since: self.since.clone(),
+            until: self.until.clone(),
+            order: self.newest.then(|| "newest".to_string()),
+            limit: Some(self.limit),
+            cursor: self.cursor.clone(),
+        }
+    }
+}
+
+/// A record named by id, or by key in `--scope`.
+#[derive(Debug, clap::Args)]
+pub struct RecordArg {
+    /// The record's id.
+    #[arg(required_unless_present = "key")]
+    id: Option<String>,
+    /// Name the record by its idempotency key instead (in `--scope`, default: the configured
+    /// scope).
+    #[arg(long, conflicts_with = "id")]
+    key: Option<String>,
+}
+
+/// Where the queue is read and changed.
+enum Queue {
+    Api(AdminClient),
+    Direct {
+        store: Arc<dyn Store>,
+        retention: Retention,
+    },
+}
+
+/// The local user, for actions taken with --direct (and named to the API as the person).
+fn local_user() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty())
+        // SAFETY: getuid has no preconditions and cannot fail.
+        .unwrap_or_else(|| format!("uid {}", unsafe { libc::getuid() }))
+}
+
+fn bad_request((code, message): (&'static str, String)) -> OpError {
+    OpError::new(StatusCode::BAD_REQUEST, code, message)
+}
+
+impl Queue {
+    async fn open(settings: &Settings, direct: bool) -> anyhow::Result<Queue> {
+        if direct {
+            let store =
+                crate::store::open_existing(settings.store.expose(), settings.store_busy_timeout)
+                    .await?;
+            return Ok(Queue::Direct {
+                store,
+                retention: settings.retention_policy(),
+            });
+        }
+        let Some(addr) = settings.admin.0 else {
+            anyhow::bail!(
+                "the admin API is off (admin = \"off\"), so there is no relay to ask; give \
+                 --admin ADDR, or add --direct to work on the store itself"
+            );
+        };
+        let token = settings
+            .admin_token
+            .as_ref()
+            .map(|t| t.expose().to_string());
+        Ok(Queue::Api(AdminClient::new(addr, token, local_user())))
+    }
+
+    fn operator(reason: Option<String>) -> Operator {
+        Operator {
+            actor: format!("local user {}", local_user()),
+            reason: reason_or_default(reason),
+        }
+    }
+
+    fn body(reason: &Option<String>, confirm: bool) -> Value {
+        let mut body = serde_json::json!({});
+        if let Some(reason) = reason {
+            body["reason"] = reason.clone().into();
+        }
+        if confirm {
+            body["confirm"] = "duplicate-risk".into();
+        }
+        body
+    }
+
+    async fn list(&self, query: ListQuery) -> OpResult {
+        match self {
+            Queue::Api(api) => {
+                api.get(&format!("/api/v1/messages?{}", query.to_query_string()))
+                    .await
+            }
+            Queue::Direct { store, .. } => {
+                let filter = query
+                    .into_filter(crate::store::now_ms())
+                    .map_err(bad_request)?;
+                let relay = ops::relay_facts(store.as_ref(), None).await?;
+                ops::list(store.as_ref(), &filter, &relay).await
+            }
+        }
+    }
+
+    async fn show(&self, id: &str) -> OpResult {
+        match self {
+            Queue::Api(api) => api.get(&format!("/api/v1/messages/{}", encode(id))).await,
+            Queue::Direct { store, .. } => {
+                let relay = ops::relay_facts(store.as_ref(), None).await?;
+                ops::show(store.as_ref(), id, &relay).await
+            }
+        }
+    }
+
+    /// The id of the record under (scope, key).
+    async fn resolve_key(&self, scope: &str, key: &str) -> Result<String, OpError> {
+        match self {
+            Queue::Api(api) => {
+                let record = api
+                    .get(&format!("/api/v1/keys/{}/{}", encode(scope), encode(key)))
+                    .await?;
+                Ok(record["id"].as_str().unwrap_or_default().to_string())
+            }
+            Queue::Direct { store, .. } => ops::resolve_key(store.as_ref(), scope, key).await,
+        }
+    }
+
+    async fn id_of(&self, record: &RecordArg, scope: &str) -> Result<String, OpError> {
+        match (&record.id, &record.key) {
+            (Some(id), _) => Ok(id.clone()),
+            (None, Some(key)) => self.resolve_key(scope, key).await,
+            (None, None) => unreachable!("clap requires an id or --key"),
+        }
+    }
+
+    /// POST `/api/v1/messages/{id}/{action}` or the same operation on the store.
+    async fn act(&self, id: &str, action: &str, reason: Option<String>, confirm: bool) -> OpResult {
+        match self {
+            Queue::Api(api) => {
+                let path = format!("/api/v1/messages/{}/{action}", encode(id));
+                api.post(&path, Queue::body(&reason, confirm)).await
+            }
+            Queue::Direct { store, .. } => {
+                let store = store.as_ref();
+                let by = Queue::operator(reason);
+                match action {
+                    "retry" => ops::retry(store, id, confirm, &by).await,
+                    "cancel" => ops::cancel(store, id, &by).await,
+                    "flush" => ops::flush(store, id, &by).await,
+                    other => unreachable!("no action {other}"),
+                }
+            }
+        }
+    }
+
+    /// POST `/api/v1/queue/{action}` or the same operation on the store.
+    async fn relay_act(&self, action: &str, reason: Option<String>) -> OpResult {
+        match self {
+            Queue::Api(api) => {
+                api.post(
+                    &format!("/api/v1/queue/{action}"),
+                    Queue::body(&reason, false),
+                )
+                .await
+            }
+            Queue::Direct { store, retention } => {
+                let store = store.as_ref();
+                let by = Queue::operator(reason);
+                match action {
+                    "pause" => ops::pause(store, &by).await,
+                    "resume" => ops::resume(store, &by).await,
+                    "flush" => ops::flush_all(store, &by).await,
+                    "purge" => ops::purge(store, *retention, &by).await,
+                    other => unreachable!("no action {other}"),
+                }
+            }
+        }
+    }
+
+    async fn status(&self) -> OpResult {
+        match self {
+            Queue::Api(api) => api.get("/api/v1/queue/status").await,
+            Queue::Direct { store, .. } => ops::status(store.as_ref()).await,
+        }
+    }
+}
+
+pub fn run(settings: &Settings, direct: bool, command: QueueCommand) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let queue = Queue::open(settings, direct).await?;
+        let out = execute(&queue, settings, command).await.map_err(|e| {
+            let mut message = e.message;
+            if e.code == "confirmation_required" {
+                // The API's hint names its own parameter; the command's is a flag.
+                if let Some(cut) = message.find(", then POST again") {
+                    message.truncate(cut);
+                }
+                message.push_str(", then rerun with --confirm-duplicate-risk");
+            }
+            anyhow::anyhow!(message)
+        })?;
+        print!("{out}");
+        Ok(())
+    })
+}
+
+async fn execute(
+    queue: &Queue,
+    settings: &Settings,
+    command: QueueCommand,
+) -> Result<String, OpError> {
+    let scope = &settings.scope;
+    Ok(match command {
+        QueueCommand::Resume { reason } => {
+            queue.relay_act("resume", reason).await?;
+            "delivery resumed\n".to_string()
+        }
+        QueueCommand::Pause { reason } => {
+            let status = queue.relay_act("pause", reason).await?;
+            format!(
+                "delivery paused: {}\n",
+                status["reason"].as_str().unwrap_or_default()
+            )
+        }
+        QueueCommand::Status { json } => {
+            let status = queue.status().await?;
+            if json {
+                pretty(&status)
+            } else {
+                status_text(&status)
+            }
+        }
+        QueueCommand::List(args) => {
+            let page = queue.list(args.query()).await?;
+            if args.json {
+                pretty(&page)
+            } else {
+                list_table(&page)
+            }
+        }
+        QueueCommand::Show {
+            id_or_key,
+            key,
+            json,
+        } => {
+            let record = match (id_or_key, key) {
+                (_, Some(key)) => {
+                    let id = queue.resolve_key(scope, &key).await?;
+                    queue.show(&id).await?
+                }
+                (Some(id_or_key), None) => match queue.show(&id_or_key).await {
+                    Err(e) if e.status == StatusCode::NOT_FOUND => {
+                        let id = queue.resolve_key(scope, &id_or_key).await.map_err(|_| {
+                            OpError::new(
+                                StatusCode::NOT_FOUND,
+                                "not_found",
+                                format!(
+                                    "no record with id {id_or_key:?}, nor one with that key in \
+                                     scope {scope:?}"
+                                ),
+                            )
+                        })?;
+                        queue.show(&id).await?
+                    }
+                    other => other?,
+                },
+                (None, None) => unreachable!("clap requires an id or --key"),
+            };
+            if json {
+                pretty(&record)
+            } else {
+                show_text(&record)
+            }
+        }
+        QueueCommand::Retry {
+            record,
+            confirm_duplicate_risk,
+            reason,
+        } => {
+            let id = queue.id_of(&record, scope).await?;
+            queue
+                .act(&id, "retry", reason, confirm_duplicate_risk)
+                .await?;
+            format!("requeued {id}\n")
+        }
+        QueueCommand::Cancel { record, reason } => {
+            let id = queue.id_of(&record, scope).await?;
+            queue.act(&id, "cancel", reason, false).await?;
+            format!("cancelled {id}: no DSN sent\n")
+        }
+        QueueCommand::Flush {
+            id,
+            key,
+            all,
+            reason,
+        } => {
+            let answer = if all {
+                let answer = queue.relay_act("flush", reason).await?;
+                let mut out = format!("flushed {} record(s)\n", answer["flushed"]);
+                for id in answer["ids"].as_array().into_iter().flatten() {
+                    out.push_str(&format!("  {}\n", id.as_str().unwrap_or_default()));
+                }
+                (answer, out)
+            } else {
+                let id = queue.id_of(&RecordArg { id, key }, scope).await?;
+                let answer = queue.act(&id, "flush", reason, false).await?;
+                let out = format!(
+                    "flushed {id}: due now (was due at {})\n",
+                    answer["was_due_at"].as_str().unwrap_or("-")
+                );
+                (answer, out)
+            };
+            let (answer, mut out) = answer;
+            if answer["paused"] == true {
+                out.push_str("note: delivery is paused; nothing goes until `queue resume`\n");
+            }
+            out
+        }
+        QueueCommand::Purge { expired, reason } => {
+            debug_assert!(expired);
+            let answer = queue.relay_act("purge", reason).await?;
+            format!(
+                "purged {} expired record(s) (retention {}, parked {}, upstream window {})\n",
+                answer["purged"],
+                answer["retention"].as_str().unwrap_or("-"),
+                answer["parked_retention"].as_str().unwrap_or("-"),
+                answer["upstream_window"].as_str().unwrap_or("-"),
+            )
+        }
+    })
+}
+
+fn pretty(value: &Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_default() + "\n"
+}
+
+/// A JSON string or number as text, `-` for null.
+fn cell(value: &Value) -> String {
+    match value {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn status_text(status: &Value) -> String {
+    let reason = cell(&status["reason"]);
+    let mut out = match (status["paused"] == true, status["by_relay"] == true) {
+        (false, _) => "running\n".to_string(),
+        (true, true) => format!("paused (resumes after a normal upstream probe): {reason}\n"),
+        (true, false) => format!("paused by an operator: {reason}\n"),
+    };
+    let recent = status["recent_actions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !recent.is_empty() {
+        out.push_str("recent operator actions (newest first):\n");
+        out.push_str(&history_table(&recent));
+    }
+    out
+}
+
+fn history_table(actions: &[Value]) -> String {
+    let rows: Vec<Vec<String>> = actions
+        .iter()
+        .map(|a| {
+            vec![
+                cell(&a["at"]),
+                cell(&a["action"]),
+                cell(&a["actor"]),
+                cell(&a["reason"]),
+                cell(&a["detail"]),
+            ]
+        })
+        .collect();
+    table(&["AT", "ACTION", "BY", "REASON", "DETAIL"], &rows)
+}
+
+fn list_table(page: &Value) -> String {
+    let records = page["messages"].as_array().cloned().unwrap_or_default();
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|s| {
+            let last = match s["last_outcome"].as_str() {
+                Some(outcome) => {
+                    let mut last = outcome.to_string();
+                    if let Some(phase) = s["last_phase"].as_str() {
+                        last.push_str(&format!("@{phase}"));
+                    }
+                    if let Some(code) = s["last_code"].as_u64() {
+                        last.push_str(&format!(" {code}"));
+                    }
+                    last
+                }
+                None if s["attempts"].as_u64().unwrap_or(0) > 0 => "open".to_string(),
+                None => "-".to_string(),
+            };
+            let recipients = s["rcpt_to"]
+                .as_array()
+                .map(|r| r.iter().map(cell).collect::<Vec<_>>().join(","))
+                .unwrap_or_default();
+            vec![
+                cell(&s["id"]),
+                cell(&s["state"]),
+                cell(&s["scope"]),
+                cell(&s["key"]),
+                cell(&s["accepted_at"]),
+                recipients,
+                cell(&s["attempts"]),
+                last,
+                cell(&s["next_attempt_at"]),
+                cell(&s["waiting"]["reason"]),
+                cell(&s["upstream_reply"]),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            "ID", "STATE", "SCOPE", "KEY", "ACCEPTED", "RCPT", "ATTEMPTS", "LAST", "NEXT",
+            "WAITING", "REPLY",
+        ],
+        &rows,
+    );
+    if let Some(cursor) = page["next_cursor"].as_str() {
+        out.push_str(&format!("more: --cursor {cursor}\n"));
+    }
+    out
+}
+
+fn show_text(m: &Value) -> String {
+    let mut out = String::new();
+    let mut field = |name: &str, value: String| out.push_str(&format!("{name:<16}{value}\n"));
+    field("id", cell(&m["id"]));
+    field("state", cell(&m["state"]));
+    field("scope", cell(&m["scope"]));
+    field(
+        "key",
+        format!("{} ({})", cell(&m["key"]), cell(&m["key_source"])),
+    );
+    field("upstream key", cell(&m["upstream_key"]));
+    field("part", cell(&m["part"]));
+    field("fingerprint", cell(&m["fingerprint"]));
+    field("mail from", format!("<{}>", cell(&m["mail_from"])));
+    let recipients = m["rcpt_to"]
+        .as_array()
+        .map(|r| r.iter().map(cell).collect::<Vec<_>>().join(", "))
+        .unwrap_or_default();
+    field("rcpt to", recipients);
+    field("accepted at", cell(&m["accepted_at"]));
+    field(
+        "finished at",
+        or_dash(
+            m["finished_at_ms"]
+                .as_i64()
+                .map(crate::admin::view::time_ms),
+        ),
+    );
+    field("reply", cell(&m["reply"]));
+    field("upstream reply", cell(&m["upstream_reply"]));
+    field("message-id", cell(&m["message_id"]));
+    if let Some(evidence) = m["resolved_by"].as_str() {
+        field("resolved by", format!("upstream event {evidence}"));
+    }
+    if let Some(of) = m["dsn_of"].as_str() {
+        field("dsn of", of.to_string());
+    }
+    let dsns: Vec<String> = m["dsns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(cell)
+        .collect();
+    if !dsns.is_empty() {
+        field("dsn sent", dsns.join(", "));
+    }
+    if m["state"] == "queued" {
+        field("next attempt", cell(&m["next_attempt_at"]));
+        field(
+            "waiting",
+            format!(
+                "{}: {}",
+                cell(&m["waiting"]["reason"]),
+                cell(&m["waiting"]["detail"])
+            ),
+        );
+    }
+    field(
+        "content",
+        if m["content_stored"] == true {
+            "stored"
+        } else {
+            "not stored"
+        }
+        .to_string(),
+    );
+    if let Some(damage) = m["damage"].as_str() {
+        field("damage", damage.to_string());
+    }
+    let attempts = m["attempts"].as_array().cloned().unwrap_or_default();
+    out.push_str(&format!("attempts        {}\n", attempts.len()));
+    if !attempts.is_empty() {
+        let rows: Vec<Vec<String>> = attempts
+            .iter()
+            .map(|a| {
+                vec![
+                    cell(&a["attempt"]),
+                    cell(&a["started_at"]),
+                    cell(&a["finished_at"]),
+                    a["outcome"].as_str().unwrap_or("open").to_string(),
+                    cell(&a["phase"]),
+                    cell(&a["code"]),
+                    cell(&a["upstream_id"]),
+                    cell(&a["reply"]),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &[
+                "#",
+                "STARTED",
+                "FINISHED",
+                "OUTCOME",
+                "PHASE",
+                "CODE",
+                "UPSTREAM-ID",
+                "REPLY",
+            ],
+            &rows,
+        ));
+    }
+    let events = m["events"].as_array().cloned().unwrap_or_default();
+    out.push_str(&format!("upstream events {}\n", events.len()));
+    if !events.is_empty() {
+        let rows: Vec<Vec<String>> = events
+            .iter()
+            .map(|e| {
+                let applied = match (e["applied"] == true, e["evidence"] == true) {
+                    (_, true) => "evidence",
+                    (true, false) => "applied",
+                    (false, false) => "stale",
+                };
+                vec![
+                    e["recipient"].as_str().unwrap_or("*").to_string(),
+                    cell(&e["event_time"]),
+                    cell(&e["type"]),
+                    cell(&e["kind"]),
+                    applied.to_string(),
+                    format!(
+                        "{}/{}#{}",
+                        cell(&e["source"]),
+                        cell(&e["webhook_id"]),
+                        cell(&e["index"])
+                    ),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &[
+                "RECIPIENT",
+                "EVENT TIME",
+                "TYPE",
+                "KIND",
+                "APPLIED",
+                "REQUEST",
+            ],
+            &rows,
+        ));
+    }
+    let history = m["history"].as_array().cloned().unwrap_or_default();
+    out.push_str(&format!("operator actions {}\n", history.len()));
+    if !history.is_empty() {
+        out.push_str(&history_table(&history));
+    }
+    out
+}

@@ -1,0 +1,350 @@
+//! Finding records (`queue list`, `GET /api/v1/messages`, the console) and the operator's
+//! record of what was done to them: the filter, its page and cursor, and the SQL both
+//! backends run for it (one text, two placeholder styles), so that the two cannot drift.
+
+use base64::Engine;
+
+use super::{MessageSummary, State};
+
+/// Which records a listing wants. Empty filters match everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    pub state: Option<StateFilter>,
+    pub scope: Option<String>,
+    /// The client's idempotency key (in any scope unless `scope` is given too).
+    pub key: Option<String>,
+    /// MAIL FROM, compared without regard to ASCII case.
+    pub sender: Option<String>,
+    /// One of the RCPT TO addresses, compared without regard to ASCII case.
+    pub recipient: Option<String>,
+    /// The Message-ID header's value, with or without angle brackets.
+    pub message_id: Option<String>,
+    /// Accepted at or after this time (Unix milliseconds).
+    pub since_ms: Option<i64>,
+    /// Accepted before this time (Unix milliseconds).
+    pub until_ms: Option<i64>,
+    /// Newest first instead of oldest first.
+    pub newest_first: bool,
+    /// At most this many records per page (at least 1).
+    pub limit: usize,
+    /// Continue after the page that gave this cursor.
+    pub cursor: Option<Cursor>,
+}
+
+impl ListFilter {
+    /// Oldest first, everything, one page of `limit`.
+    pub fn all(limit: usize) -> Self {
+        ListFilter {
+            limit,
+            ..ListFilter::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateFilter {
+    Is(State),
+    /// Queued with at least one failed (transient or unknown) attempt: waiting to retry.
+    Deferred,
+}
+
+impl StateFilter {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "deferred" => Some(StateFilter::Deferred),
+            other => State::parse(other).map(StateFilter::Is),
+        }
+    }
+
+    /// The names `parse` takes, for error messages.
+    pub fn names() -> String {
+        let mut names: Vec<&str> = State::ALL.iter().map(|s| s.as_str()).collect();
+        names.push("deferred");
+        names.join(", ")
+    }
+}
+
+/// Where the next page starts: opaque to callers (a string they hand back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    /// The last record id of the page before.
+    pub(crate) after_id: String,
+    /// The order it was made for: a cursor from a newest-first listing continues only one.
+    pub(crate) newest_first: bool,
+}
+
+impl Cursor {
+    /// Continue (oldest first) after this record id.
+    pub fn after_id(id: &str) -> Self {
+        Cursor {
+            after_id: id.to_string(),
+            newest_first: false,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let order = if self.newest_first { 'n' } else { 'o' };
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(format!("1{order}{}", self.after_id))
+    }
+
+    pub fn decode(text: &str) -> Result<Self, String> {
+        let bad = || format!("cursor {text:?} is not one this relay gave out");
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(text)
+            .map_err(|_| bad())?;
+        let raw = String::from_utf8(raw).map_err(|_| bad())?;
+        let newest_first = match raw.get(..2) {
+            Some("1n") => true,
+            Some("1o") => false,
+            _ => return Err(bad()),
+        };
+        Ok(Cursor {
+            after_id: raw[2..].to_string(),
+            newest_first,
+        })
+    }
+}
+
+/// One page of a listing; `next_cursor` is `None` on the last page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub records: Vec<MessageSummary>,
+    pub next_cursor: Option<Cursor>,
+}
+
+/// A value bound to a listing's SQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Param {
+    Text(String),
+    Int(i64),
+}
+
+/// Ids begin with the acceptance time in milliseconds (`{ms:011X}`, see
+/// `intake::new_queue_id`), so a time range bounds an id range and walks the primary key. The
+/// id is made a moment before the row's `accepted_at` (a commit later): the id bound is
+/// widened by this much and `accepted_at` decides exactly.
+const ID_TIME_SLACK_MS: i64 = 10 * 60 * 1000;
+
+fn id_at(ms: i64) -> String {
+    format!("{:011X}", ms.max(0))
+}
+
+/// The few words the two dialects spell differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// With the store's clock (this process's) at the read.
+    Sqlite {
+        now_ms: i64,
+    },
+    Postgres,
+}
+
+impl Dialect {
+    fn placeholder(self, n: usize) -> String {
+        match self {
+            Dialect::Sqlite { .. } => format!("?{n}"),
+            Dialect::Postgres => format!("${n}"),
+        }
+    }
+
+    fn now(self) -> String {
+        match self {
+            Dialect::Sqlite { now_ms } => now_ms.to_string(),
+            Dialect::Postgres => "idemrelay_now_ms()".into(),
+        }
+    }
+
+    /// SQL for "position of `needle` in `haystack`, 0 if absent".
+    fn position(self, haystack: &str, needle: &str) -> String {
+        match self {
+            Dialect::Sqlite { .. } => format!("instr({haystack}, {needle})"),
+            Dialect::Postgres => format!("strpos({haystack}, {needle})"),
+        }
+    }
+}
+
+/// The SELECT for `filter` (one row more than the page, to tell whether another follows).
+pub(crate) fn list_sql(
+    filter: &ListFilter,
+    dialect: Dialect,
+) -> Result<(String, Vec<Param>), String> {
+    let placeholder = |n| dialect.placeholder(n);
+    let now = dialect.now();
+    let mut params = Vec::new();
+    let mut conditions: Vec<String> = Vec::new();
+    let bind = |p: Param, params: &mut Vec<Param>| {
+        params.push(p);
+        placeholder(params.len())
+    };
+    match filter.state {
+        Some(StateFilter::Is(state)) => {
+            let p = bind(Param::Text(state.as_str().into()), &mut params);
+            conditions.push(format!("m.state = {p}"));
+        }
+        Some(StateFilter::Deferred) => conditions.push(
+            "m.state = 'queued' AND EXISTS (SELECT 1 FROM attempts f WHERE f.message_id = m.id
+                AND f.outcome IN ('transient', 'unknown'))"
+                .into(),
+        ),
+        None => {}
+    }
+    if let Some(scope) = &filter.scope {
+        let p = bind(Param::Text(scope.clone()), &mut params);
+        conditions.push(format!("m.scope = {p}"));
+    }
+    if let Some(key) = &filter.key {
+        let p = bind(Param::Text(key.clone()), &mut params);
+        conditions.push(format!("m.idem_key = {p}"));
+    }
+    if let Some(sender) = &filter.sender {
+        let p = bind(Param::Text(sender.to_ascii_lowercase()), &mut params);
+        conditions.push(format!("lower(m.mail_from) = {p}"));
+    }
+    if let Some(recipient) = &filter.recipient {
+        // rcpt_to is the addresses joined by LF: match one whole line.
+        let p = bind(
+            Param::Text(format!("\n{}\n", recipient.to_ascii_lowercase())),
+            &mut params,
+        );
+        let haystack = "'\n' || lower(m.rcpt_to) || '\n'";
+        conditions.push(format!("{} > 0", dialect.position(haystack, &p)));
+    }
+    if let Some(message_id) = &filter.message_id {
+        let bare = message_id
+            .trim()
+            .trim_start_matches('<')
+            .trim_end_matches('>');
+        let p = bind(Param::Text(bare.to_string()), &mut params);
+        conditions.push(format!("m.header_message_id = {p}"));
+    }
+    if let Some(since) = filter.since_ms {
+        let low = bind(
+            Param::Text(id_at(since.saturating_sub(ID_TIME_SLACK_MS))),
+            &mut params,
+        );
+        let p = bind(Param::Int(since), &mut params);
+        conditions.push(format!("m.id >= {low} AND m.accepted_at >= {p}"));
+    }
+    if let Some(until) = filter.until_ms {
+        let high = bind(
+            Param::Text(id_at(until.saturating_add(ID_TIME_SLACK_MS))),
+            &mut params,
+        );
+        let p = bind(Param::Int(until), &mut params);
+        conditions.push(format!("m.id < {high} AND m.accepted_at < {p}"));
+    }
+    if let Some(cursor) = &filter.cursor {
+        if cursor.newest_first != filter.newest_first {
+            return Err("this cursor belongs to a listing in the other order".into());
+        }
+        let p = bind(Param::Text(cursor.after_id.clone()), &mut params);
+        let op = if filter.newest_first { "<" } else { ">" };
+        conditions.push(format!("m.id {op} {p}"));
+    }
+    let limit = bind(
+        Param::Int(i64::try_from(filter.limit.max(1)).unwrap_or(i64::MAX - 1) + 1),
+        &mut params,
+    );
+    let filter_sql = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conditions.join(" AND "))
+    };
+    let order = if filter.newest_first { "DESC" } else { "ASC" };
+    Ok((
+        format!(
+            "SELECT m.id, m.scope, m.idem_key, m.state, m.accepted_at, m.upstream_reply,
+                m.mail_from, m.rcpt_to, m.header_message_id, m.dsn_of,
+                (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
+                (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id
+                    AND a.outcome IN ('transient', 'unknown')) AS failed_attempts,
+                l.outcome, l.phase, l.code,
+                j.due_at, j.lease_until, {now} AS now_ms
+             FROM messages m
+             LEFT JOIN attempts l ON l.message_id = m.id
+                AND l.attempt = (SELECT MAX(attempt) FROM attempts x WHERE x.message_id = m.id)
+             LEFT JOIN delivery_jobs j ON j.message_id = m.id
+             {filter_sql}
+             ORDER BY m.id {order}
+             LIMIT {limit}"
+        ),
+        params,
+    ))
+}
+
+/// Cuts the extra row off and makes the cursor for the next page.
+pub(crate) fn page(mut records: Vec<MessageSummary>, filter: &ListFilter) -> Page {
+    let limit = filter.limit.max(1);
+    let more = records.len() > limit;
+    records.truncate(limit);
+    let next_cursor = more.then(|| records.last()).flatten().map(|last| Cursor {
+        after_id: last.id.clone(),
+        newest_first: filter.newest_first,
+    });
+    Page {
+        records,
+        next_cursor,
+    }
+}
+
+/// Who acts on the queue and why (an operator action's record).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operator {
+    /// The API token's name, or the local OS user for direct store access.
+    pub actor: String,
+    pub reason: String,
+}
+
+/// Operator actions on the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Pause,
+    Resume,
+    Cancel,
+    Retry,
+    Flush,
+    Purge,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Pause => "pause",
+            Action::Resume => "resume",
+            Action::Cancel => "cancel",
+            Action::Retry => "retry",
+            Action::Flush => "flush",
+            Action::Purge => "purge",
+        }
+    }
+}
+
+/// One operator action as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionRow {
+    pub at_ms: i64,
+    /// `None` for an action on the whole relay (pause, resume, purge).
+    pub record_id: Option<String>,
+    pub action: String,
+    pub actor: String,
+    pub reason: String,
+    pub detail: Option<String>,
+}
+
+/// What `flush` did to one record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// Due now; it had been due at this time.
+    Flushed {
+        was_due_at_ms: i64,
+    },
+    NotFound,
+    /// Only queued records wait.
+    NotQueued(State),
+    /// A worker holds it right now (an attempt may be under way): left alone.
+    Leased,
+}
+
+/// The columns every action read returns (same text in both dialects).
+pub(crate) const ACTION_COLUMNS: &str = "at, record_id, action, actor, reason, detail";
