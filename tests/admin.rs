@@ -777,3 +777,94 @@ async fn a_replay_is_answered_when_its_count_cannot_be_written() {
     let report = relay.store().report(None).await.unwrap();
     assert_eq!((report[0].accepted, report[0].replayed), (1, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_record_says_why_over_http_and_is_flushed() {
+    let sink = start_sink().await;
+    sink.set_faults(vec![FaultRule::reply(
+        SinkPhase::Rcpt,
+        451,
+        "4.3.0 try again later",
+    )])
+    .unwrap();
+    // One failure opens the breaker for an hour.
+    let relay = relay_for(&sink, |s| {
+        s.delivery.breaker_threshold = 1;
+        s.delivery.breaker_cooldown = Duration::from_secs(3600);
+    })
+    .await;
+    let admin = relay.admin();
+    let id = submit(
+        &relay,
+        "rcpt@example.com",
+        &message(Some("adm-wait"), "s", "b"),
+    )
+    .await;
+    let path = format!("/api/v1/messages/{id}");
+    let shown = common::eventually(LIMIT, "the breaker holding it", || async {
+        let m = get(admin, &path, None).await.json();
+        (m["waiting"]["reason"] == "breaker_open").then_some(m)
+    })
+    .await;
+    assert!(
+        shown["next_attempt_at"].is_string() && shown["waiting"]["detail"].is_string(),
+        "{shown}"
+    );
+    let deferred = get(admin, "/api/v1/messages?state=deferred", None)
+        .await
+        .json();
+    assert_eq!(deferred["messages"][0]["id"], id.as_str(), "{deferred}");
+    assert_eq!(deferred["messages"][0]["waiting"]["reason"], "breaker_open");
+
+    let flushed = request(
+        admin,
+        "POST",
+        &format!("/api/v1/messages/{id}/flush?reason=probe%20now"),
+        None,
+    )
+    .await;
+    assert_eq!(flushed.status, 200, "{}", flushed.body);
+    assert_eq!(flushed.json()["flushed"], true);
+    let m = get(admin, &path, None).await.json();
+    let history = m["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{m}");
+    assert_eq!(history[0]["action"], "flush");
+    assert_eq!(history[0]["actor"], "admin API (no token configured)");
+    assert_eq!(history[0]["reason"], "probe now");
+    let all = request(admin, "POST", "/api/v1/queue/flush", None).await;
+    assert_eq!(all.status, 200, "{}", all.body);
+    assert!(all.json()["flushed"].is_u64());
+    let missing = request(admin, "POST", "/api/v1/messages/NOSUCHID/flush", None).await;
+    assert_eq!(missing.status, 404);
+    // Parameters an action does not take are refused, not ignored.
+    let typo = request(
+        admin,
+        "POST",
+        &format!("/api/v1/messages/{id}/flush?reasn=x"),
+        None,
+    )
+    .await;
+    assert_eq!(typo.status, 400, "{}", typo.body);
+
+    // An operator's pause is the reason above all others.
+    let paused = request(
+        admin,
+        "POST",
+        "/api/v1/queue/pause?reason=maintenance",
+        None,
+    )
+    .await;
+    assert_eq!(paused.status, 200, "{}", paused.body);
+    assert_eq!(paused.json()["paused"], true);
+    let m = get(admin, &path, None).await.json();
+    assert_eq!(m["waiting"]["reason"], "paused", "{m}");
+    assert!(m["waiting"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("maintenance"));
+    let status = get(admin, "/api/v1/queue/status", None).await.json();
+    assert_eq!(status["recent_actions"][0]["action"], "pause", "{status}");
+    let resumed = request(admin, "POST", "/api/v1/queue/resume", None).await;
+    assert_eq!(resumed.status, 200);
+    assert_eq!(resumed.json()["paused"], false);
+}

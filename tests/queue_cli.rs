@@ -153,6 +153,24 @@ async fn a_failed_message_is_listed_shown_and_delivered_after_retry() {
         .iter()
         .all(|m| m["id"] != id.as_str()));
 
+    // The DSN and the record it reports on point at each other.
+    let shown = ok(&relay, &["show", &id, "--json"]).await.json();
+    let dsns = shown["dsns"].as_array().unwrap();
+    assert_eq!(dsns.len(), 1, "{shown}");
+    let dsn = dsns[0].as_str().unwrap();
+    let dsn_shown = ok(&relay, &["show", dsn]).await.stdout;
+    assert!(
+        dsn_shown.contains(&format!("dsn of          {id}")),
+        "{dsn_shown}"
+    );
+    assert!(
+        ok(&relay, &["show", &id])
+            .await
+            .stdout
+            .contains(&format!("dsn sent        {dsn}")),
+        "the record names its DSN"
+    );
+
     // By id and by key (in the configured scope).
     for what in [id.as_str(), "retry-1"] {
         let show = ok(&relay, &["show", what]).await.stdout;
@@ -564,4 +582,254 @@ async fn healthcheck_exits_zero_only_for_a_healthy_admin_api() {
     let down = run(vec!["healthcheck".into(), "--admin".into(), addr]).await;
     assert!(!down.ok, "{}", down.stdout);
     assert!(down.stderr.contains("/healthz"), "{}", down.stderr);
+}
+
+/// `idemrelay ARGS...` with extra environment variables.
+async fn run_env(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = idemrelay();
+    cmd.args(args);
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    let out: Output = tokio::task::spawn_blocking(move || cmd.output().expect("run idemrelay"))
+        .await
+        .unwrap();
+    Run {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_store_or_relay_is_an_error_and_nothing_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("typo.db");
+    let url = store_url(&typo);
+    for args in [
+        vec!["queue", "--direct", "--store", &url, "list"],
+        vec!["queue", "--store", &url, "list", "--direct"],
+        vec!["report", "--store", &url],
+    ] {
+        let run = run_env(&args, &[]).await;
+        assert!(!run.ok, "{args:?}: {}", run.stdout);
+        assert!(
+            run.stderr.contains(&typo.display().to_string()) && run.stderr.contains("no store"),
+            "{args:?}: {}",
+            run.stderr
+        );
+        assert_eq!(run.stdout, "", "{args:?}");
+    }
+    // Without --direct the relay is asked; when it does not answer, nothing falls back to a
+    // store by itself.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let down = run_env(&["queue", "--admin", &addr, "--store", &url, "list"], &[]).await;
+    assert!(!down.ok, "{}", down.stdout);
+    assert!(
+        down.stderr.contains("not reachable") && down.stderr.contains("--direct"),
+        "{}",
+        down.stderr
+    );
+    let off = run_env(&["queue", "--admin", "off", "--store", &url, "status"], &[]).await;
+    assert!(!off.ok);
+    assert!(off.stderr.contains("--direct"), "{}", off.stderr);
+    assert!(!typo.exists(), "a queue command created the store");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_needs_the_token_and_records_its_name_as_who() {
+    const TOKEN: &str = "queue-cli-admin-token-0123";
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |s| {
+        s.admin_token = Some(idemrelay::config::Secret(TOKEN.into()))
+    })
+    .await;
+    let admin = relay.admin().to_string();
+    let base = ["queue", "--admin", admin.as_str()];
+    let with =
+        |args: &[&str]| -> Vec<String> { base.iter().chain(args).map(|s| s.to_string()).collect() };
+    let refused = run_env(
+        &with(&["pause"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        &[],
+    )
+    .await;
+    assert!(!refused.ok);
+    assert!(
+        refused.stderr.contains("IDEMRELAY_ADMIN_TOKEN"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(relay.store().paused().await.unwrap(), None);
+    let env = [("IDEMRELAY_ADMIN_TOKEN", TOKEN), ("USER", "ops-alice")];
+    let args = with(&["pause", "--reason", "upstream maintenance 14:00"]);
+    let paused = run_env(&args.iter().map(String::as_str).collect::<Vec<_>>(), &env).await;
+    assert!(paused.ok, "{}", paused.stderr);
+    assert!(
+        paused
+            .stdout
+            .contains("delivery paused: upstream maintenance 14:00"),
+        "{}",
+        paused.stdout
+    );
+    let args = with(&["status", "--json"]);
+    let status = run_env(&args.iter().map(String::as_str).collect::<Vec<_>>(), &env).await;
+    let status: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(status["paused"], true);
+    assert_eq!(status["recent_actions"][0]["action"], "pause");
+    assert_eq!(
+        status["recent_actions"][0]["actor"],
+        "admin_token (ops-alice)"
+    );
+    assert_eq!(
+        status["recent_actions"][0]["reason"],
+        "upstream maintenance 14:00"
+    );
+    let args = with(&["resume", "--reason", "done"]);
+    let resumed = run_env(&args.iter().map(String::as_str).collect::<Vec<_>>(), &env).await;
+    assert!(resumed.ok, "{}", resumed.stderr);
+    assert_eq!(relay.store().paused().await.unwrap(), None);
+    let args = with(&["status"]);
+    let status = run_env(&args.iter().map(String::as_str).collect::<Vec<_>>(), &env).await;
+    assert!(status.stdout.starts_with("running\n"), "{}", status.stdout);
+    assert!(status.stdout.contains("resume"), "{}", status.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_message_says_why_and_flush_sends_it_now() {
+    let sink = start_sink().await;
+    // Every attempt is deferred by the upstream until the faults are cleared.
+    sink.set_faults(vec![FaultRule::reply(
+        SinkPhase::Rcpt,
+        451,
+        "4.3.0 try again later",
+    )])
+    .unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.delivery.retry_base = Duration::from_secs(3600);
+        s.delivery.retry_cap = Duration::from_secs(3600);
+        s.delivery.max_attempts = 1000;
+    })
+    .await;
+    let id = submit(
+        &relay,
+        "Waiting@Example.com",
+        &message(Some("flush-1"), "s", "b"),
+    )
+    .await;
+    // Full jitter may pick a short backoff now and then: wait for a long one.
+    let listed = common::eventually(LIMIT, "a long backoff", || async {
+        let run = ok(&relay, &["list", "--state", "deferred", "--json"]).await;
+        let page = run.json();
+        let row = page["messages"].as_array()?.first()?.clone();
+        let due = row["next_attempt_at_ms"].as_i64()?;
+        (due > common::now_ms() + 60_000).then_some(row)
+    })
+    .await;
+    assert_eq!(listed["id"], id.as_str());
+    assert_eq!(listed["waiting"]["reason"], "backoff", "{listed}");
+    assert_eq!(listed["last_outcome"], "transient");
+    let table = ok(&relay, &["list", "--state", "deferred"]).await.stdout;
+    let line = row(&table, &id);
+    assert!(line.contains("backoff"), "{table}");
+    assert!(line.contains("waiting@example.com") || line.contains("Waiting@Example.com"));
+    let show = ok(&relay, &["show", "--key", "flush-1"]).await.stdout;
+    assert!(
+        show.contains("waiting         backoff: retry backoff"),
+        "{show}"
+    );
+    assert!(show.contains("next attempt"), "{show}");
+
+    // Finding it: by recipient (any case), sender, Message-ID-less key, scope and time.
+    for filter in [
+        vec!["--recipient", "waiting@example.com"],
+        vec!["--sender", "SENDER@example.com"],
+        vec!["--key", "flush-1", "--in-scope", "default"],
+        vec!["--since", "10m", "--state", "queued"],
+    ] {
+        let mut args = vec!["list", "--json"];
+        args.extend(&filter);
+        let page = ok(&relay, &args).await.json();
+        let ids: Vec<&str> = page["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, [id.as_str()], "{filter:?}");
+    }
+    for filter in [
+        vec!["--recipient", "waiting@example"],
+        vec!["--in-scope", "elsewhere"],
+        vec!["--until", "10m"],
+        vec!["--state", "delivered"],
+    ] {
+        let mut args = vec!["list", "--json"];
+        args.extend(&filter);
+        let page = ok(&relay, &args).await.json();
+        assert_eq!(page["messages"], serde_json::json!([]), "{filter:?}");
+    }
+    let bad = refused(&relay, &["list", "--state", "lost"]).await;
+    assert!(bad.stderr.contains("deferred"), "{}", bad.stderr);
+
+    sink.set_faults(vec![]).unwrap();
+    let flush = ok(&relay, &["flush", &id, "--reason", "the upstream is back"]).await;
+    assert!(
+        flush.stdout.contains(&format!("flushed {id}: due now")),
+        "{}",
+        flush.stdout
+    );
+    wait_state(&relay, &id, State::Delivered).await;
+    let shown = ok(&relay, &["show", &id, "--json"]).await.json();
+    assert_eq!(shown["waiting"], serde_json::Value::Null);
+    let history = shown["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{shown}");
+    assert_eq!(history[0]["action"], "flush");
+    assert_eq!(history[0]["reason"], "the upstream is back");
+    assert!(
+        history[0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("was due in"),
+        "{shown}"
+    );
+    let again = refused(&relay, &["flush", &id]).await;
+    assert!(again.stderr.contains("only queued"), "{}", again.stderr);
+    let all = ok(&relay, &["flush", "--all"]).await;
+    assert!(
+        all.stdout.starts_with("flushed 0 record(s)"),
+        "{}",
+        all.stdout
+    );
+
+    // A page at a time, with the way on printed under the table.
+    let second = submit(
+        &relay,
+        "rcpt@example.com",
+        &message(Some("flush-2"), "s", "b"),
+    )
+    .await;
+    let first = ok(&relay, &["list", "--limit", "1"]).await.stdout;
+    let more = first
+        .lines()
+        .find_map(|l| l.strip_prefix("more: --cursor "))
+        .unwrap_or_else(|| panic!("no cursor line:\n{first}"));
+    assert!(first.contains(&id), "{first}");
+    let next = ok(&relay, &["list", "--limit", "1", "--cursor", more])
+        .await
+        .stdout;
+    assert!(next.contains(&second), "{next}");
+    assert!(!next.contains("more:"), "{next}");
+    let newest = ok(&relay, &["list", "--newest", "--limit", "1"])
+        .await
+        .stdout;
+    assert!(
+        newest.contains(&second) && newest.contains("more: --cursor"),
+        "{newest}"
+    );
 }

@@ -929,3 +929,386 @@ async fn queue_stats_count_queued_records_per_scope(backend: Backend) {
         );
     }
 }
+
+/// A record with an id in the relay's form (acceptance time first), so that listings order
+/// and bound it as they do real ones.
+fn listed_record(n: u8, scope: &str, from: &str, rcpt: &[&str]) -> NewRecord {
+    let mut r = record(
+        &format!("{:011X}{:013X}", common::now_ms(), n),
+        &format!("k{n}"),
+        n,
+    );
+    r.scope = scope.into();
+    r.envelope.mail_from = from.into();
+    r.envelope.rcpt_to = rcpt.iter().map(|s| s.to_string()).collect();
+    r.message_id = Some(format!("m{n}@example.com"));
+    r
+}
+
+fn ids(page: &store::Page) -> Vec<String> {
+    page.records.iter().map(|r| r.id.clone()).collect()
+}
+
+on_both_backends!(listings_filter_page_and_say_when_more_follow);
+/// `queue list` / `GET /api/v1/messages`: every filter, both orders, and a cursor that walks
+/// the pages once; a cursor is opaque and belongs to its order.
+async fn listings_filter_page_and_say_when_more_follow(backend: Backend) {
+    use store::{Cursor, ListFilter, StateFilter};
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b) in instances(&dir, backend).await {
+        let r1 = listed_record(1, "s", "a@example.com", &["b@example.com"]);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let r2 = listed_record(2, "t", "x@example.com", &["C@Example.com", "d@example.com"]);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let r3 = listed_record(3, "s", "y@example.com", &["b@example.com"]);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let r4 = listed_record(4, "s", "z@example.com", &["e@example.com"]);
+        for r in [&r1, &r2, &r3, &r4] {
+            a.insert(r, RETENTION).await.unwrap();
+        }
+        let all = vec![r1.id.clone(), r2.id.clone(), r3.id.clone(), r4.id.clone()];
+        // r4 fails once (transient) and waits an hour: deferred.
+        let mut job = a.claim("w", LONG_LEASE).await.unwrap().unwrap();
+        while job.id != r4.id {
+            a.release(&job.id, job.token, Duration::ZERO).await.unwrap();
+            job = a.claim("w", LONG_LEASE).await.unwrap().unwrap();
+        }
+        assert!(a.begin_attempt(&r4.id, job.token, 1).await.unwrap());
+        let transient = AttemptResult {
+            outcome: "transient",
+            phase: Some("connect"),
+            code: None,
+            reply: "connection refused".into(),
+        };
+        let retry = Settle::Retry {
+            after: Duration::from_secs(3600),
+        };
+        assert!(a
+            .settle(&r4.id, job.token, Some((1, &transient)), &retry)
+            .await
+            .unwrap());
+
+        let find = |f: ListFilter| {
+            let b = b.clone();
+            async move { b.list_page(&ListFilter { limit: 100, ..f }).await.unwrap() }
+        };
+        let everything = find(ListFilter::default()).await;
+        assert_eq!(ids(&everything), all, "{name}");
+        assert_eq!(everything.next_cursor, None, "{name}");
+        let by = |f: ListFilter| {
+            let find = &find;
+            async move { ids(&find(f).await) }
+        };
+        let state = |s| ListFilter {
+            state: Some(s),
+            ..ListFilter::default()
+        };
+        assert_eq!(
+            by(state(StateFilter::Is(State::Queued))).await,
+            all,
+            "{name}"
+        );
+        assert_eq!(
+            by(state(StateFilter::Deferred)).await,
+            [r4.id.clone()],
+            "{name}"
+        );
+        assert_eq!(
+            by(state(StateFilter::Is(State::Delivered))).await,
+            Vec::<String>::new(),
+            "{name}"
+        );
+        let filters = [
+            (
+                ListFilter {
+                    scope: Some("t".into()),
+                    ..ListFilter::default()
+                },
+                vec![&r2],
+            ),
+            (
+                ListFilter {
+                    key: Some("k3".into()),
+                    ..ListFilter::default()
+                },
+                vec![&r3],
+            ),
+            (
+                ListFilter {
+                    sender: Some("A@EXAMPLE.COM".into()),
+                    ..ListFilter::default()
+                },
+                vec![&r1],
+            ),
+            (
+                ListFilter {
+                    recipient: Some("c@example.com".into()),
+                    ..ListFilter::default()
+                },
+                vec![&r2],
+            ),
+            (
+                ListFilter {
+                    recipient: Some("b@example.com".into()),
+                    scope: Some("s".into()),
+                    ..ListFilter::default()
+                },
+                vec![&r1, &r3],
+            ),
+            // A recipient matches a whole address, never a part of one.
+            (
+                ListFilter {
+                    recipient: Some("example.com".into()),
+                    ..ListFilter::default()
+                },
+                vec![],
+            ),
+            (
+                ListFilter {
+                    message_id: Some("<m3@example.com>".into()),
+                    ..ListFilter::default()
+                },
+                vec![&r3],
+            ),
+        ];
+        for (filter, want) in filters {
+            let want: Vec<String> = want.iter().map(|r| r.id.clone()).collect();
+            assert_eq!(by(filter.clone()).await, want, "{name}: {filter:?}");
+        }
+        // Time ranges on acceptance.
+        let at: Vec<i64> = everything
+            .records
+            .iter()
+            .map(|r| r.accepted_at_ms)
+            .collect();
+        let range = ListFilter {
+            since_ms: Some(at[1]),
+            until_ms: Some(at[2] + 1),
+            ..ListFilter::default()
+        };
+        assert_eq!(by(range).await, all[1..3], "{name}: {at:?}");
+
+        // What a listing tells about a record.
+        let r4_row = &everything.records[3];
+        assert_eq!(r4_row.failed_attempts, 1, "{name}");
+        assert_eq!(r4_row.rcpt_to, ["e@example.com"], "{name}");
+        assert_eq!(
+            r4_row.message_id.as_deref(),
+            Some("m4@example.com"),
+            "{name}"
+        );
+        let due = r4_row.next_attempt_at_ms.unwrap();
+        assert!(due > r4_row.read_at_ms + 3_500_000, "{name}: {due}");
+        assert!(!r4_row.leased, "{name}");
+
+        // Pages of two, both orders; the cursor survives being a string.
+        for newest_first in [false, true] {
+            let mut seen = Vec::new();
+            let mut cursor = None;
+            for _ in 0..4 {
+                let filter = ListFilter {
+                    newest_first,
+                    limit: 2,
+                    cursor: cursor.clone(),
+                    ..ListFilter::default()
+                };
+                let page = b.list_page(&filter).await.unwrap();
+                seen.extend(ids(&page));
+                match page.next_cursor {
+                    Some(next) => cursor = Some(Cursor::decode(&next.encode()).unwrap()),
+                    None => break,
+                }
+            }
+            let mut want = all.clone();
+            if newest_first {
+                want.reverse();
+            }
+            assert_eq!(seen, want, "{name}: newest first {newest_first}");
+        }
+        let oldest_cursor = b
+            .list_page(&ListFilter::all(1))
+            .await
+            .unwrap()
+            .next_cursor
+            .unwrap();
+        let mixed = ListFilter {
+            newest_first: true,
+            cursor: Some(oldest_cursor),
+            ..ListFilter::all(1)
+        };
+        assert!(
+            matches!(
+                b.list_page(&mixed).await,
+                Err(store::StoreError::InvalidFilter(_))
+            ),
+            "{name}"
+        );
+        assert!(Cursor::decode("not-a-cursor").is_err());
+        // The compatibility listing by state and id still pages.
+        assert_eq!(
+            b.list(None, 2, Some(&all[1])).await.unwrap().len(),
+            2,
+            "{name}"
+        );
+    }
+}
+
+on_both_backends!(operator_actions_are_recorded_with_the_change_they_made);
+/// Cancel, retry and flush write their action row (who, why) in the same commit as the
+/// change; relay-wide actions are kept apart; a DSN and its record link both ways.
+async fn operator_actions_are_recorded_with_the_change_they_made(backend: Backend) {
+    use store::{Action, Flush, Requeue};
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b) in instances(&dir, backend).await {
+        let by = operator();
+        a.insert(&record("q1", "k1", 1), RETENTION).await.unwrap();
+        a.insert(&record("q2", "k2", 2), RETENTION).await.unwrap();
+        let job = a.claim("w", LONG_LEASE).await.unwrap().unwrap();
+        let (held, free) = if job.id == "q1" {
+            ("q1", "q2")
+        } else {
+            ("q2", "q1")
+        };
+        assert_eq!(b.flush(held, &by).await.unwrap(), Flush::Leased, "{name}");
+        assert!(b.message(held).await.unwrap().unwrap().leased, "{name}");
+        assert!(matches!(
+            b.flush(free, &by).await.unwrap(),
+            Flush::Flushed { .. }
+        ));
+        // The held one fails once and waits an hour; a flush makes it due now.
+        assert!(a.begin_attempt(held, job.token, 1).await.unwrap());
+        let transient = AttemptResult {
+            outcome: "transient",
+            phase: Some("connect"),
+            code: None,
+            reply: "connection refused".into(),
+        };
+        let hour = Settle::Retry {
+            after: Duration::from_secs(3600),
+        };
+        assert!(a
+            .settle(held, job.token, Some((1, &transient)), &hour)
+            .await
+            .unwrap());
+        let waiting = b.message(held).await.unwrap().unwrap();
+        let due = waiting.next_attempt_at_ms.unwrap();
+        assert!(due > common::now_ms() + 3_500_000, "{name}");
+        match b.flush(held, &by).await.unwrap() {
+            Flush::Flushed { was_due_at_ms } => assert_eq!(was_due_at_ms, due, "{name}"),
+            other => panic!("{name}: {other:?}"),
+        }
+        let now_due = b.message(held).await.unwrap().unwrap();
+        assert!(
+            now_due.next_attempt_at_ms.unwrap() <= common::now_ms(),
+            "{name}"
+        );
+        // The refused flush (leased) left no row.
+        let history = &now_due.history;
+        assert_eq!(history.len(), 1, "{name}: {history:?}");
+        assert_eq!(
+            (history[0].action.as_str(), history[0].actor.as_str()),
+            ("flush", "local user tester"),
+            "{name}"
+        );
+        assert!(
+            history[0]
+                .detail
+                .as_deref()
+                .unwrap_or_default()
+                .starts_with("was due in"),
+            "{name}: {history:?}"
+        );
+        assert_eq!(history[0].reason, "contract test", "{name}");
+        assert_eq!(history[0].record_id.as_deref(), Some(held), "{name}");
+
+        // flush --all takes what is not due yet and not leased.
+        let job = a.claim("w", LONG_LEASE).await.unwrap().unwrap();
+        assert!(a.settle(&job.id, job.token, None, &hour).await.unwrap());
+        assert_eq!(b.flush_all(&by).await.unwrap(), [job.id.clone()], "{name}");
+        assert_eq!(
+            b.flush_all(&by).await.unwrap(),
+            Vec::<String>::new(),
+            "{name}"
+        );
+
+        // Cancel: a state of its own, counted apart, retryable, all on record.
+        assert!(b.cancel(free, &by).await.unwrap(), "{name}");
+        let cancelled = b.message(free).await.unwrap().unwrap();
+        assert_eq!(cancelled.state, State::Cancelled, "{name}");
+        assert_eq!(
+            b.flush(free, &by).await.unwrap(),
+            Flush::NotQueued(State::Cancelled),
+            "{name}"
+        );
+        assert_eq!(
+            b.flush("nope", &by).await.unwrap(),
+            Flush::NotFound,
+            "{name}"
+        );
+        let stats = b.queue_stats().await.unwrap();
+        assert!(
+            stats.by_state.contains(&(State::Cancelled, 1)),
+            "{name}: {stats:?}"
+        );
+        let today = b.report(None).await.unwrap();
+        assert_eq!(
+            (today[0].cancelled, today[0].failed),
+            (1, 0),
+            "{name}: {today:?}"
+        );
+        assert_eq!(
+            b.requeue(free, false, &by).await.unwrap(),
+            Requeue::Requeued,
+            "{name}"
+        );
+        let actions: Vec<(String, Option<String>)> = b
+            .message(free)
+            .await
+            .unwrap()
+            .unwrap()
+            .history
+            .into_iter()
+            .map(|h| (h.action, h.detail))
+            .collect();
+        let want: Vec<(String, Option<String>)> = vec![
+            ("flush".into(), Some("was already due".into())),
+            ("cancel".into(), None),
+            ("retry".into(), Some("requeued from cancelled".into())),
+        ];
+        // flush_all may have taken this one too (it was the one not due yet).
+        let actions: Vec<_> = actions
+            .into_iter()
+            .filter(|(a, d)| !(a == "flush" && d.as_deref() != Some("was already due")))
+            .collect();
+        assert_eq!(actions, want, "{name}");
+
+        // Relay-wide actions are not any record's.
+        b.record_action(Action::Pause, &by, None).await.unwrap();
+        b.record_action(Action::Purge, &by, Some("purged 0 expired record(s)"))
+            .await
+            .unwrap();
+        let relay: Vec<String> = a
+            .relay_actions(10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.action)
+            .collect();
+        assert_eq!(relay, ["purge", "pause"], "{name}: newest first");
+
+        // A DSN and the record it reports on.
+        let mut dsn = record("dsn1", "k-dsn", 9);
+        dsn.dsn_of = Some(held.into());
+        a.insert(&dsn, RETENTION).await.unwrap();
+        assert_eq!(
+            b.message(held).await.unwrap().unwrap().dsns,
+            ["dsn1"],
+            "{name}"
+        );
+        assert_eq!(
+            b.message("dsn1").await.unwrap().unwrap().dsn_of.as_deref(),
+            Some(held),
+            "{name}"
+        );
+    }
+}
