@@ -1010,7 +1010,7 @@ async fn listings_filter_page_and_say_when_more_follow(backend: Backend) {
         );
         assert_eq!(
             by(state(StateFilter::Deferred)).await,
-            [r4.id.clone()],
+            std::slice::from_ref(&r4.id),
             "{name}"
         );
         assert_eq!(
@@ -1224,7 +1224,11 @@ async fn operator_actions_are_recorded_with_the_change_they_made(backend: Backen
         // flush --all takes what is not due yet and not leased.
         let job = a.claim("w", LONG_LEASE).await.unwrap().unwrap();
         assert!(a.settle(&job.id, job.token, None, &hour).await.unwrap());
-        assert_eq!(b.flush_all(&by).await.unwrap(), [job.id.clone()], "{name}");
+        assert_eq!(
+            b.flush_all(&by).await.unwrap(),
+            std::slice::from_ref(&job.id),
+            "{name}"
+        );
         assert_eq!(
             b.flush_all(&by).await.unwrap(),
             Vec::<String>::new(),
