@@ -50,7 +50,7 @@ async fn queue_via(relay: &TestRelay, via: Via, args: &[&str]) -> Run {
         Via::Store => all.extend([
             "--direct".to_string(),
             "--store".to_string(),
-            store_url(&relay.db_path()),
+            relay.settings.store.expose().to_string(),
         ]),
     }
     all.extend(args.iter().map(|a| a.to_string()));
@@ -431,7 +431,7 @@ async fn report(relay: &TestRelay, args: &[&str]) -> Run {
     let mut all = vec![
         "report".to_string(),
         "--store".to_string(),
-        store_url(&relay.db_path()),
+        relay.settings.store.expose().to_string(),
     ];
     all.extend(args.iter().map(|a| a.to_string()));
     run(all).await
