@@ -520,6 +520,7 @@ async fn metrics_count_a_scripted_run_exactly() {
         ("idemrelay_queue_depth{state=\"failed\"}", 1.0),
         ("idemrelay_queue_depth{state=\"rejected\"}", 1.0),
         ("idemrelay_queue_depth{state=\"unresolved\"}", 0.0),
+        ("idemrelay_queue_depth{state=\"cancelled\"}", 0.0),
         ("idemrelay_oldest_queued_age_seconds", 0.0),
         ("idemrelay_circuit_breaker_state{state=\"closed\"}", 1.0),
         ("idemrelay_circuit_breaker_state{state=\"open\"}", 0.0),

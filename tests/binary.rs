@@ -1035,7 +1035,7 @@ async fn serve_with_the_default_relative_store_in_an_empty_directory_queues_a_me
     // An operator's command with the same relative default finds the same store.
     let listed = idemrelay()
         .current_dir(dir.path())
-        .args(["queue", "list"])
+        .args(["queue", "--direct", "list"])
         .output()
         .unwrap();
     let out = text(&listed.stdout);
@@ -1062,9 +1062,15 @@ async fn config_flags_are_taken_before_or_after_any_subcommand() {
 
     let store = store_url(&db);
     let placements: [Vec<&str>; 3] = [
-        vec!["--store", &store, "queue", "show", &id, "--json"],
-        vec!["queue", "--store", &store, "show", &id, "--json"],
-        vec!["queue", "show", &id, "--store", &store, "--json"],
+        vec![
+            "--store", &store, "queue", "--direct", "show", &id, "--json",
+        ],
+        vec![
+            "queue", "--store", &store, "show", &id, "--json", "--direct",
+        ],
+        vec![
+            "queue", "--direct", "show", &id, "--store", &store, "--json",
+        ],
     ];
     let mut shown = Vec::new();
     for args in &placements {
@@ -1081,6 +1087,7 @@ async fn config_flags_are_taken_before_or_after_any_subcommand() {
         idemrelay()
             .args([
                 "queue",
+                "--direct",
                 "show",
                 "flags-anywhere",
                 "--json",
@@ -1099,6 +1106,7 @@ async fn config_flags_are_taken_before_or_after_any_subcommand() {
             "--store",
             &store,
             "queue",
+            "--direct",
             "show",
             "flags-anywhere",
         ])
@@ -1266,7 +1274,7 @@ fn msmtp_accepts_the_generated_certificate_for_ipv4_and_ipv6_loopback() {
         );
     }
     let listed = queue_json(&dir.path().join("relay.db"), &["list", "--json"]);
-    let keys: Vec<&str> = listed
+    let keys: Vec<&str> = listed["messages"]
         .as_array()
         .unwrap()
         .iter()
@@ -1532,11 +1540,11 @@ fn postfix_deliveries(log: &str) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// `idemrelay queue --store URL ARGS...` → its stdout as JSON.
+/// `idemrelay queue --direct --store URL ARGS...` → its stdout as JSON.
 fn queue_json(db: &Path, args: &[&str]) -> serde_json::Value {
     let out = run_checked(
         idemrelay()
-            .args(["queue", "--store", &store_url(db)])
+            .args(["queue", "--direct", "--store", &store_url(db)])
             .args(args),
         None,
     );
@@ -1648,7 +1656,7 @@ async fn postfix_splits_a_keyed_message_into_two_parts_and_nothing_bounces() {
     // recipients Postfix was told it took. Postfix sends the two in parallel, so which one
     // commits first (and is part 1) is not fixed.
     let list = queue_json(&db, &["list", "--json"]);
-    let list = list.as_array().expect("a JSON array");
+    let list = list["messages"].as_array().expect("a JSON array");
     assert_eq!(
         list.len(),
         2,
@@ -1727,7 +1735,7 @@ async fn postfix_splits_a_keyed_message_into_two_parts_and_nothing_bounces() {
             let list = tokio::task::spawn_blocking(move || queue_json(&db, &["list", "--json"]))
                 .await
                 .unwrap();
-            let states: Vec<String> = list
+            let states: Vec<String> = list["messages"]
                 .as_array()
                 .unwrap()
                 .iter()

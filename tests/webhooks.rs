@@ -493,6 +493,8 @@ async fn an_accepted_event_resolves_an_unresolved_record() {
         let out = tokio::task::block_in_place(|| {
             common::process::idemrelay()
                 .args(args)
+                // The queue commands go to the store itself, not to an admin API.
+                .args((args[0] == "queue").then_some("--direct"))
                 .args(["--store", &store])
                 .output()
                 .unwrap()

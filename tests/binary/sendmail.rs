@@ -108,7 +108,7 @@ async fn sent_bytes(db: &Path, id: &str) -> String {
 }
 
 fn record_count(db: &Path) -> usize {
-    queue_json(db, &["list", "--json"])
+    queue_json(db, &["list", "--json"])["messages"]
         .as_array()
         .unwrap()
         .len()
@@ -818,7 +818,7 @@ async fn php_mail_submits_through_the_link_and_its_retry_replays() {
     let (stdout, stderr) = php();
     assert_eq!(stdout.trim(), "sent", "php: {stdout} {stderr}");
     let list = queue_json(&db, &["list", "--json"]);
-    let list = list.as_array().unwrap();
+    let list = list["messages"].as_array().unwrap();
     assert_eq!(list.len(), 1, "{list:?}");
     let id = list[0]["id"].as_str().unwrap().to_string();
     let record = show(&db, &id);
