@@ -47,6 +47,16 @@ fn seconds(ms: i64) -> String {
 
 /// `None` for a record that does not wait (not queued).
 pub fn why_waiting(record: &RecordFacts, relay: &RelayFacts) -> Option<Waiting> {
+    let mut waiting = store_reason(record, relay)?;
+    if relay.breaker.is_none() && matches!(waiting.reason, "due" | "held_by_breaker") {
+        waiting
+            .detail
+            .push_str(" (read from the store: the relay's circuit breaker is not known here)");
+    }
+    Some(waiting)
+}
+
+fn store_reason(record: &RecordFacts, relay: &RelayFacts) -> Option<Waiting> {
     if record.state != State::Queued {
         return None;
     }
@@ -194,5 +204,11 @@ mod tests {
         )
         .unwrap();
         assert!(backoff.detail.contains("in 30s"), "{}", backoff.detail);
+        let unknown = why_waiting(
+            &record(State::Queued, Some(0), false, None),
+            &relay(None, None),
+        )
+        .unwrap();
+        assert!(unknown.detail.contains("not known"), "{}", unknown.detail);
     }
 }

@@ -652,6 +652,69 @@ mod tests {
         );
     }
 
+    /// A store made before the `cancelled` state (migrations up to 10) keeps its rows, and a
+    /// queued record in it can be cancelled once the relay opens it; the state column still
+    /// refuses anything else.
+    #[tokio::test]
+    async fn a_store_from_before_the_cancelled_state_takes_it_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        {
+            let options = SqliteConnectOptions::from_str(&url)
+                .unwrap()
+                .create_if_missing(true)
+                .foreign_keys(true);
+            let pool = SqlitePool::connect_with(options).await.unwrap();
+            Migrator::new(Embedded(&MIGRATIONS[..10]))
+                .await
+                .unwrap()
+                .run(&pool)
+                .await
+                .unwrap();
+            sqlx::query(
+                "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
+                    rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at)
+                 VALUES ('old', 's', 'k', 'header', zeroblob(32), 'a@example.com', 'b@example.com',
+                    '7BIT', 0, 4, x'41420d0a', 'queued', '250 ok', 1)",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO attempts (message_id, attempt, owner, started_at, finished_at, outcome)
+                 VALUES ('old', 1, 'w', 2, 3, 'transient')",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+        }
+        let store = SqliteStore::open(&url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(store.cancel("old", &op()).await.unwrap());
+        let m = store.message("old").await.unwrap().unwrap();
+        assert_eq!(m.state, State::Cancelled);
+        assert_eq!(m.history.len(), 1);
+        assert_eq!(
+            store.attempts("old").await.unwrap().len(),
+            1,
+            "the ledger kept"
+        );
+        let refused = store
+            .writer
+            .write(|conn| {
+                Ok(conn.execute("UPDATE messages SET state = 'bogus' WHERE id = 'old'", [])?)
+            })
+            .await;
+        assert!(refused.is_err(), "the CHECK still holds: {refused:?}");
+        let check: String = sqlx::query_scalar("PRAGMA integrity_check")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        assert_eq!(check, "ok");
+    }
+
     fn op() -> Operator {
         Operator {
             actor: "test".into(),
