@@ -341,6 +341,7 @@ impl Relay {
                 started,
                 delivery_hint: hint,
                 retention: settings.retention_policy(),
+                store_url: settings.store.redacted(),
             });
             admin_addr = Some(addr);
             admin_task = Some(tokio::spawn(admin::serve(listener, state, admin_stop_rx)));

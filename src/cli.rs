@@ -278,7 +278,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Queue { direct, command } => {
-            queue::run(&Settings::load(&config)?, direct, command)
+            let store_given = config.store.clone();
+            queue::run(&Settings::load(&config)?, store_given, direct, command)
         }
         Command::Report { since, json } => {
             report(&Settings::load(&config)?, since.as_deref(), json)

@@ -633,6 +633,19 @@ async fn a_missing_store_or_relay_is_an_error_and_nothing_is_created() {
         down.stderr
     );
     let off = run_env(&["queue", "--admin", "off", "--store", &url, "status"], &[]).await;
+    // A relay that serves another store than the one named is not asked about this one.
+    let relay = TestRelay::start().await;
+    let admin = relay.admin().to_string();
+    let other = run_env(&["queue", "--admin", &admin, "--store", &url, "list"], &[]).await;
+    assert!(!other.ok, "{}", other.stdout);
+    assert!(
+        other.stderr.contains("serves the store") && other.stderr.contains("--direct"),
+        "{}",
+        other.stderr
+    );
+    let own = relay.settings.store.expose().to_string();
+    let same = run_env(&["queue", "--admin", &admin, "--store", &own, "list"], &[]).await;
+    assert!(same.ok, "{}", same.stderr);
     assert!(!off.ok);
     assert!(off.stderr.contains("--direct"), "{}", off.stderr);
     assert!(!typo.exists(), "a queue command created the store");

@@ -382,7 +382,10 @@ pub async fn resume(
 }
 
 pub async fn status(State(state): State<Arc<AdminState>>) -> Response {
-    respond(ops::status(state.store.as_ref()).await)
+    respond(ops::status(state.store.as_ref()).await.map(|mut status| {
+        status["store"] = state.store_url.clone().into();
+        status
+    }))
 }
 
 pub async fn purge(

@@ -46,6 +46,9 @@ pub struct AdminState {
     pub delivery_hint: Arc<Notify>,
     /// For `POST /api/v1/queue/purge`: the relay's retention settings.
     pub retention: Retention,
+    /// The store this relay serves, password redacted (in `/api/v1/queue/status`, so that
+    /// `idemrelay queue --store URL` can tell when it would be reading another one).
+    pub store_url: String,
 }
 
 pub fn router(state: Arc<AdminState>) -> Router {

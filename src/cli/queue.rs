@@ -109,7 +109,13 @@ fn bad_request((code, message): (&'static str, String)) -> OpError {
 }
 
 impl Queue {
-    async fn open(settings: &Settings, direct: bool) -> anyhow::Result<Queue> {
+    /// `store_given`: the store named by `--store` or `IDEMRELAY_STORE`, which the relay asked
+    /// must be serving (a config file's store is the relay's own business).
+    async fn open(
+        settings: &Settings,
+        store_given: Option<String>,
+        direct: bool,
+    ) -> anyhow::Result<Queue> {
         if direct {
             let store =
                 crate::store::open_existing(settings.store.expose(), settings.store_busy_timeout)
@@ -129,7 +135,19 @@ impl Queue {
             .admin_token
             .as_ref()
             .map(|t| t.expose().to_string());
-        Ok(Queue::Api(AdminClient::new(addr, token, local_user())))
+        let api = AdminClient::new(addr, token, local_user());
+        if let Some(given) = store_given {
+            let given = crate::config::SecretUrl(given).redacted();
+            let status = api.get("/api/v1/queue/status").await?;
+            let served = status["store"].as_str().unwrap_or_default();
+            anyhow::ensure!(
+                served == given,
+                "the relay at {} serves the store {served}, not {given} (--store / \
+                 IDEMRELAY_STORE); add --direct to work on {given} itself",
+                api.base()
+            );
+        }
+        Ok(Queue::Api(api))
     }
 
     fn operator(reason: Option<String>) -> Operator {
@@ -249,12 +267,17 @@ impl Queue {
     }
 }
 
-pub fn run(settings: &Settings, direct: bool, command: QueueCommand) -> anyhow::Result<()> {
+pub fn run(
+    settings: &Settings,
+    store_given: Option<String>,
+    direct: bool,
+    command: QueueCommand,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let queue = Queue::open(settings, direct).await?;
+        let queue = Queue::open(settings, store_given, direct).await?;
         let out = execute(&queue, settings, command).await.map_err(|e| {
             let mut message = e.message;
             if e.code == "confirmation_required" {
