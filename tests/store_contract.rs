@@ -1314,5 +1314,18 @@ async fn operator_actions_are_recorded_with_the_change_they_made(backend: Backen
             Some(held),
             "{name}"
         );
+
+        // Relay-wide actions are kept as long as parked records, then purged.
+        b.purge_expired(RETENTION).await.unwrap();
+        assert_eq!(a.relay_actions(10).await.unwrap().len(), 2, "{name}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        b.purge_expired(Retention::flat(Duration::ZERO))
+            .await
+            .unwrap();
+        assert_eq!(a.relay_actions(10).await.unwrap(), [], "{name}");
+        assert!(
+            !b.message(held).await.unwrap().unwrap().history.is_empty(),
+            "{name}: a queued record keeps its history"
+        );
     }
 }

@@ -480,6 +480,15 @@ impl Store for PostgresStore {
         .bind(parked)
         .execute(&self.pool)
         .await?;
+        // A record's actions go with it; the relay-wide ones are kept as long as a parked
+        // record.
+        sqlx::query(
+            "DELETE FROM operator_actions
+             WHERE record_id IS NULL AND at <= idemrelay_now_ms() - $1",
+        )
+        .bind(parked)
+        .execute(&self.pool)
+        .await?;
         Ok(purged)
     }
 

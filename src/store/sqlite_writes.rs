@@ -179,6 +179,9 @@ pub fn purge_expired(conn: &Connection, retention: Retention) -> Result<u64, Sto
         "DELETE FROM upstream_events WHERE record_id IS NULL AND received_at <= ?",
     )?
     .execute([before])?;
+    // A record's actions go with it; the relay-wide ones are kept as long as a parked record.
+    conn.prepare_cached("DELETE FROM operator_actions WHERE record_id IS NULL AND at <= ?")?
+        .execute([before])?;
     Ok(deleted as u64)
 }
 
