@@ -572,19 +572,6 @@ impl Metrics {
             .inc();
     }
 
-    /// The breaker state the workers last reported (read by the admin API's "why waiting").
-    pub fn reported_breaker_state(&self) -> BreakerState {
-        [BreakerState::Open, BreakerState::HalfOpen]
-            .into_iter()
-            .find(|s| {
-                self.breaker
-                    .get_or_create(&label("state", s.as_str()))
-                    .get()
-                    == 1
-            })
-            .unwrap_or(BreakerState::Closed)
-    }
-
     /// A delivery worker is alive and not stuck (see `admin` readiness).
     pub fn delivery_heartbeat(&self) {
         *self.heartbeat.lock().expect("heartbeat lock") = Some(Instant::now());

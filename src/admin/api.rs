@@ -38,7 +38,7 @@ fn bad_request(code: &'static str, message: impl Into<String>) -> Response {
 async fn relay_facts(state: &AdminState) -> Result<RelayFacts, OpError> {
     ops::relay_facts(
         state.store.as_ref(),
-        Some(state.metrics.reported_breaker_state()),
+        Some(state.metrics.breaker_now()),
     )
     .await
 }

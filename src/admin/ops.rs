@@ -66,14 +66,14 @@ pub type OpResult = Result<Value, OpError>;
 
 /// The one log line of an operator action: `grep id=ID` finds it with the record's others.
 fn log_action(action: Action, id: Option<&str>, by: &Operator, detail: Option<&str>) {
-    // Free text (who, why) is quoted; the id and the action are bare words.
+    // Every field bare (Display), as on the relay's other lines.
     tracing::info!(
         target: "idemrelay::operator",
         id = %id.unwrap_or("-"),
         action = %action.as_str(),
-        actor = ?by.actor,
-        reason = ?by.reason,
-        detail = ?detail.unwrap_or(""),
+        actor = %by.actor,
+        reason = %by.reason,
+        detail = %detail.unwrap_or(""),
         "operator action"
     );
 }
