@@ -36,11 +36,7 @@ fn bad_request(code: &'static str, message: impl Into<String>) -> Response {
 
 /// Pause and breaker, as the running relay knows them.
 async fn relay_facts(state: &AdminState) -> Result<RelayFacts, OpError> {
-    ops::relay_facts(
-        state.store.as_ref(),
-        Some(state.metrics.breaker_now()),
-    )
-    .await
+    ops::relay_facts(state.store.as_ref(), Some(state.metrics.breaker_now())).await
 }
 
 pub async fn show(State(state): State<Arc<AdminState>>, Path(id): Path<String>) -> Response {

@@ -85,6 +85,44 @@ pub struct RecordArg {
     key: Option<String>,
 }
 
+#[derive(Debug, Clone, Copy)]
+enum RecordAction {
+    Retry,
+    Cancel,
+    Flush,
+}
+
+impl RecordAction {
+    /// The API's path segment.
+    fn as_str(self) -> &'static str {
+        match self {
+            RecordAction::Retry => "retry",
+            RecordAction::Cancel => "cancel",
+            RecordAction::Flush => "flush",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum RelayAction {
+    Pause,
+    Resume,
+    FlushAll,
+    Purge,
+}
+
+impl RelayAction {
+    /// The API's path segment.
+    fn as_str(self) -> &'static str {
+        match self {
+            RelayAction::Pause => "pause",
+            RelayAction::Resume => "resume",
+            RelayAction::FlushAll => "flush",
+            RelayAction::Purge => "purge",
+        }
+    }
+}
+
 /// Where the queue is read and changed.
 enum Queue {
     Api(AdminClient),
@@ -215,45 +253,48 @@ impl Queue {
         }
     }
 
-    /// POST `/api/v1/messages/{id}/{action}` or the same operation on the store.
-    async fn act(&self, id: &str, action: &str, reason: Option<String>, confirm: bool) -> OpResult {
+    /// An action on one record: POST `/api/v1/messages/{id}/{action}`, or the same operation
+    /// on the store.
+    async fn act(
+        &self,
+        id: &str,
+        action: RecordAction,
+        reason: Option<String>,
+        confirm: bool,
+    ) -> OpResult {
         match self {
             Queue::Api(api) => {
-                let path = format!("/api/v1/messages/{}/{action}", encode(id));
+                let path = format!("/api/v1/messages/{}/{}", encode(id), action.as_str());
                 api.post(&path, Queue::body(&reason, confirm)).await
             }
             Queue::Direct { store, .. } => {
                 let store = store.as_ref();
                 let by = Queue::operator(reason);
                 match action {
-                    "retry" => ops::retry(store, id, confirm, &by).await,
-                    "cancel" => ops::cancel(store, id, &by).await,
-                    "flush" => ops::flush(store, id, &by).await,
-                    other => unreachable!("no action {other}"),
+                    RecordAction::Retry => ops::retry(store, id, confirm, &by).await,
+                    RecordAction::Cancel => ops::cancel(store, id, &by).await,
+                    RecordAction::Flush => ops::flush(store, id, &by).await,
                 }
             }
         }
     }
 
-    /// POST `/api/v1/queue/{action}` or the same operation on the store.
-    async fn relay_act(&self, action: &str, reason: Option<String>) -> OpResult {
+    /// An action on the whole relay: POST `/api/v1/queue/{action}`, or the same operation on
+    /// the store.
+    async fn relay_act(&self, action: RelayAction, reason: Option<String>) -> OpResult {
         match self {
             Queue::Api(api) => {
-                api.post(
-                    &format!("/api/v1/queue/{action}"),
-                    Queue::body(&reason, false),
-                )
-                .await
+                let path = format!("/api/v1/queue/{}", action.as_str());
+                api.post(&path, Queue::body(&reason, false)).await
             }
             Queue::Direct { store, retention } => {
                 let store = store.as_ref();
                 let by = Queue::operator(reason);
                 match action {
-                    "pause" => ops::pause(store, &by).await,
-                    "resume" => ops::resume(store, &by).await,
-                    "flush" => ops::flush_all(store, &by).await,
-                    "purge" => ops::purge(store, *retention, &by).await,
-                    other => unreachable!("no action {other}"),
+                    RelayAction::Pause => ops::pause(store, &by).await,
+                    RelayAction::Resume => ops::resume(store, &by).await,
+                    RelayAction::FlushAll => ops::flush_all(store, &by).await,
+                    RelayAction::Purge => ops::purge(store, *retention, &by).await,
                 }
             }
         }
@@ -302,11 +343,11 @@ async fn execute(
     let scope = &settings.scope;
     Ok(match command {
         QueueCommand::Resume { reason } => {
-            queue.relay_act("resume", reason).await?;
+            queue.relay_act(RelayAction::Resume, reason).await?;
             "delivery resumed\n".to_string()
         }
         QueueCommand::Pause { reason } => {
-            let status = queue.relay_act("pause", reason).await?;
+            let status = queue.relay_act(RelayAction::Pause, reason).await?;
             format!(
                 "delivery paused: {}\n",
                 status["reason"].as_str().unwrap_or_default()
@@ -369,13 +410,13 @@ async fn execute(
         } => {
             let id = queue.id_of(&record, scope).await?;
             queue
-                .act(&id, "retry", reason, confirm_duplicate_risk)
+                .act(&id, RecordAction::Retry, reason, confirm_duplicate_risk)
                 .await?;
             format!("requeued {id}\n")
         }
         QueueCommand::Cancel { record, reason } => {
             let id = queue.id_of(&record, scope).await?;
-            queue.act(&id, "cancel", reason, false).await?;
+            queue.act(&id, RecordAction::Cancel, reason, false).await?;
             format!("cancelled {id}: no DSN sent\n")
         }
         QueueCommand::Flush {
@@ -385,7 +426,7 @@ async fn execute(
             reason,
         } => {
             let answer = if all {
-                let answer = queue.relay_act("flush", reason).await?;
+                let answer = queue.relay_act(RelayAction::FlushAll, reason).await?;
                 let mut out = format!("flushed {} record(s)\n", answer["flushed"]);
                 for id in answer["ids"].as_array().into_iter().flatten() {
                     out.push_str(&format!("  {}\n", id.as_str().unwrap_or_default()));
@@ -393,7 +434,7 @@ async fn execute(
                 (answer, out)
             } else {
                 let id = queue.id_of(&RecordArg { id, key }, scope).await?;
-                let answer = queue.act(&id, "flush", reason, false).await?;
+                let answer = queue.act(&id, RecordAction::Flush, reason, false).await?;
                 let out = format!(
                     "flushed {id}: due now (was due at {})\n",
                     answer["was_due_at"].as_str().unwrap_or("-")
@@ -408,7 +449,7 @@ async fn execute(
         }
         QueueCommand::Purge { expired, reason } => {
             debug_assert!(expired);
-            let answer = queue.relay_act("purge", reason).await?;
+            let answer = queue.relay_act(RelayAction::Purge, reason).await?;
             format!(
                 "purged {} expired record(s) (retention {}, parked {}, upstream window {})\n",
                 answer["purged"],
