@@ -817,6 +817,24 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
     assert_eq!(deferred["messages"][0]["id"], id.as_str(), "{deferred}");
     assert_eq!(deferred["messages"][0]["waiting"]["reason"], "breaker_open");
 
+    // An operator's pause is the reason above all others (and, as no worker claims anything
+    // while it lasts, no flush below meets a lease).
+    let paused = request(
+        admin,
+        "POST",
+        "/api/v1/queue/pause?reason=maintenance",
+        None,
+    )
+    .await;
+    assert_eq!(paused.status, 200, "{}", paused.body);
+    assert_eq!(paused.json()["paused"], true);
+    // A claim that began before the pause gives its lease back at once (the breaker).
+    common::eventually(LIMIT, "no lease", || async {
+        let m = get(admin, &path, None).await.json();
+        (m["leased"] == false).then_some(())
+    })
+    .await;
+
     let flushed = request(
         admin,
         "POST",
@@ -826,12 +844,46 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
     .await;
     assert_eq!(flushed.status, 200, "{}", flushed.body);
     assert_eq!(flushed.json()["flushed"], true);
+    assert_eq!(flushed.json()["paused"], true);
     let m = get(admin, &path, None).await.json();
     let history = m["history"].as_array().unwrap();
     assert_eq!(history.len(), 1, "{m}");
     assert_eq!(history[0]["action"], "flush");
     assert_eq!(history[0]["actor"], "admin API (no token configured)");
     assert_eq!(history[0]["reason"], "probe now");
+    // The reason may come in a JSON body; the person is the client's claim, kept beside the
+    // token's name (a value that is no plain word is left out).
+    for (who, recorded) in [
+        ("ops-bob", "admin API (no token configured) (ops-bob)"),
+        ("two words", "admin API (no token configured)"),
+    ] {
+        let answer = common::http::send(
+            admin,
+            "POST",
+            &format!("/api/v1/messages/{id}/flush"),
+            &[
+                ("Content-Type", "application/json"),
+                ("X-Idemrelay-Operator", who),
+            ],
+            common::http::Body::Bytes(br#"{"reason": "from a script"}"#),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let m = get(admin, &path, None).await.json();
+        let last = m["history"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(last["actor"], recorded, "{m}");
+        assert_eq!(last["reason"], "from a script");
+    }
+    let bad_body = common::http::send(
+        admin,
+        "POST",
+        &format!("/api/v1/messages/{id}/flush"),
+        &[("Content-Type", "application/json")],
+        common::http::Body::Bytes(br#"{"why": "typo"}"#),
+    )
+    .await;
+    assert_eq!(bad_body.status, 400, "{}", bad_body.body);
+    assert_eq!(bad_body.json()["code"], "bad_body");
     let all = request(admin, "POST", "/api/v1/queue/flush", None).await;
     assert_eq!(all.status, 200, "{}", all.body);
     assert!(all.json()["flushed"].is_u64());
@@ -847,16 +899,6 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
     .await;
     assert_eq!(typo.status, 400, "{}", typo.body);
 
-    // An operator's pause is the reason above all others.
-    let paused = request(
-        admin,
-        "POST",
-        "/api/v1/queue/pause?reason=maintenance",
-        None,
-    )
-    .await;
-    assert_eq!(paused.status, 200, "{}", paused.body);
-    assert_eq!(paused.json()["paused"], true);
     let m = get(admin, &path, None).await.json();
     assert_eq!(m["waiting"]["reason"], "paused", "{m}");
     assert!(m["waiting"]["detail"]
