@@ -2,10 +2,11 @@
 //!
 //! `/healthz` and `/readyz` are always open (container and load-balancer probes carry no
 //! credentials); `/metrics` and `/api/` need `Authorization: Bearer <admin_token>` when a
-//! token is configured.
+//! token is configured. `/console` is the web console for a browser (see `console`).
 
 pub mod api;
 pub mod client;
+pub mod console;
 pub mod health;
 pub mod healthcheck;
 pub mod ops;
@@ -70,6 +71,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .merge(protected)
+        .merge(console::router(state.clone()))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .with_state(state)
 }

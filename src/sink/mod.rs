@@ -70,6 +70,9 @@
 //! - `POST /reset`: forgets messages, transactions, records, webhook posts and counts, removes
 //!   the rules and empties the maildir.
 //! - `POST /pause?mode=refuse|greet421`, `POST /resume`.
+//! - `GET /ui`: the same for a browser (src/sink/console.rs): messages (filtered like
+//!   `/messages`), per-key counts, transactions with the fault that fired, the fault rules;
+//!   `GET /ui/messages/{id}`: a message's raw source.
 //!
 //! # Webhooks (`--webhook URL --webhook-secret whsec_...`)
 //!
@@ -95,6 +98,7 @@
 //! relay tests run it on loopback.
 
 mod api;
+mod console;
 pub mod faults;
 pub mod ledger;
 mod search;
@@ -486,6 +490,7 @@ impl Sink {
             // One listener, one router per view of the state.
             let router = axum::Router::new()
                 .merge(api::router(shared.clone()))
+                .merge(console::router(shared.clone()))
                 .fallback(api::not_found);
             tasks.push(tokio::spawn(async move {
                 let stop = async move { state::shutting_down(&mut life).await };

@@ -1,0 +1,675 @@
+//! The web console on the admin listener (`/console`): server-rendered pages that read the
+//! store as `/api/v1` does and act through the API's own operations (`admin::ops`), with forms
+//! that work without scripts.
+//!
+//! Access: the admin token as `Authorization: Bearer` (like the API), or a session cookie
+//! from the login form (see `session`). Every POST needs its session's CSRF token, unless it
+//! came with the bearer header, which no other site's page can make a browser send.
+
+mod headers;
+mod pages;
+mod session;
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Form, Router};
+use maud::Markup;
+use serde::Deserialize;
+
+use super::api::{reason_or_default, ListQuery};
+use super::ops::{self, OpError};
+use super::waiting::{why_waiting, RecordFacts, RelayFacts, Waiting};
+use super::AdminState;
+use crate::store::{ListFilter, Operator, State as RecordState, StateFilter, StoreError};
+use session::Session;
+
+/// Records read to count them by scope on the overview (the per-state counts are exact).
+const SCOPE_SCAN_LIMIT: usize = 20_000;
+const SEARCH_PAGE: usize = 50;
+const UNRESOLVED_PAGE: usize = 200;
+/// Rows per store call while counting by scope.
+const BATCH: usize = 1000;
+/// Relay-wide operator actions shown on the overview.
+const RECENT_ACTIONS: usize = 10;
+
+pub fn router(state: Arc<AdminState>) -> Router<Arc<AdminState>> {
+    let signed_in = Router::new()
+        .route("/console", get(overview))
+        .route("/console/search", get(search))
+        .route("/console/unresolved", get(unresolved))
+        .route("/console/messages/{id}", get(message))
+        .route(
+            "/console/messages/{id}/retry",
+            get(retry_confirm).post(retry),
+        )
+        .route("/console/messages/{id}/cancel", post(cancel))
+        .route("/console/messages/{id}/flush", post(flush))
+        .route("/console/flush", post(flush_all))
+        .route("/console/pause", post(pause))
+        .route("/console/resume", post(resume))
+        .route("/console/logout", post(logout))
+        .route_layer(middleware::from_fn_with_state(state, authenticate));
+    Router::new()
+        .route("/console/login", get(login_form).post(login))
+        .merge(signed_in)
+        .layer(middleware::map_response(hardened))
+}
+
+/// How the request was let in; handlers put `csrf` into their forms.
+#[derive(Clone)]
+struct Access {
+    /// None for a bearer-header request.
+    session: Option<Session>,
+    csrf: String,
+}
+
+impl Access {
+    fn allows_post(&self, key: &ring::hmac::Key, presented: Option<&str>) -> bool {
+        match &self.session {
+            None => true,
+            Some(session) => presented.is_some_and(|p| session.csrf_matches(key, p)),
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn html(status: StatusCode, markup: Markup) -> Response {
+    (status, markup).into_response()
+}
+
+fn see_other(to: &str) -> Response {
+    Redirect::to(to).into_response()
+}
+
+async fn authenticate(
+    State(state): State<Arc<AdminState>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let key = session::key(state.token.as_deref());
+    let bearer = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if let (Some(token), Some(given)) = (&state.token, bearer) {
+        if super::constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            request.extensions_mut().insert(Access {
+                session: None,
+                csrf: String::new(),
+            });
+            return next.run(request).await;
+        }
+    }
+    let now = now_ms();
+    let from_cookie = request
+        .headers()
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(session::from_cookie_header)
+        .find_map(|value| Session::verify(value, &key, now));
+    let (session, minted) = match from_cookie {
+        Some(session) => (session, false),
+        // Without an admin token the console is as open as the API; a session is minted only
+        // to tie forms to it, and a form must come from a page that was served first.
+        None if state.token.is_none() && request.method() == Method::GET => {
+            (Session::new(now, ""), true)
+        }
+        None if request.method() == Method::GET => return see_other("/console/login"),
+        None => {
+            return html(
+                StatusCode::FORBIDDEN,
+                pages::notice(
+                    "Not signed in",
+                    "This form needs a console session: log in and try again.",
+                    None,
+                ),
+            )
+        }
+    };
+    let csrf = session.csrf(&key);
+    let cookie = minted.then(|| session::set_cookie(&session.cookie_value(&key)));
+    request.extensions_mut().insert(Access {
+        session: Some(session),
+        csrf,
+    });
+    let mut response = next.run(request).await;
+    if let Some(cookie) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+/// No caching of pages that show queue state, no framing, no scripts, no outside resources.
+async fn hardened(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    response
+}
+
+fn store_failed(err: StoreError, access: &Access) -> Response {
+    html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        pages::notice("Store unavailable", &err.to_string(), Some(&access.csrf)),
+    )
+}
+
+fn forbidden_form(access: &Access) -> Response {
+    html(
+        StatusCode::FORBIDDEN,
+        pages::notice(
+            "Form expired",
+            "This form does not belong to your session (it is stale, or came from another page): reload the page and try again.",
+            Some(&access.csrf),
+        ),
+    )
+}
+
+async fn login_form(State(state): State<Arc<AdminState>>) -> Response {
+    if state.token.is_none() {
+        return see_other("/console");
+    }
+    html(StatusCode::OK, pages::login(None))
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+    /// Who is logging in, recorded with their actions (optional).
+    name: Option<String>,
+}
+
+async fn login(State(state): State<Arc<AdminState>>, Form(form): Form<LoginForm>) -> Response {
+    let Some(token) = &state.token else {
+        return see_other("/console");
+    };
+    if !super::constant_time_eq(form.token.as_bytes(), token.as_bytes()) {
+        tracing::warn!(target: "idemrelay::admin", "console login refused: wrong admin token");
+        return html(
+            StatusCode::UNAUTHORIZED,
+            pages::login(Some("That is not the admin token.")),
+        );
+    }
+    let name = form.name.as_deref().unwrap_or("").trim();
+    if !session::valid_operator(name) {
+        return html(
+            StatusCode::BAD_REQUEST,
+            pages::login(Some(
+                "A name is up to 64 letters, digits, spaces and . - _ @ '",
+            )),
+        );
+    }
+    let key = session::key(Some(token));
+    let cookie = session::set_cookie(&Session::new(now_ms(), name).cookie_value(&key));
+    tracing::info!(target: "idemrelay::admin", operator = ?name, "console login");
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/console")).into_response()
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    csrf: Option<String>,
+}
+
+async fn logout(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    if !access.allows_post(&session::key(state.token.as_deref()), form.csrf.as_deref()) {
+        return forbidden_form(&access);
+    }
+    let to = if state.token.is_some() {
+        "/console/login"
+    } else {
+        "/console"
+    };
+    (
+        [(header::SET_COOKIE, session::clear_cookie())],
+        Redirect::to(to),
+    )
+        .into_response()
+}
+
+/// Per scope and state, over at most `SCOPE_SCAN_LIMIT` records.
+async fn scope_counts(state: &AdminState) -> Result<pages::ScopeCounts, StoreError> {
+    let mut counts = pages::ScopeCounts {
+        counts: Default::default(),
+        scanned: 0,
+        complete: false,
+    };
+    let mut filter = ListFilter::all(BATCH);
+    while counts.scanned < SCOPE_SCAN_LIMIT {
+        let page = state.store.list_page(&filter).await?;
+        for r in &page.records {
+            *counts
+                .counts
+                .entry(r.scope.clone())
+                .or_default()
+                .entry(r.state.as_str())
+                .or_default() += 1;
+        }
+        counts.scanned += page.records.len();
+        match page.next_cursor {
+            Some(cursor) => filter.cursor = Some(cursor),
+            None => {
+                counts.complete = true;
+                break;
+            }
+        }
+    }
+    Ok(counts)
+}
+
+async fn overview(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+) -> Response {
+    let read = async {
+        let stats = state.store.queue_stats().await?;
+        let paused = state.store.paused().await?;
+        let scopes = scope_counts(&state).await?;
+        let actions = state.store.relay_actions(RECENT_ACTIONS).await?;
+        Ok::<_, StoreError>((stats, paused, scopes, actions))
+    };
+    match read.await {
+        Ok((stats, paused, scopes, actions)) => {
+            let page = pages::Overview {
+                stats: &stats,
+                paused: paused.as_ref(),
+                scopes: &scopes,
+                actions: &actions,
+                breaker: state.metrics.breaker_now(),
+                now_ms: now_ms(),
+            };
+            html(StatusCode::OK, pages::overview(&page, &access.csrf))
+        }
+        Err(err) => store_failed(err, &access),
+    }
+}
+
+/// The search form's fields are the API's list filters (`GET /api/v1/messages`), read by the
+/// same code; a field left empty means "any".
+fn blank_is_none(q: &mut ListQuery) {
+    for field in [
+        &mut q.state,
+        &mut q.scope,
+        &mut q.key,
+        &mut q.sender,
+        &mut q.recipient,
+        &mut q.message_id,
+        &mut q.since,
+        &mut q.until,
+        &mut q.order,
+        &mut q.cursor,
+    ] {
+        if field.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            *field = None;
+        }
+    }
+}
+
+fn copy(q: &ListQuery) -> ListQuery {
+    ListQuery {
+        state: q.state.clone(),
+        scope: q.scope.clone(),
+        key: q.key.clone(),
+        sender: q.sender.clone(),
+        recipient: q.recipient.clone(),
+        message_id: q.message_id.clone(),
+        since: q.since.clone(),
+        until: q.until.clone(),
+        order: q.order.clone(),
+        limit: q.limit,
+        cursor: q.cursor.clone(),
+    }
+}
+
+async fn relay_facts(state: &AdminState) -> Result<RelayFacts, StoreError> {
+    Ok(RelayFacts {
+        pause: state.store.paused().await?,
+        breaker: Some(state.metrics.breaker_now()),
+    })
+}
+
+async fn search(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let bad = |text: String| {
+        html(
+            StatusCode::BAD_REQUEST,
+            pages::notice("Bad search", &text, Some(&access.csrf)),
+        )
+    };
+    let mut query = match query {
+        Ok(Query(query)) => query,
+        Err(rejection) => return bad(rejection.body_text()),
+    };
+    blank_is_none(&mut query);
+    query.limit = Some(query.limit.unwrap_or(SEARCH_PAGE));
+    let form = copy(&query);
+    let filter = match query.into_filter(now_ms()) {
+        Ok(filter) => filter,
+        Err((_, text)) => return bad(text),
+    };
+    let read = async {
+        let page = state.store.list_page(&filter).await?;
+        let relay = relay_facts(&state).await?;
+        Ok::<_, StoreError>((page, relay))
+    };
+    match read.await {
+        Ok((page, relay)) => {
+            let waiting: Vec<Option<Waiting>> = page
+                .records
+                .iter()
+                .map(|r| {
+                    why_waiting(
+                        &RecordFacts {
+                            state: r.state,
+                            next_attempt_at_ms: r.next_attempt_at_ms,
+                            leased: r.leased,
+                            last_outcome: r.last_outcome.as_deref(),
+                            now_ms: r.read_at_ms,
+                        },
+                        &relay,
+                    )
+                })
+                .collect();
+            let next = page.next_cursor.map(|cursor| {
+                let mut next = copy(&form);
+                next.cursor = Some(cursor.encode());
+                next.to_query_string()
+            });
+            let results = pages::SearchResults {
+                form: &form,
+                rows: &page.records,
+                waiting: &waiting,
+                next,
+            };
+            html(StatusCode::OK, pages::search(&results, &access.csrf))
+        }
+        Err(err) => store_failed(err, &access),
+    }
+}
+
+async fn unresolved(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+) -> Response {
+    let filter = ListFilter {
+        state: Some(StateFilter::Is(RecordState::Unresolved)),
+        ..ListFilter::all(UNRESOLVED_PAGE)
+    };
+    match state.store.list_page(&filter).await {
+        Ok(page) => html(
+            StatusCode::OK,
+            pages::unresolved(&page.records, page.next_cursor.is_some(), &access.csrf),
+        ),
+        Err(err) => store_failed(err, &access),
+    }
+}
+
+fn no_record(id: &str, access: &Access) -> Response {
+    html(
+        StatusCode::NOT_FOUND,
+        pages::notice(
+            "No such record",
+            &format!("There is no record with id {id:?}."),
+            Some(&access.csrf),
+        ),
+    )
+}
+
+async fn message(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+    Path(id): Path<String>,
+) -> Response {
+    let read = async {
+        let Some(m) = state.store.message(&id).await? else {
+            return Ok(None);
+        };
+        let attempts = state.store.attempts(&id).await?;
+        let events = state.store.events(&id).await?;
+        let relay = relay_facts(&state).await?;
+        Ok::<_, StoreError>(Some((m, attempts, events, relay)))
+    };
+    match read.await {
+        Ok(Some((m, attempts, events, relay))) => {
+            let waiting = why_waiting(
+                &RecordFacts {
+                    state: m.state,
+                    next_attempt_at_ms: m.next_attempt_at_ms,
+                    leased: m.leased,
+                    last_outcome: attempts.last().and_then(|a| a.outcome.as_deref()),
+                    now_ms: now_ms(),
+                },
+                &relay,
+            );
+            let page = pages::MessagePage {
+                m: &m,
+                attempts: &attempts,
+                events: &events,
+                headers: m.content.as_deref().map(headers::fields),
+                waiting: waiting.as_ref(),
+            };
+            html(StatusCode::OK, pages::message(&page, &access.csrf))
+        }
+        Ok(None) => no_record(&id, &access),
+        Err(err) => store_failed(err, &access),
+    }
+}
+
+/// Why a retry of this record may deliver a second copy, if it may: the same rule as the
+/// store's (`requeue_refusal`), read from the ledger so the warning is shown before asking.
+fn duplicate_risk(
+    m: &crate::store::StoredMessage,
+    attempts: &[crate::store::AttemptRow],
+) -> Option<String> {
+    let unknown = attempts
+        .iter()
+        .any(|a| a.outcome.as_deref() == Some("unknown"));
+    (m.state == RecordState::Unresolved || unknown)
+        .then(|| crate::store::confirmation_reason(&m.id, m.state))
+}
+
+async fn retry_confirm(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+    Path(id): Path<String>,
+) -> Response {
+    let read = async {
+        let Some(m) = state.store.message(&id).await? else {
+            return Ok(None);
+        };
+        let attempts = state.store.attempts(&id).await?;
+        Ok::<_, StoreError>(Some((m, attempts)))
+    };
+    match read.await {
+        Ok(Some((m, attempts))) => {
+            let warning = duplicate_risk(&m, &attempts);
+            html(
+                StatusCode::OK,
+                pages::retry_confirm(&m, warning.as_deref(), &access.csrf),
+            )
+        }
+        Ok(None) => no_record(&id, &access),
+        Err(err) => store_failed(err, &access),
+    }
+}
+
+/// Who acts, as the API names it (the one admin token), with the name given at login, and
+/// that it was the console.
+fn operator(state: &AdminState, access: &Access, reason: Option<String>) -> Operator {
+    let mut actor = if state.token.is_some() {
+        "admin_token".to_string()
+    } else {
+        "admin API (no token configured)".to_string()
+    };
+    if let Some(name) = access
+        .session
+        .as_ref()
+        .map(|s| s.operator.as_str())
+        .filter(|n| !n.is_empty())
+    {
+        actor.push_str(&format!(" ({name})"));
+    }
+    actor.push_str(" via console");
+    Operator {
+        actor,
+        reason: reason_or_default(reason),
+    }
+}
+
+/// An action's answer: on success back to `to`, which shows the result; a refusal as a page
+/// with the API's status and message.
+fn after_action(result: Result<serde_json::Value, OpError>, to: &str, access: &Access) -> Response {
+    match result {
+        Ok(_) => see_other(to),
+        Err(err) => html(
+            err.status,
+            pages::notice("Not done", &err.message, Some(&access.csrf)),
+        ),
+    }
+}
+
+#[derive(Deserialize)]
+struct ActionForm {
+    csrf: Option<String>,
+    reason: Option<String>,
+    confirm: Option<String>,
+}
+
+impl ActionForm {
+    fn allowed(&self, state: &AdminState, access: &Access) -> bool {
+        access.allows_post(&session::key(state.token.as_deref()), self.csrf.as_deref())
+    }
+}
+
+/// `ops::retry`, as `POST /api/v1/messages/{id}/retry` runs it; back to the record's page,
+/// which shows its new state.
+async fn retry(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+    Path(id): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if !form.allowed(&state, &access) {
+        return forbidden_form(&access);
+    }
+    let confirmed = form.confirm.as_deref() == Some("duplicate-risk");
+    let by = operator(&state, &access, form.reason);
+    let result = ops::retry(state.store.as_ref(), &id, confirmed, &by).await;
+    match &result {
+        Ok(_) => state.delivery_hint.notify_waiters(),
+        // The record changed since the page was shown (e.g. a failed one now has an UNKNOWN
+        // attempt): ask again, with the warning.
+        Err(err) if err.code == "confirmation_required" => {
+            return see_other(&format!("{}/retry", pages::message_href(&id)))
+        }
+        Err(_) => {}
+    }
+    after_action(result, &pages::message_href(&id), &access)
+}
+
+async fn cancel(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+    Path(id): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if !form.allowed(&state, &access) {
+        return forbidden_form(&access);
+    }
+    let by = operator(&state, &access, form.reason);
+    let result = ops::cancel(state.store.as_ref(), &id, &by).await;
+    after_action(result, &pages::message_href(&id), &access)
+}
+
+async fn flush(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+    Path(id): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if !form.allowed(&state, &access) {
+        return forbidden_form(&access);
+    }
+    let by = operator(&state, &access, form.reason);
+    let result = ops::flush(state.store.as_ref(), &id, &by).await;
+    if result.is_ok() {
+        state.delivery_hint.notify_waiters();
+    }
+    after_action(result, &pages::message_href(&id), &access)
+}
+
+async fn flush_all(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if !form.allowed(&state, &access) {
+        return forbidden_form(&access);
+    }
+    let by = operator(&state, &access, form.reason);
+    let result = ops::flush_all(state.store.as_ref(), &by).await;
+    if result.is_ok() {
+        state.delivery_hint.notify_waiters();
+    }
+    after_action(result, "/console", &access)
+}
+
+async fn pause(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if !form.allowed(&state, &access) {
+        return forbidden_form(&access);
+    }
+    let by = operator(&state, &access, form.reason);
+    let result = ops::pause(state.store.as_ref(), &by).await;
+    after_action(result, "/console", &access)
+}
+
+async fn resume(
+    State(state): State<Arc<AdminState>>,
+    Extension(access): Extension<Access>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if !form.allowed(&state, &access) {
+        return forbidden_form(&access);
+    }
+    let by = operator(&state, &access, form.reason);
+    let result = ops::resume(state.store.as_ref(), &by).await;
+    if result.is_ok() {
+        state.delivery_hint.notify_waiters();
+    }
+    after_action(result, "/console", &access)
+}

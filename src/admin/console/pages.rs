@@ -1,0 +1,500 @@
+//! The console's HTML, one function per page, from data already read. maud escapes every
+//! interpolated value, so keys, addresses and header fields (all user input) cannot add markup.
+
+use std::collections::BTreeMap;
+
+use maud::{html, Markup, DOCTYPE};
+
+use crate::admin::api::ListQuery;
+use crate::admin::view::{recipient_status, time_ms};
+use crate::admin::waiting::Waiting;
+use crate::delivery::breaker::BreakerState;
+use crate::store::{
+    ActionRow, AttemptRow, EventRow, MessageSummary, Pause, QueueStats, State, StateFilter,
+    StoredMessage,
+};
+
+const STYLE: &str = "
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222}
+header{background:#24313f;color:#fff;padding:.5em 1em;display:flex;gap:1.5em;align-items:center}
+header a{color:#fff}header form{margin-left:auto}
+main{padding:1em}
+table{border-collapse:collapse;margin:.5em 0 1.5em}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#eef}
+td.n{text-align:right}
+.state{font-weight:bold}
+.queued{color:#06c}.delivered{color:#080}.failed,.rejected{color:#b00}.unresolved{color:#c60}.cancelled{color:#777}
+.warn{background:#fff3cd;border:1px solid #e0b000;padding:.75em;max-width:50em}
+.note{color:#666}
+pre,code{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-all}
+form.inline{display:inline}
+label{margin-right:1em}
+";
+
+/// One link in the header bar: (path, label).
+const NAV: [(&str, &str); 3] = [
+    ("/console", "Overview"),
+    ("/console/search", "Search"),
+    ("/console/unresolved", "Unresolved"),
+];
+
+pub fn layout(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { (title) " · idemrelay console" }
+                style { (maud::PreEscaped(STYLE)) }
+            }
+            body {
+                header {
+                    strong { "idemrelay" }
+                    @for (href, label) in NAV {
+                        a href=(href) { (label) }
+                    }
+                    @if let Some(csrf) = csrf {
+                        form.inline method="post" action="/console/logout" {
+                            input type="hidden" name="csrf" value=(csrf);
+                            button type="submit" { "Log out" }
+                        }
+                    }
+                }
+                main {
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+    }
+}
+
+/// A path segment or query value, percent-encoded.
+pub fn enc(value: &str) -> String {
+    url::form_urlencoded::byte_serialize(value.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+pub fn message_href(id: &str) -> String {
+    format!("/console/messages/{}", enc(id))
+}
+
+pub fn search_href(state: Option<State>, scope: Option<&str>) -> String {
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    if let Some(state) = state {
+        query.append_pair("state", state.as_str());
+    }
+    if let Some(scope) = scope {
+        query.append_pair("scope", scope);
+    }
+    format!("/console/search?{}", query.finish())
+}
+
+fn state_badge(state: State) -> Markup {
+    html! { span class={"state " (state.as_str())} { (state.as_str()) } }
+}
+
+fn opt(value: Option<&str>) -> Markup {
+    match value {
+        Some(v) => html! { (v) },
+        None => html! { span.note { "—" } },
+    }
+}
+
+pub fn login(error: Option<&str>) -> Markup {
+    layout(
+        "Log in",
+        None,
+        html! {
+            @if let Some(error) = error { p.warn { (error) } }
+            form method="post" action="/console/login" {
+                label { "Admin token " input type="password" name="token" autocomplete="current-password" autofocus; }
+                label { "Your name " input type="text" name="name" maxlength="64" placeholder="recorded with your actions"; }
+                button type="submit" { "Log in" }
+            }
+            p.note { "The admin API's bearer token (admin_token). The console keeps it only as a signed, HttpOnly session cookie." }
+        },
+    )
+}
+
+pub fn notice(title: &str, text: &str, csrf: Option<&str>) -> Markup {
+    layout(
+        title,
+        csrf,
+        html! {
+            p.warn { (text) }
+            p { a href="/console" { "Back to the overview" } }
+        },
+    )
+}
+
+/// Counts per scope and state from a scan of at most `limit` records.
+pub struct ScopeCounts {
+    pub counts: BTreeMap<String, BTreeMap<&'static str, u64>>,
+    pub scanned: usize,
+    pub complete: bool,
+}
+
+pub struct Overview<'a> {
+    pub stats: &'a QueueStats,
+    pub paused: Option<&'a Pause>,
+    pub scopes: &'a ScopeCounts,
+    /// The newest relay-wide operator actions (pause, resume, purge).
+    pub actions: &'a [ActionRow],
+    pub breaker: BreakerState,
+    pub now_ms: i64,
+}
+
+fn all_states() -> impl Iterator<Item = State> {
+    State::ALL.into_iter()
+}
+
+/// A form posting one operator action, with its reason.
+fn action_form(action: &str, button: &str, csrf: &str, id: &str) -> Markup {
+    html! {
+        form.inline method="post" action=(action) id=(id) {
+            input type="hidden" name="csrf" value=(csrf);
+            label { "Reason " input type="text" name="reason" required placeholder="why (kept in the history)"; }
+            button type="submit" { (button) }
+        }
+    }
+}
+
+fn actions_table(id: &str, actions: &[ActionRow]) -> Markup {
+    html! {
+        table id=(id) {
+            tr { th { "When" } th { "Action" } th { "Who" } th { "Why" } th { "Detail" } }
+            @for a in actions {
+                tr {
+                    td { (time_ms(a.at_ms)) }
+                    td { (a.action) }
+                    td { (a.actor) }
+                    td { (a.reason) }
+                    td { (a.detail.as_deref().unwrap_or("")) }
+                }
+            }
+        }
+    }
+}
+
+fn waiting_text(w: Option<&Waiting>) -> Markup {
+    match w {
+        Some(w) => html! { span title=(w.detail) { (w.reason) } ": " (w.detail) },
+        None => html! {},
+    }
+}
+
+pub fn overview(o: &Overview<'_>, csrf: &str) -> Markup {
+    let body = html! {
+        h2 { "Delivery" }
+        @match o.paused {
+            Some(p) => {
+                p.warn {
+                    "Paused since " (time_ms(p.since_ms)) ": " (p.reason)
+                    @if p.probe { " (the relay resumes by itself once the upstream answers a probe normally)" }
+                }
+                (action_form("/console/resume", "Resume delivery", csrf, "resume"))
+            }
+            None => {
+                p #delivering { "Delivering. Upstream circuit breaker: " (o.breaker.as_str()) "." }
+                (action_form("/console/pause", "Pause delivery", csrf, "pause"))
+            }
+        }
+        p { (action_form("/console/flush", "Flush: make every queued record due now", csrf, "flush-all")) }
+        @if !o.actions.is_empty() {
+            h3 { "Recent operator actions" }
+            (actions_table("relay-actions", o.actions))
+        }
+        h2 { "Records by state" }
+        table #by-state {
+            tr { th { "State" } th { "Records" } }
+            @for (state, n) in &o.stats.by_state {
+                tr {
+                    td { a href=(search_href(Some(*state), None)) { (state_badge(*state)) } }
+                    td.n { (n) }
+                }
+            }
+        }
+        p {
+            "Oldest queued: "
+            @match o.stats.oldest_queued_at_ms {
+                Some(ms) => { (time_ms(ms)) " (" (humantime::format_duration(std::time::Duration::from_secs(((o.now_ms - ms).max(0) / 1000) as u64))) " ago)" }
+                None => { "none" }
+            }
+            ". Damaged bodies: " (o.stats.damaged)
+            ". Upstream events without a record: " (o.stats.unmatched_events) "."
+        }
+        h2 { "Records by scope" }
+        @if !o.scopes.complete {
+            p.note { "Counted over the first " (o.scopes.scanned) " records; the per-state table above counts all." }
+        }
+        table #by-scope {
+            tr {
+                th { "Scope" }
+                @for state in all_states() { th { (state.as_str()) } }
+            }
+            @for (scope, counts) in &o.scopes.counts {
+                tr {
+                    td { a href=(search_href(None, Some(scope))) { (scope) } }
+                    @for state in all_states() {
+                        @let n = counts.get(state.as_str()).copied().unwrap_or(0);
+                        td.n {
+                            @if n > 0 { a href=(search_href(Some(state), Some(scope))) { (n) } } @else { "0" }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    layout("Queue overview", Some(csrf), body)
+}
+
+fn summary_table(rows: &[MessageSummary], waiting: &[Option<Waiting>]) -> Markup {
+    html! {
+        table #results {
+            tr {
+                th { "Id" } th { "State" } th { "Scope" } th { "Key" } th { "From" } th { "To" }
+                th { "Accepted" } th { "Attempts" } th { "Last reply / waiting" }
+            }
+            @for (i, r) in rows.iter().enumerate() {
+                tr {
+                    td { a href=(message_href(&r.id)) { code { (r.id) } } }
+                    td { (state_badge(r.state)) }
+                    td { (r.scope) }
+                    td { code { (opt(r.key.as_deref())) } }
+                    td { code { (r.mail_from) } }
+                    td { @for to in &r.rcpt_to { code { (to) } br; } }
+                    td { (time_ms(r.accepted_at_ms)) }
+                    td.n { (r.attempts) }
+                    td {
+                        (opt(r.upstream_reply.as_deref()))
+                        @if let Some(w) = waiting.get(i).and_then(Option::as_ref) { br; (waiting_text(Some(w))) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub struct SearchResults<'a> {
+    /// The filters as given (the form shows them again).
+    pub form: &'a ListQuery,
+    pub rows: &'a [MessageSummary],
+    /// Why each queued row waits, by position.
+    pub waiting: &'a [Option<Waiting>],
+    /// The query string of the next page, when there is one.
+    pub next: Option<String>,
+}
+
+fn text_field(label: &str, name: &str, value: &Option<String>, hint: &str) -> Markup {
+    html! {
+        label { (label) " " input type="text" name=(name) value=(value.as_deref().unwrap_or("")) placeholder=(hint); }
+    }
+}
+
+pub fn search(s: &SearchResults<'_>, csrf: &str) -> Markup {
+    let f = s.form;
+    let state = f.state.as_deref().and_then(StateFilter::parse);
+    let newest = f.order.as_deref() == Some("newest");
+    let body = html! {
+        form method="get" action="/console/search" #search {
+            p {
+                label { "State "
+                    select name="state" {
+                        option value="" selected[state.is_none()] { "any" }
+                        @for st in all_states() {
+                            option value=(st.as_str()) selected[state == Some(StateFilter::Is(st))] { (st.as_str()) }
+                        }
+                        option value="deferred" selected[state == Some(StateFilter::Deferred)] { "deferred (queued, retrying)" }
+                    }
+                }
+                (text_field("Scope", "scope", &f.scope, ""))
+                (text_field("Key", "key", &f.key, "exact"))
+                (text_field("Message-ID", "message_id", &f.message_id, ""))
+            }
+            p {
+                (text_field("Sender", "sender", &f.sender, "MAIL FROM"))
+                (text_field("Recipient", "recipient", &f.recipient, "one RCPT TO"))
+                (text_field("Since", "since", &f.since, "2026-12-02T10:00:00Z or 2h"))
+                (text_field("Until", "until", &f.until, "RFC 3339 or 30m"))
+                label { "Order "
+                    select name="order" {
+                        option value="oldest" selected[!newest] { "oldest first" }
+                        option value="newest" selected[newest] { "newest first" }
+                    }
+                }
+                button type="submit" { "Search" }
+            }
+        }
+        p #result-count { (s.rows.len()) " record(s)" @if s.next.is_some() { ", more on the next page" } "." }
+        (summary_table(s.rows, s.waiting))
+        @if let Some(next) = &s.next {
+            p { a #next-page href=(format!("/console/search?{next}")) { "Next page" } }
+        }
+    };
+    layout("Search", Some(csrf), body)
+}
+
+pub fn unresolved(rows: &[MessageSummary], more: bool, csrf: &str) -> Markup {
+    let body = html! {
+        p {
+            "An unresolved record's last attempt ended without a reply to the final dot: the upstream may or may not have it. "
+            "Check with the upstream (its events, its logs) before a retry; a retry may deliver a second copy."
+        }
+        table #unresolved {
+            tr { th { "Id" } th { "Scope" } th { "Key" } th { "Accepted" } th { "Attempts" } th { "Last reply" } th {} }
+            @for r in rows {
+                tr {
+                    td { a href=(message_href(&r.id)) { code { (r.id) } } }
+                    td { (r.scope) }
+                    td { code { (opt(r.key.as_deref())) } }
+                    td { (time_ms(r.accepted_at_ms)) }
+                    td.n { (r.attempts) }
+                    td { (opt(r.upstream_reply.as_deref())) }
+                    td { a.retry href=(format!("{}/retry", message_href(&r.id))) { "Retry…" } }
+                }
+            }
+        }
+        @if rows.is_empty() { p #none { "No unresolved records." } }
+        @if more { p.note { "Showing the first " (rows.len()) "; search by state for the rest." } }
+    };
+    layout("Unresolved records", Some(csrf), body)
+}
+
+pub struct MessagePage<'a> {
+    pub m: &'a StoredMessage,
+    pub attempts: &'a [AttemptRow],
+    pub events: &'a [EventRow],
+    /// None when the bytes are no longer stored.
+    pub headers: Option<Vec<(String, String)>>,
+    /// Why a queued record waits.
+    pub waiting: Option<&'a Waiting>,
+}
+
+pub fn message(p: &MessagePage<'_>, csrf: &str) -> Markup {
+    let m = p.m;
+    let retryable = matches!(
+        m.state,
+        State::Failed | State::Unresolved | State::Cancelled
+    );
+    let href = message_href(&m.id);
+    let body = html! {
+        p { "State: " span #state { (state_badge(m.state)) }
+            @if retryable { " " a.retry href=(format!("{href}/retry")) { "Retry…" } }
+        }
+        @if m.state == State::Queued {
+            p #waiting {
+                @if let Some(at) = m.next_attempt_at_ms { "Next attempt: " (time_ms(at)) ". " }
+                (waiting_text(p.waiting))
+            }
+            p { (action_form(&format!("{href}/flush"), "Flush: attempt now", csrf, "flush")) }
+            p { (action_form(&format!("{href}/cancel"), "Cancel delivery", csrf, "cancel")) }
+        }
+        h2 { "Envelope" }
+        table #envelope {
+            tr { th { "Id" } td { code { (m.id) } } }
+            tr { th { "Scope" } td { (m.scope) } }
+            tr { th { "Key" } td { code { (opt(m.key.as_deref())) } " (" (m.key_source) ")" } }
+            tr { th { "Upstream key" } td { code { (opt(m.upstream_key.as_deref())) } } }
+            tr { th { "Part" } td { (m.part) } }
+            tr { th { "MAIL FROM" } td { code { (m.mail_from) } } }
+            tr { th { "RCPT TO" } td { @for r in &m.rcpt_to { code { (r) } br; } } }
+            tr { th { "Message-ID" } td { code { (opt(m.message_id.as_deref())) } } }
+            tr { th { "Accepted" } td { (time_ms(m.accepted_at_ms)) } }
+            tr { th { "Finished" } td { (opt(m.finished_at_ms.map(time_ms).as_deref())) } }
+            tr { th { "Reply to the client" } td { code { (m.reply) } } }
+            tr { th { "Upstream reply" } td { code { (opt(m.upstream_reply.as_deref())) } } }
+            tr { th { "Resolved by" } td { (opt(m.resolved_by.as_deref())) } }
+            tr { th { "Queued job" } td { (if m.has_job { "yes" } else { "no" }) } }
+            tr { th { "Fingerprint" } td { code { (m.fingerprint.to_hex()) } } }
+            @if let Some(of) = &m.dsn_of { tr { th { "Reports on" } td { a href=(message_href(of)) { code { (of) } } } } }
+            @if !m.dsns.is_empty() {
+                tr { th { "DSNs sent" } td { @for d in &m.dsns { a href=(message_href(d)) { code { (d) } } br; } } }
+            }
+            @if let Some(damage) = &m.damage { tr { th { "Damage" } td.failed { (damage) } } }
+        }
+        h2 { "Headers" }
+        @match &p.headers {
+            Some(fields) => {
+                table #headers {
+                    @for (name, value) in fields { tr { th { (name) } td { code { (value) } } } }
+                }
+            }
+            None => { p.note { "The message's bytes are no longer stored." } }
+        }
+        h2 { "Delivery attempts" }
+        @if p.attempts.is_empty() { p.note { "None yet." } } @else {
+            table #attempts {
+                tr { th { "#" } th { "Worker" } th { "Started" } th { "Took" } th { "Outcome" } th { "Phase" } th { "Code" } th { "Upstream reply" } th { "Upstream id" } }
+                @for a in p.attempts {
+                    tr {
+                        td.n { (a.attempt) }
+                        td { code { (a.owner) } }
+                        td { (time_ms(a.started_at_ms)) }
+                        td.n { @if let Some(f) = a.finished_at_ms { (f - a.started_at_ms) " ms" } @else { "running" } }
+                        td { (opt(a.outcome.as_deref())) }
+                        td { (opt(a.phase.as_deref())) }
+                        td.n { (opt(a.code.map(|c| c.to_string()).as_deref())) }
+                        td { code { (opt(a.reply.as_deref())) } }
+                        td { code { (opt(a.upstream_id.as_deref())) } }
+                    }
+                }
+            }
+        }
+        h2 { "Upstream events" }
+        @if p.events.is_empty() { p.note { "No webhook events matched to this record." } } @else {
+            table #recipient-status {
+                tr { th { "Recipient" } th { "Last event" } }
+                @for (who, event) in recipient_status(p.events) { tr { td { code { (who) } } td { (event) } } }
+            }
+            table #events {
+                tr { th { "Event time" } th { "Received" } th { "Recipient" } th { "Type" } th { "Applied" } th { "Source" } th { "Resolved the record" } th { "Upstream id" } }
+                @for e in p.events {
+                    tr {
+                        td { (time_ms(e.event_time_ms)) }
+                        td { (time_ms(e.received_at_ms)) }
+                        td { code { (opt(e.recipient.as_deref())) } }
+                        td { (e.event_type) " (" (e.kind.as_str()) ")" }
+                        td { (if e.applied { "yes" } else { "stale" }) }
+                        td { (e.source) "/" (e.webhook_id) "#" (e.index) }
+                        td { (if e.evidence { "yes" } else { "" }) }
+                        td { code { (opt(e.upstream_id.as_deref())) } }
+                    }
+                }
+            }
+        }
+    };
+    let body = html! {
+        (body)
+        h2 { "Operator history" }
+        @if m.history.is_empty() { p.note #no-history { "No operator action on this record." } } @else {
+            (actions_table("history", &m.history))
+        }
+    };
+    layout(&format!("Message {}", m.id), Some(csrf), body)
+}
+
+/// The confirmation step of a retry. `warning`: why the retry may deliver a second copy, when
+/// it may.
+pub fn retry_confirm(m: &StoredMessage, warning: Option<&str>, csrf: &str) -> Markup {
+    let body = html! {
+        p { "Record " a href=(message_href(&m.id)) { code { (m.id) } } " (" (m.scope) ", key " code { (opt(m.key.as_deref())) } ") is " (state_badge(m.state)) "." }
+        @if let Some(warning) = warning {
+            p.warn #duplicate-risk { strong { "The upstream may already have this message. " } (warning) "." }
+        }
+        form method="post" action=(format!("{}/retry", message_href(&m.id))) #confirm-retry {
+            input type="hidden" name="csrf" value=(csrf);
+            p { label { "Reason " input type="text" name="reason" required size="50" placeholder="why (kept in the record's history)"; } }
+            @if warning.is_some() {
+                input type="hidden" name="confirm" value="duplicate-risk";
+                button type="submit" { "Retry, accepting that a second copy may be delivered" }
+            } @else {
+                button type="submit" { "Retry now" }
+            }
+        }
+        p { a href=(message_href(&m.id)) { "Cancel, back to the record" } }
+    };
+    layout("Retry delivery?", Some(csrf), body)
+}
