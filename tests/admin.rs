@@ -3,6 +3,8 @@
 //! `/metrics` scrape after a scripted run whose every counter is known.
 
 mod common;
+#[path = "admin/console.rs"]
+mod console;
 
 use std::time::Duration;
 
