@@ -1329,3 +1329,79 @@ async fn operator_actions_are_recorded_with_the_change_they_made(backend: Backen
         );
     }
 }
+
+on_both_backends!(inserts_arriving_together_behave_as_one_after_another);
+/// Many sessions' inserts at once (on Postgres they share commits: several records in one
+/// transaction): each key is inserted once, and every other insert of it, whether in the same
+/// batch or not, finds that record as a sequential insert would, with the same fingerprint
+/// (a replay) or not (a reuse of the key).
+async fn inserts_arriving_together_behave_as_one_after_another(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, _) in instances(&dir, backend).await {
+        let mut tasks = Vec::new();
+        for k in 0..30 {
+            for copy in 0..3u8 {
+                let store = a.clone();
+                tasks.push(tokio::spawn(async move {
+                    // Copies 0 and 1 are the same message; copy 2 reuses the key.
+                    let rec = record(&format!("r{k}-{copy}"), &format!("key-{k}"), copy / 2);
+                    (k, store.insert(&rec, RETENTION).await.unwrap())
+                }));
+            }
+        }
+        let mut inserted = vec![Vec::new(); 30];
+        let mut found = vec![Vec::new(); 30];
+        for t in tasks {
+            let (k, result) = t.await.unwrap();
+            match result {
+                Insert::Inserted => inserted[k].push(()),
+                Insert::Existing(e) => found[k].push(e),
+            }
+        }
+        for k in 0..30 {
+            assert_eq!(inserted[k].len(), 1, "{name}: key-{k}");
+            let kept = a.lookup("s", &format!("key-{k}"), RETENTION).await.unwrap();
+            assert_eq!(kept.len(), 1, "{name}: key-{k}");
+            for existing in &found[k] {
+                assert_eq!(existing.len(), 1, "{name}: key-{k}");
+                assert_eq!(existing[0].id, kept[0].id, "{name}: key-{k}");
+                assert_eq!(existing[0].fingerprint, kept[0].fingerprint, "{name}");
+            }
+            let job = a.message(&kept[0].id).await.unwrap().unwrap();
+            assert!(job.has_job, "{name}: key-{k} is queued with its job");
+        }
+        assert_eq!(a.list(None, 1000, None).await.unwrap().len(), 30, "{name}");
+        // Counted once each, whichever transaction and counter shard they went in with.
+        let days = a.report(None).await.unwrap();
+        let accepted: u64 = days.iter().map(|d| d.accepted).sum();
+        assert_eq!(accepted, 30, "{name}");
+    }
+}
+
+on_both_backends!(a_record_the_database_refuses_fails_alone);
+/// A record Postgres refuses (text with a NUL byte) among others arriving at the same time:
+/// it fails, and only it; every other is inserted and stays. SQLite stores such text, so
+/// there all are inserted.
+async fn a_record_the_database_refuses_fails_alone(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b) in instances(&dir, backend).await {
+        let mut tasks = Vec::new();
+        for k in 0..20 {
+            let store = a.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut rec = record(&format!("r{k}"), &format!("key-{k}"), 1);
+                if k == 10 {
+                    rec.envelope.mail_from = "nul\0@example.com".into();
+                }
+                (k, store.insert(&rec, RETENTION).await)
+            }));
+        }
+        for t in tasks {
+            let (k, result) = t.await.unwrap();
+            let refused = k == 10 && name == "postgres";
+            assert_eq!(result.is_err(), refused, "{name}: r{k}: {result:?}");
+            let stored = b.message(&format!("r{k}")).await.unwrap();
+            assert_eq!(stored.is_none(), refused, "{name}: r{k}");
+        }
+    }
+}

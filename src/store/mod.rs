@@ -4,6 +4,7 @@ mod group_commit;
 pub mod listing;
 mod migrate;
 pub mod postgres;
+mod postgres_intake;
 mod postgres_webhook;
 mod rows;
 mod spool;

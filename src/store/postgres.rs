@@ -12,6 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, Row};
 
 use super::migrate::{Embedded, Steps};
+use super::postgres_intake::Intake;
 use super::postgres_webhook as webhook;
 use super::{
     listing, retention_ms, rows, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed,
@@ -66,10 +67,17 @@ const MIGRATIONS: Steps = &[
         "operator",
         include_str!("../../migrations/postgres/0009_operator.sql"),
     ),
+    (
+        10,
+        "batch_counts",
+        include_str!("../../migrations/postgres/0010_batch_counts.sql"),
+    ),
 ];
 
 pub struct PostgresStore {
     pool: PgPool,
+    /// The intake writers (group commit).
+    intake: Intake,
 }
 
 impl PostgresStore {
@@ -95,7 +103,8 @@ impl PostgresStore {
                 ("lock_timeout", timeout_ms),
             ]))
             .await?;
-        Ok(PostgresStore { pool })
+        let intake = Intake::start(pool.clone());
+        Ok(PostgresStore { pool, intake })
     }
 }
 
@@ -307,67 +316,7 @@ async fn delete_job(conn: &mut PgConnection, id: &str) -> Result<(), StoreError>
 #[async_trait]
 impl Store for PostgresStore {
     async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let now = db_now(&mut tx).await?;
-        let known = webhook::Known::inserted(record);
-        let queued = record.state == State::Queued;
-        if queued {
-            webhook::lock(&mut tx, known.lock_names()).await?;
-        }
-        // A concurrent insert of the same key (on any instance) makes ours wait for its
-        // commit and then do nothing; the loop covers two inserts both replacing the same
-        // expired record, where the slower one finds the faster one's row.
-        loop {
-            if insert_message(&mut tx, record, now).await? == 1 {
-                break;
-            }
-            let found = sqlx::query(&format!(
-                "SELECT {}, accepted_at, finished_at,
-                    (SELECT MAX(a.started_at) FROM attempts a WHERE a.message_id = m.id)
-                        AS last_attempt_at
-                 FROM messages m WHERE scope = $1 AND idem_key = $2 ORDER BY part",
-                rows::EXISTING_COLUMNS
-            ))
-            .bind(&record.scope)
-            .bind(record.key.as_deref().unwrap_or_default())
-            .fetch_all(&mut *tx)
-            .await?;
-            // Gone between our insert and this read: the holder rolled back or was purged.
-            if found.is_empty() {
-                continue;
-            }
-            let mut live = Vec::new();
-            for row in &found {
-                let existing = rows::existing(row)?;
-                let expired = retention.expired(
-                    existing.state,
-                    row.try_get("accepted_at")?,
-                    row.try_get("finished_at")?,
-                    row.try_get("last_attempt_at")?,
-                    now,
-                );
-                if !expired {
-                    live.push(existing);
-                }
-            }
-            if !live.is_empty() {
-                tx.rollback().await?;
-                return Ok(Insert::Existing(live));
-            }
-            // Every record under the key has expired: the key starts a new operation.
-            sqlx::query("DELETE FROM messages WHERE scope = $1 AND idem_key = $2")
-                .bind(&record.scope)
-                .bind(record.key.as_deref().unwrap_or_default())
-                .execute(&mut *tx)
-                .await?;
-        }
-        if queued {
-            insert_job(&mut tx, &record.id, now).await?;
-            webhook::attach_unmatched(&mut tx, &known, now).await?;
-        }
-        failpoint!("intake.before_commit");
-        tx.commit().await?;
-        Ok(Insert::Inserted)
+        self.intake.insert(record, retention).await
     }
 
     async fn lookup(

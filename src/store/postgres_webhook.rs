@@ -18,7 +18,7 @@ use super::webhook::{
 use super::StoreError;
 
 /// The advisory lock space of event matching (the first key of the two-key form).
-const MATCH_LOCKS: i32 = 0x1d3e;
+pub(super) const MATCH_LOCKS: i32 = 0x1d3e;
 
 pub async fn lock(conn: &mut PgConnection, mut names: Vec<String>) -> Result<(), StoreError> {
     if names.is_empty() {
