@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequest, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -223,6 +223,32 @@ fn action_params(
     Ok(params)
 }
 
+/// An operator action's request, as every action handler takes it: who acts and why (the
+/// token, the person the client names, the reason) and the confirmation, from the query string
+/// or a JSON body. A bad query or body is refused with 400 before the handler runs. It reads the
+/// body, so it is the handler's last argument.
+pub struct Action {
+    by: Operator,
+    confirm: Option<String>,
+}
+
+impl FromRequest<Arc<AdminState>> for Action {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &Arc<AdminState>) -> Result<Self, Response> {
+        let query = Query::<ActionParams>::try_from_uri(req.uri());
+        let headers = req.headers().clone();
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let params = action_params(query, &body).map_err(|err| respond(Err(err)))?;
+        Ok(Action {
+            by: operator(state, &headers, params.reason),
+            confirm: params.confirm,
+        })
+    }
+}
+
 /// Who acts: the token's name (there is one admin token), with the person the client names.
 fn operator(state: &AdminState, headers: &HeaderMap, reason: Option<String>) -> Operator {
     let mut actor = if state.token.is_some() {
@@ -252,20 +278,20 @@ pub fn reason_or_default(reason: Option<String>) -> String {
         .unwrap_or_else(|| "no reason given".to_string())
 }
 
-type ActionQuery = Result<Query<ActionParams>, axum::extract::rejection::QueryRejection>;
+/// After an action that makes jobs due now: wake the workers rather than wait for their next scan.
+pub(super) fn wake_workers_if_ok(state: &AdminState, result: OpResult) -> OpResult {
+    if result.is_ok() {
+        state.delivery_hint.notify_waiters();
+    }
+    result
+}
 
 pub async fn retry(
     State(state): State<Arc<AdminState>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    query: ActionQuery,
-    body: Bytes,
+    action: Action,
 ) -> Response {
-    let params = match action_params(query, &body) {
-        Ok(params) => params,
-        Err(err) => return respond(Err(err)),
-    };
-    let confirmed = match params.confirm.as_deref() {
+    let confirmed = match action.confirm.as_deref() {
         None => false,
         Some("duplicate-risk") => true,
         Some(other) => {
@@ -275,13 +301,8 @@ pub async fn retry(
             )
         }
     };
-    let by = operator(&state, &headers, params.reason);
-    let result = ops::retry(state.store.as_ref(), &id, confirmed, &by).await;
-    if result.is_ok() {
-        // The job is due now: wake the workers rather than wait for their next scan.
-        state.delivery_hint.notify_waiters();
-    }
-    respond(result.map_err(|mut e| {
+    let result = ops::retry(state.store.as_ref(), &id, confirmed, &action.by).await;
+    respond(wake_workers_if_ok(&state, result).map_err(|mut e| {
         if e.code == "confirmation_required" {
             e.message
                 .push_str(", then POST again with ?confirm=duplicate-risk");
@@ -293,88 +314,35 @@ pub async fn retry(
 pub async fn cancel(
     State(state): State<Arc<AdminState>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    query: ActionQuery,
-    body: Bytes,
+    action: Action,
 ) -> Response {
-    let params = match action_params(query, &body) {
-        Ok(params) => params,
-        Err(err) => return respond(Err(err)),
-    };
-    if params.confirm.is_some() {
+    if action.confirm.is_some() {
         return bad_request("bad_query", "cancel takes no confirmation");
     }
-    let by = operator(&state, &headers, params.reason);
-    respond(ops::cancel(state.store.as_ref(), &id, &by).await)
+    respond(ops::cancel(state.store.as_ref(), &id, &action.by).await)
 }
 
 pub async fn flush(
     State(state): State<Arc<AdminState>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    query: ActionQuery,
-    body: Bytes,
+    action: Action,
 ) -> Response {
-    let params = match action_params(query, &body) {
-        Ok(params) => params,
-        Err(err) => return respond(Err(err)),
-    };
-    let by = operator(&state, &headers, params.reason);
-    let result = ops::flush(state.store.as_ref(), &id, &by).await;
-    if result.is_ok() {
-        state.delivery_hint.notify_waiters();
-    }
-    respond(result)
+    let result = ops::flush(state.store.as_ref(), &id, &action.by).await;
+    respond(wake_workers_if_ok(&state, result))
 }
 
-pub async fn flush_all(
-    State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
-    query: ActionQuery,
-    body: Bytes,
-) -> Response {
-    let params = match action_params(query, &body) {
-        Ok(params) => params,
-        Err(err) => return respond(Err(err)),
-    };
-    let by = operator(&state, &headers, params.reason);
-    let result = ops::flush_all(state.store.as_ref(), &by).await;
-    if result.is_ok() {
-        state.delivery_hint.notify_waiters();
-    }
-    respond(result)
+pub async fn flush_all(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+    let result = ops::flush_all(state.store.as_ref(), &action.by).await;
+    respond(wake_workers_if_ok(&state, result))
 }
 
-pub async fn pause(
-    State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
-    query: ActionQuery,
-    body: Bytes,
-) -> Response {
-    let params = match action_params(query, &body) {
-        Ok(params) => params,
-        Err(err) => return respond(Err(err)),
-    };
-    let by = operator(&state, &headers, params.reason);
-    respond(ops::pause(state.store.as_ref(), &by).await)
+pub async fn pause(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+    respond(ops::pause(state.store.as_ref(), &action.by).await)
 }
 
-pub async fn resume(
-    State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
-    query: ActionQuery,
-    body: Bytes,
-) -> Response {
-    let params = match action_params(query, &body) {
-        Ok(params) => params,
-        Err(err) => return respond(Err(err)),
-    };
-    let by = operator(&state, &headers, params.reason);
-    let result = ops::resume(state.store.as_ref(), &by).await;
-    if result.is_ok() {
-        state.delivery_hint.notify_waiters();
-    }
-    respond(result)
+pub async fn resume(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+    let result = ops::resume(state.store.as_ref(), &action.by).await;
+    respond(wake_workers_if_ok(&state, result))
 }
 
 pub async fn status(State(state): State<Arc<AdminState>>) -> Response {
@@ -384,16 +352,6 @@ pub async fn status(State(state): State<Arc<AdminState>>) -> Response {
     }))
 }
 
-pub async fn purge(
-    State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
-    query: ActionQuery,
-    body: Bytes,
-) -> Response {
-    let params = match action_params(query, &body) {
-        Ok(params) => params,
-        Err(err) => return respond(Err(err)),
-    };
-    let by = operator(&state, &headers, params.reason);
-    respond(ops::purge(state.store.as_ref(), state.retention, &by).await)
+pub async fn purge(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+    respond(ops::purge(state.store.as_ref(), state.retention, &action.by).await)
 }
