@@ -12,7 +12,7 @@ mod session;
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -21,7 +21,7 @@ use axum::{Extension, Form, Router};
 use maud::Markup;
 use serde::Deserialize;
 
-use super::api::{reason_or_default, ListQuery};
+use super::api::{reason_or_default, wake_workers_if_ok, ListQuery};
 use super::ops::{self, OpError};
 use super::waiting::{why_waiting, RecordFacts, RelayFacts, Waiting};
 use super::AdminState;
@@ -566,9 +566,35 @@ struct ActionForm {
     confirm: Option<String>,
 }
 
-impl ActionForm {
-    fn allowed(&self, state: &AdminState, access: &Access) -> bool {
-        access.allows_post(&session::key(state.token.as_deref()), self.csrf.as_deref())
+/// An action form's request, as every action handler takes it: how the request was let in,
+/// who acts and why, and the confirmation. A form without its session's CSRF token is refused
+/// before the handler runs. It reads the body, so it is the handler's last argument.
+struct Action {
+    access: Access,
+    by: Operator,
+    confirm: Option<String>,
+}
+
+impl FromRequest<Arc<AdminState>> for Action {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &Arc<AdminState>) -> Result<Self, Response> {
+        let (mut parts, body) = req.into_parts();
+        let Extension(access) = Extension::<Access>::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let Form(form) = Form::<ActionForm>::from_request(Request::from_parts(parts, body), state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let key = session::key(state.token.as_deref());
+        if !access.allows_post(&key, form.csrf.as_deref()) {
+            return Err(forbidden_form(&access));
+        }
+        Ok(Action {
+            by: operator(state, &access, form.reason),
+            confirm: form.confirm,
+            access,
+        })
     }
 }
 
@@ -576,100 +602,52 @@ impl ActionForm {
 /// which shows its new state.
 async fn retry(
     State(state): State<Arc<AdminState>>,
-    Extension(access): Extension<Access>,
     Path(id): Path<String>,
-    Form(form): Form<ActionForm>,
+    action: Action,
 ) -> Response {
-    if !form.allowed(&state, &access) {
-        return forbidden_form(&access);
+    let confirmed = action.confirm.as_deref() == Some("duplicate-risk");
+    let result = ops::retry(state.store.as_ref(), &id, confirmed, &action.by).await;
+    let result = wake_workers_if_ok(&state, result);
+    // The record changed since the page was shown (e.g. a failed one now has an UNKNOWN
+    // attempt): ask again, with the warning.
+    if matches!(&result, Err(err) if err.code == "confirmation_required") {
+        return see_other(&format!("{}/retry", pages::message_href(&id)));
     }
-    let confirmed = form.confirm.as_deref() == Some("duplicate-risk");
-    let by = operator(&state, &access, form.reason);
-    let result = ops::retry(state.store.as_ref(), &id, confirmed, &by).await;
-    match &result {
-        Ok(_) => state.delivery_hint.notify_waiters(),
-        // The record changed since the page was shown (e.g. a failed one now has an UNKNOWN
-        // attempt): ask again, with the warning.
-        Err(err) if err.code == "confirmation_required" => {
-            return see_other(&format!("{}/retry", pages::message_href(&id)))
-        }
-        Err(_) => {}
-    }
-    after_action(result, &pages::message_href(&id), &access)
+    after_action(result, &pages::message_href(&id), &action.access)
 }
 
 async fn cancel(
     State(state): State<Arc<AdminState>>,
-    Extension(access): Extension<Access>,
     Path(id): Path<String>,
-    Form(form): Form<ActionForm>,
+    action: Action,
 ) -> Response {
-    if !form.allowed(&state, &access) {
-        return forbidden_form(&access);
-    }
-    let by = operator(&state, &access, form.reason);
-    let result = ops::cancel(state.store.as_ref(), &id, &by).await;
-    after_action(result, &pages::message_href(&id), &access)
+    let result = ops::cancel(state.store.as_ref(), &id, &action.by).await;
+    after_action(result, &pages::message_href(&id), &action.access)
 }
 
 async fn flush(
     State(state): State<Arc<AdminState>>,
-    Extension(access): Extension<Access>,
     Path(id): Path<String>,
-    Form(form): Form<ActionForm>,
+    action: Action,
 ) -> Response {
-    if !form.allowed(&state, &access) {
-        return forbidden_form(&access);
-    }
-    let by = operator(&state, &access, form.reason);
-    let result = ops::flush(state.store.as_ref(), &id, &by).await;
-    if result.is_ok() {
-        state.delivery_hint.notify_waiters();
-    }
-    after_action(result, &pages::message_href(&id), &access)
+    let result = ops::flush(state.store.as_ref(), &id, &action.by).await;
+    let result = wake_workers_if_ok(&state, result);
+    after_action(result, &pages::message_href(&id), &action.access)
 }
 
-async fn flush_all(
-    State(state): State<Arc<AdminState>>,
-    Extension(access): Extension<Access>,
-    Form(form): Form<ActionForm>,
-) -> Response {
-    if !form.allowed(&state, &access) {
-        return forbidden_form(&access);
-    }
-    let by = operator(&state, &access, form.reason);
-    let result = ops::flush_all(state.store.as_ref(), &by).await;
-    if result.is_ok() {
-        state.delivery_hint.notify_waiters();
-    }
-    after_action(result, "/console", &access)
+async fn flush_all(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+    let result = ops::flush_all(state.store.as_ref(), &action.by).await;
+    let result = wake_workers_if_ok(&state, result);
+    after_action(result, "/console", &action.access)
 }
 
-async fn pause(
-    State(state): State<Arc<AdminState>>,
-    Extension(access): Extension<Access>,
-    Form(form): Form<ActionForm>,
-) -> Response {
-    if !form.allowed(&state, &access) {
-        return forbidden_form(&access);
-    }
-    let by = operator(&state, &access, form.reason);
-    let result = ops::pause(state.store.as_ref(), &by).await;
-    after_action(result, "/console", &access)
+async fn pause(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+    let result = ops::pause(state.store.as_ref(), &action.by).await;
+    after_action(result, "/console", &action.access)
 }
 
-async fn resume(
-    State(state): State<Arc<AdminState>>,
-    Extension(access): Extension<Access>,
-    Form(form): Form<ActionForm>,
-) -> Response {
-    if !form.allowed(&state, &access) {
-        return forbidden_form(&access);
-    }
-    let by = operator(&state, &access, form.reason);
-    let result = ops::resume(state.store.as_ref(), &by).await;
-    if result.is_ok() {
-        state.delivery_hint.notify_waiters();
-    }
-    after_action(result, "/console", &access)
+async fn resume(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+    let result = ops::resume(state.store.as_ref(), &action.by).await;
+    let result = wake_workers_if_ok(&state, result);
+    after_action(result, "/console", &action.access)
 }
