@@ -783,13 +783,7 @@ async fn a_replay_is_answered_when_its_count_cannot_be_written() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_record_says_why_over_http_and_is_flushed() {
-    let sink = start_sink().await;
-    sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Rcpt,
-        451,
-        "4.3.0 try again later",
-    )])
-    .unwrap();
+    let sink = common::start_deferring_sink().await;
     // One failure opens the breaker for an hour.
     let relay = relay_for(&sink, |s| {
         s.delivery.breaker_threshold = 1;

@@ -85,12 +85,16 @@ async fn refused_via(relay: &TestRelay, via: Via, args: &[&str]) -> Run {
     run
 }
 
+/// The first line of `text` that `is_it`, or a failure naming `what` was looked for.
+fn line_where<'a>(text: &'a str, what: &str, is_it: impl Fn(&str) -> bool) -> &'a str {
+    text.lines()
+        .find(|l| is_it(l))
+        .unwrap_or_else(|| panic!("no {what}:\n{text}"))
+}
+
 /// The table row that starts with `id`.
 fn row<'a>(table: &'a str, id: &str) -> &'a str {
-    table
-        .lines()
-        .find(|l| l.starts_with(id))
-        .unwrap_or_else(|| panic!("no row for {id}:\n{table}"))
+    line_where(table, &format!("row for {id}"), |l| l.starts_with(id))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,10 +181,7 @@ async fn a_failed_message_is_listed_shown_and_delivered_after_retry() {
         assert!(show.contains(&format!("id              {id}")), "{show}");
         assert!(show.contains("state           failed"), "{show}");
         assert!(show.contains("attempts        1"), "{show}");
-        let attempt = show
-            .lines()
-            .find(|l| l.starts_with("1 "))
-            .unwrap_or_else(|| panic!("no attempt row:\n{show}"));
+        let attempt = line_where(&show, "attempt row", |l| l.starts_with("1 "));
         assert!(attempt.contains("permanent"), "{attempt}");
         assert!(attempt.contains("rcpt"), "{attempt}");
         assert!(attempt.contains("550"), "{attempt}");
@@ -370,10 +371,7 @@ async fn a_cancelled_message_is_cancelled_and_never_delivered() {
     assert!(show.contains("cancelled by an operator"), "{show}");
     assert!(show.contains("attempts        0"), "{show}");
     assert!(show.contains("operator actions 1"), "{show}");
-    let action = show
-        .lines()
-        .find(|l| l.contains(" cancel "))
-        .unwrap_or_else(|| panic!("no cancel row:\n{show}"));
+    let action = line_where(&show, "cancel row", |l| l.contains(" cancel "));
     // Through the API, the actor is the token's name and the local user the CLI names.
     assert!(action.contains("admin API"), "{action}");
     assert!(action.contains("sent to the wrong list"), "{action}");
@@ -715,14 +713,8 @@ async fn the_api_needs_the_token_and_records_its_name_as_who() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_message_says_why_and_flush_sends_it_now() {
-    let sink = start_sink().await;
     // Every attempt is deferred by the upstream until the faults are cleared.
-    sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Rcpt,
-        451,
-        "4.3.0 try again later",
-    )])
-    .unwrap();
+    let sink = common::start_deferring_sink().await;
     let relay = relay_for(&sink, |s| {
         s.delivery.retry_base = Duration::from_secs(3600);
         s.delivery.retry_cap = Duration::from_secs(3600);

@@ -163,6 +163,17 @@ async fn start(config: SinkConfig) -> SinkHandle {
     Sink::start(config).await.unwrap()
 }
 
+/// A sink with its HTTP API on an ephemeral port, and the API's address.
+async fn start_with_api(config: SinkConfig) -> (SinkHandle, SocketAddr) {
+    let sink = start(SinkConfig {
+        api: Some("127.0.0.1:0".parse().unwrap()),
+        ..config
+    })
+    .await;
+    let api = sink.api_addr().unwrap();
+    (sink, api)
+}
+
 // --- acceptance and bytes ----------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -899,12 +910,7 @@ async fn get_json(addr: SocketAddr, path: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_api_reports_what_the_handle_reports() {
-    let sink = start(SinkConfig {
-        api: Some("127.0.0.1:0".parse().unwrap()),
-        ..SinkConfig::default()
-    })
-    .await;
-    let api = sink.api_addr().unwrap();
+    let (sink, api) = start_with_api(SinkConfig::default()).await;
     let mut c = session(sink.smtp_addr()).await;
     let text = message(Some("api-1"), "plain text");
     c.submit("a@example.com", &["b@example.com"], &text)
@@ -1062,12 +1068,7 @@ async fn json_error(addr: SocketAddr, method: &str, path: &str, body: &str) -> (
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_api_finds_messages_by_key_recipient_and_text_and_refuses_unknown_filters() {
-    let sink = start(SinkConfig {
-        api: Some("127.0.0.1:0".parse().unwrap()),
-        ..SinkConfig::default()
-    })
-    .await;
-    let api = sink.api_addr().unwrap();
+    let (sink, api) = start_with_api(SinkConfig::default()).await;
     let mut c = session(sink.smtp_addr()).await;
     let invoice = "From: app@example.com\r\nSubject: Invoice 42\r\n\
                    X-Bird-Idempotency-Key: inv-42\r\n\r\nPlease pay by Friday.\r\n";
@@ -1141,13 +1142,11 @@ async fn http_api_finds_messages_by_key_recipient_and_text_and_refuses_unknown_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_api_post_adds_fault_rules_and_put_replaces_them() {
-    let sink = start(SinkConfig {
-        api: Some("127.0.0.1:0".parse().unwrap()),
+    let (sink, api) = start_with_api(SinkConfig {
         faults: vec!["phase=mail,action=reply,code=451,times=1".parse().unwrap()],
         ..SinkConfig::default()
     })
     .await;
-    let api = sink.api_addr().unwrap();
     let mut c = session(sink.smtp_addr()).await;
     c.expect("MAIL FROM:<a@example.com>", 451).await;
 
@@ -1211,13 +1210,11 @@ async fn http_api_post_adds_fault_rules_and_put_replaces_them() {
 async fn http_reset_also_empties_the_maildir() {
     let dir = tempfile::tempdir().unwrap();
     let maildir = dir.path().join("mail");
-    let sink = start(SinkConfig {
-        api: Some("127.0.0.1:0".parse().unwrap()),
+    let (sink, api) = start_with_api(SinkConfig {
         maildir: Some(maildir.clone()),
         ..SinkConfig::default()
     })
     .await;
-    let api = sink.api_addr().unwrap();
     let mut c = session(sink.smtp_addr()).await;
     for key in ["m-1", "m-2"] {
         c.submit(

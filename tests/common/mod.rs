@@ -385,6 +385,18 @@ pub async fn start_sink() -> idemrelay::sink::SinkHandle {
         .expect("sink")
 }
 
+/// A sink whose upstream defers every recipient (`451 4.3.0`) until its faults are cleared.
+pub async fn start_deferring_sink() -> idemrelay::sink::SinkHandle {
+    let sink = start_sink().await;
+    sink.set_faults(vec![idemrelay::sink::FaultRule::reply(
+        idemrelay::sink::Phase::Rcpt,
+        451,
+        "4.3.0 try again later",
+    )])
+    .unwrap();
+    sink
+}
+
 /// A relay delivering to `sink` with `fast_delivery` settings, then `tune`.
 pub async fn relay_for(
     sink: &idemrelay::sink::SinkHandle,
