@@ -249,13 +249,18 @@ impl FromRequest<Arc<AdminState>> for Action {
     }
 }
 
-/// Who acts: the token's name (there is one admin token), with the person the client names.
-fn operator(state: &AdminState, headers: &HeaderMap, reason: Option<String>) -> Operator {
-    let mut actor = if state.token.is_some() {
+/// The admin token's name as an actor (there is one token), or that none is configured.
+pub(super) fn token_actor(state: &AdminState) -> String {
+    if state.token.is_some() {
         "admin_token".to_string()
     } else {
         "admin API (no token configured)".to_string()
-    };
+    }
+}
+
+/// Who acts: the token's name (there is one admin token), with the person the client names.
+fn operator(state: &AdminState, headers: &HeaderMap, reason: Option<String>) -> Operator {
+    let mut actor = token_actor(state);
     let claimed = headers
         .get(OPERATOR_HEADER)
         .and_then(|v| v.to_str().ok())

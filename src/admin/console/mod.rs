@@ -21,7 +21,7 @@ use axum::{Extension, Form, Router};
 use maud::Markup;
 use serde::Deserialize;
 
-use super::api::{reason_or_default, wake_workers_if_ok, ListQuery};
+use super::api::{reason_or_default, token_actor, wake_workers_if_ok, ListQuery};
 use super::ops::{self, OpError};
 use super::waiting::{why_waiting, RecordFacts, RelayFacts, Waiting};
 use super::AdminState;
@@ -527,11 +527,7 @@ async fn retry_confirm(
 /// Who acts, as the API names it (the one admin token), with the name given at login, and
 /// that it was the console.
 fn operator(state: &AdminState, access: &Access, reason: Option<String>) -> Operator {
-    let mut actor = if state.token.is_some() {
-        "admin_token".to_string()
-    } else {
-        "admin API (no token configured)".to_string()
-    };
+    let mut actor = token_actor(state);
     if let Some(name) = access
         .session
         .as_ref()
