@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::Output;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::process::{idemrelay, store_url};
@@ -411,10 +411,15 @@ async fn a_cancelled_message_is_cancelled_and_never_delivered() {
         .contains("--expired"));
 }
 
-/// Runs `idemrelay ARGS...` off the runtime's threads (the relay shares them).
+/// Runs `idemrelay ARGS...`.
 async fn run(args: Vec<String>) -> Run {
     let mut cmd = idemrelay();
     cmd.args(args);
+    run_command(cmd).await
+}
+
+/// Runs `cmd` off the runtime's threads (the relay shares them).
+async fn run_command(mut cmd: Command) -> Run {
     let out: Output = tokio::task::spawn_blocking(move || cmd.output().expect("run idemrelay"))
         .await
         .unwrap();
@@ -589,14 +594,7 @@ async fn run_env(args: &[&str], env: &[(&str, &str)]) -> Run {
     for (name, value) in env {
         cmd.env(name, value);
     }
-    let out: Output = tokio::task::spawn_blocking(move || cmd.output().expect("run idemrelay"))
-        .await
-        .unwrap();
-    Run {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    run_command(cmd).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
