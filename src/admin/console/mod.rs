@@ -25,7 +25,9 @@ use super::api::{reason_or_default, token_actor, wake_workers_if_ok, ListQuery};
 use super::ops::{self, OpError};
 use super::waiting::{why_waiting, RecordFacts, RelayFacts, Waiting};
 use super::AdminState;
-use crate::store::{ListFilter, Operator, State as RecordState, StateFilter, StoreError};
+use crate::store::{
+    AttemptRow, ListFilter, Operator, State as RecordState, StateFilter, StoreError, StoredMessage,
+};
 use session::Session;
 
 /// Records read to count them by scope on the overview (the per-state counts are exact).
@@ -446,16 +448,27 @@ fn no_record(id: &str, access: &Access) -> Response {
     )
 }
 
+/// A record and its attempts (the ledger), or None when there is no such record.
+async fn record_with_attempts(
+    state: &AdminState,
+    id: &str,
+) -> Result<Option<(StoredMessage, Vec<AttemptRow>)>, StoreError> {
+    let Some(m) = state.store.message(id).await? else {
+        return Ok(None);
+    };
+    let attempts = state.store.attempts(id).await?;
+    Ok(Some((m, attempts)))
+}
+
 async fn message(
     State(state): State<Arc<AdminState>>,
     Extension(access): Extension<Access>,
     Path(id): Path<String>,
 ) -> Response {
     let read = async {
-        let Some(m) = state.store.message(&id).await? else {
+        let Some((m, attempts)) = record_with_attempts(&state, &id).await? else {
             return Ok(None);
         };
-        let attempts = state.store.attempts(&id).await?;
         let events = state.store.events(&id).await?;
         let relay = relay_facts(&state).await?;
         Ok::<_, StoreError>(Some((m, attempts, events, relay)))
@@ -488,10 +501,7 @@ async fn message(
 
 /// Why a retry of this record may deliver a second copy, if it may: the same rule as the
 /// store's (`requeue_refusal`), read from the ledger so the warning is shown before asking.
-fn duplicate_risk(
-    m: &crate::store::StoredMessage,
-    attempts: &[crate::store::AttemptRow],
-) -> Option<String> {
+fn duplicate_risk(m: &StoredMessage, attempts: &[AttemptRow]) -> Option<String> {
     let unknown = attempts
         .iter()
         .any(|a| a.outcome.as_deref() == Some("unknown"));
@@ -504,14 +514,7 @@ async fn retry_confirm(
     Extension(access): Extension<Access>,
     Path(id): Path<String>,
 ) -> Response {
-    let read = async {
-        let Some(m) = state.store.message(&id).await? else {
-            return Ok(None);
-        };
-        let attempts = state.store.attempts(&id).await?;
-        Ok::<_, StoreError>(Some((m, attempts)))
-    };
-    match read.await {
+    match record_with_attempts(&state, &id).await {
         Ok(Some((m, attempts))) => {
             let warning = duplicate_risk(&m, &attempts);
             html(
