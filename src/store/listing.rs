@@ -120,6 +120,24 @@ pub(crate) enum Param {
     Int(i64),
 }
 
+/// The listing's parameters bound in order, on either backend.
+pub(crate) fn bind<'q, DB: sqlx::Database>(
+    mut query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>,
+    params: Vec<Param>,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>
+where
+    String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    for param in params {
+        query = match param {
+            Param::Text(text) => query.bind(text),
+            Param::Int(n) => query.bind(n),
+        };
+    }
+    query
+}
+
 /// Ids begin with the acceptance time in milliseconds (`{ms:011X}`, see
 /// `intake::new_queue_id`), so a time range bounds an id range and walks the primary key. The
 /// id is made a moment before the row's `accepted_at` (a commit later): the id bound is

@@ -201,45 +201,59 @@ async fn db_now(conn: &mut PgConnection) -> Result<i64, StoreError> {
         .await?)
 }
 
+/// Binds a new record's columns as $1..$20, in the order of `messages`' insert statements
+/// (`insert_message` here, the batch's in postgres_intake.rs).
+pub(super) fn bind_new_record<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    record: &'q NewRecord,
+    now: i64,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind(&record.id)
+        .bind(&record.scope)
+        .bind(&record.key)
+        .bind(record.key_source)
+        .bind(&record.fingerprint.as_bytes()[..])
+        .bind(&record.envelope.mail_from)
+        .bind(record.envelope.rcpt_to.join("\n"))
+        .bind(record.envelope.body.as_str())
+        .bind(record.envelope.smtputf8)
+        .bind(i64::try_from(record.size).unwrap_or(i64::MAX))
+        .bind(record.content.as_deref())
+        .bind(record.state.as_str())
+        .bind(&record.reply)
+        .bind(now)
+        .bind(&record.dsn_of)
+        .bind(
+            record
+                .content
+                .as_deref()
+                .map(|body| super::body_checksum(body).to_vec()),
+        )
+        .bind(i64::from(record.part))
+        .bind(&record.message_fp.as_bytes()[..])
+        .bind(&record.upstream_key)
+        .bind(&record.message_id)
+}
+
 /// Inserts a message row unless its (scope, key) is taken; returns the rows inserted.
 async fn insert_message(
     conn: &mut PgConnection,
     record: &NewRecord,
     now: i64,
 ) -> Result<u64, StoreError> {
-    Ok(sqlx::query(
-        "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
+    Ok(bind_new_record(
+        sqlx::query(
+            "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
             rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
             content_hash, part, message_fp, upstream_key, header_message_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
             $18, $19, $20)
          ON CONFLICT (scope, idem_key, part) DO NOTHING",
+        ),
+        record,
+        now,
     )
-    .bind(&record.id)
-    .bind(&record.scope)
-    .bind(&record.key)
-    .bind(record.key_source)
-    .bind(&record.fingerprint.as_bytes()[..])
-    .bind(&record.envelope.mail_from)
-    .bind(record.envelope.rcpt_to.join("\n"))
-    .bind(record.envelope.body.as_str())
-    .bind(record.envelope.smtputf8)
-    .bind(i64::try_from(record.size).unwrap_or(i64::MAX))
-    .bind(record.content.as_deref())
-    .bind(record.state.as_str())
-    .bind(&record.reply)
-    .bind(now)
-    .bind(&record.dsn_of)
-    .bind(
-        record
-            .content
-            .as_deref()
-            .map(|body| super::body_checksum(body).to_vec()),
-    )
-    .bind(i64::from(record.part))
-    .bind(&record.message_fp.as_bytes()[..])
-    .bind(&record.upstream_key)
-    .bind(&record.message_id)
     .execute(&mut *conn)
     .await?
     .rows_affected())
@@ -705,14 +719,9 @@ impl Store for PostgresStore {
     async fn list_page(&self, filter: &ListFilter) -> Result<Page, StoreError> {
         let (sql, params) = listing::list_sql(filter, listing::Dialect::Postgres)
             .map_err(StoreError::InvalidFilter)?;
-        let mut query = sqlx::query(&sql);
-        for param in params {
-            query = match param {
-                listing::Param::Text(text) => query.bind(text),
-                listing::Param::Int(n) => query.bind(n),
-            };
-        }
-        let found = query.fetch_all(&self.pool).await?;
+        let found = listing::bind(sqlx::query(&sql), params)
+            .fetch_all(&self.pool)
+            .await?;
         let records = found.iter().map(rows::summary).collect::<Result<_, _>>()?;
         Ok(listing::page(records, filter))
     }

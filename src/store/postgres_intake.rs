@@ -298,8 +298,9 @@ async fn insert_queued(
     queued: bool,
     now: i64,
 ) -> Result<(bool, bool), StoreError> {
-    let row = sqlx::query(
-        "WITH m AS (
+    let row = super::postgres::bind_new_record(
+        sqlx::query(
+            "WITH m AS (
             INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                 rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
                 content_hash, part, message_fp, upstream_key, header_message_id)
@@ -320,32 +321,10 @@ async fn insert_queued(
                         WHERE record_id IS NULL AND idem_key = $19)
                 OR EXISTS (SELECT 1 FROM upstream_events
                         WHERE record_id IS NULL AND header_message_id = $20)) AS unmatched",
+        ),
+        record,
+        now,
     )
-    .bind(&record.id)
-    .bind(&record.scope)
-    .bind(&record.key)
-    .bind(record.key_source)
-    .bind(&record.fingerprint.as_bytes()[..])
-    .bind(&record.envelope.mail_from)
-    .bind(record.envelope.rcpt_to.join("\n"))
-    .bind(record.envelope.body.as_str())
-    .bind(record.envelope.smtputf8)
-    .bind(i64::try_from(record.size).unwrap_or(i64::MAX))
-    .bind(record.content.as_deref())
-    .bind(record.state.as_str())
-    .bind(&record.reply)
-    .bind(now)
-    .bind(&record.dsn_of)
-    .bind(
-        record
-            .content
-            .as_deref()
-            .map(|body| super::body_checksum(body).to_vec()),
-    )
-    .bind(i64::from(record.part))
-    .bind(&record.message_fp.as_bytes()[..])
-    .bind(&record.upstream_key)
-    .bind(&record.message_id)
     .bind(queued)
     .fetch_one(&mut *conn)
     .await?;

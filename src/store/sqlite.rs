@@ -429,14 +429,9 @@ impl Store for SqliteStore {
         let dialect = listing::Dialect::Sqlite { now_ms: now_ms() };
         let (sql, params) =
             listing::list_sql(filter, dialect).map_err(StoreError::InvalidFilter)?;
-        let mut query = sqlx::query(&sql);
-        for param in params {
-            query = match param {
-                listing::Param::Text(text) => query.bind(text),
-                listing::Param::Int(n) => query.bind(n),
-            };
-        }
-        let found = query.fetch_all(&self.pool).await?;
+        let found = listing::bind(sqlx::query(&sql), params)
+            .fetch_all(&self.pool)
+            .await?;
         let records = found.iter().map(rows::summary).collect::<Result<_, _>>()?;
         Ok(listing::page(records, filter))
     }
