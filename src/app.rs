@@ -49,8 +49,8 @@ impl Relay {
     pub async fn start(settings: &Settings) -> anyhow::Result<Relay> {
         // First, so that even a start that fails says which build failed.
         tracing::info!(
-            version = crate::build_info::VERSION,
-            commit = crate::build_info::GIT_COMMIT,
+            version = %crate::build_info::VERSION,
+            commit = %crate::build_info::GIT_COMMIT,
             "idemrelay {} starting",
             crate::build_info::LONG_VERSION
         );
