@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Prints the import cycles between idemrelay's source files (issue 18: a one-way module graph).
+
+Every path a file names (`use crate::a::b`, `super::x`, `crate::a::f(...)` in code) is resolved
+to the longest module prefix that is a file under src/, giving an edge file -> file. Declaring a
+child (`mod x;`) is not an edge; using its items is. Cycles are the strongly connected components
+of more than one file. `--modules` folds files into their top-level module (crate::a) first.
+
+Exit status 1 when a cycle exists, so a test or CI step can hold the graph one-way.
+"""
+import os
+import re
+import sys
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+
+
+def module_of(rel):
+    parts = rel[:-3].split(os.sep)
+    if parts[-1] in ("mod", "lib", "main"):
+        parts = parts[:-1]
+    return tuple(parts)
+
+
+def strip(text):
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+
+
+def without_tests(text):
+    # `#[cfg(test)] mod tests { ... }` may import anything: tests are not part of the graph.
+    out, i = [], 0
+    for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{", text):
+        if m.start() < i:
+            continue
+        out.append(text[i : m.start()])
+        depth, j = 1, m.end()
+        while j < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        i = j
+    out.append(text[i:])
+    return "".join(out)
+
+
+def expand_use(tree):
+    """`a::{b, c::{d, e}}` -> [a::b, a::c::d, a::c::e]."""
+    tree = re.sub(r"\s+", "", tree)
+    depth, split = 0, None
+    for k, ch in enumerate(tree):
+        if ch == "{":
+            if depth == 0 and split is None:
+                split = k
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+    if split is None:
+        return [tree.split(" as ")[0]] if tree else []
+    prefix, inner = tree[:split], tree[split + 1 : tree.rindex("}")]
+    items, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        cur += ch
+    items.append(cur)
+    paths = []
+    for item in items:
+        for sub in expand_use(item):
+            paths.append(prefix + sub if sub != "self" else prefix.rstrip(":"))
+    return paths
+
+
+def main():
+    fold = "--modules" in sys.argv
+    files = {}
+    for root, _, names in os.walk(SRC):
+        for name in names:
+            if name.endswith(".rs"):
+                rel = os.path.relpath(os.path.join(root, name), SRC)
+                if rel in ("main.rs",) or rel.startswith("bin" + os.sep):
+                    continue
+                files[module_of(rel)] = rel
+    edges = {rel: set() for rel in files.values()}
+
+    def resolve(here, path):
+        segs = [s for s in path.split("::") if s]
+        if not segs:
+            return None
+        if segs[0] == "crate":
+            base, segs = (), segs[1:]
+        elif segs[0] in ("super", "self"):
+            base = here
+            while segs and segs[0] in ("super", "self"):
+                if segs[0] == "super":
+                    base = base[:-1]
+                segs = segs[1:]
+        else:
+            # A path relative to this module: a child declared here (or an external crate).
+            base = here
+            if base + (segs[0],) not in files:
+                return None
+        best = None
+        for n in range(len(segs) + 1):
+            cand = base + tuple(segs[:n])
+            if cand in files:
+                best = cand
+        return best
+
+    for mod, rel in files.items():
+        text = without_tests(strip(open(os.path.join(SRC, rel)).read()))
+        # A file's own module for `self::`/relative paths; `mod.rs` and `lib.rs` are their dir.
+        paths = []
+        for m in re.finditer(r"\buse\s+([^;]+);", text):
+            paths += expand_use(m.group(1))
+        paths += re.findall(r"\b((?:crate|super)(?:::\w+)+)", text)
+        for p in paths:
+            target = resolve(mod, p)
+            if target is None or target == mod:
+                continue
+            # A parent naming its own child is declaration plus re-export: counted (it is an
+            # import); a child naming its parent too. Both directions make a cycle.
+            edges[rel].add(files[target])
+
+    if fold:
+        def top(rel):
+            m = module_of(rel)
+            return m[0] if m else "lib"
+        folded = {}
+        for a, bs in edges.items():
+            folded.setdefault(top(a), set())
+            for b in bs:
+                if top(b) != top(a) and top(a) != "lib" and top(b) != "lib":
+                    folded[top(a)].add(top(b))
+        edges = folded
+
+    # Tarjan's strongly connected components.
+    index, low, stack, on, sccs, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                sccs.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    for comp in sccs:
+        members = set(comp)
+        print(f"cycle of {len(comp)}:")
+        for a in comp:
+            inside = sorted(b for b in edges[a] if b in members)
+            print(f"  {a} -> {', '.join(inside)}")
+    if not sccs:
+        print("no import cycle")
+    sys.exit(1 if sccs else 0)
+
+
+if __name__ == "__main__":
+    main()
