@@ -665,7 +665,7 @@ fn attempt_labels() -> Vec<(&'static str, &'static str)> {
                 OutcomeKind::Permanent => {
                     matches!(
                         phase,
-                        Phase::Mail | Phase::Rcpt | Phase::Data | Phase::Body | Phase::Dot
+                        Phase::Mail | Phase::Rcpt | Phase::Data | Phase::Dot
                     )
                 }
                 OutcomeKind::Transient => true,

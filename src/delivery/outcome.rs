@@ -11,8 +11,10 @@ use std::fmt;
 
 /// The step of the SMTP conversation an attempt had reached.
 ///
-/// `Dot` starts the moment the relay begins writing the final `CRLF.CRLF`: from then on the
-/// upstream may have accepted the message, so a missing answer is UNKNOWN, never a failure.
+/// `Dot` starts with the first body byte and ends with the reply to the final `CRLF.CRLF`: the
+/// client writes the body and reads that reply in one call, so a failure while writing the body
+/// cannot be told from one after the dot, and either is UNKNOWN (the upstream may have accepted
+/// the message), never a failure. There is therefore no separate body phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Phase {
     Connect,
@@ -23,12 +25,11 @@ pub enum Phase {
     Mail,
     Rcpt,
     Data,
-    Body,
     Dot,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 10] = [
+    pub const ALL: [Phase; 9] = [
         Phase::Connect,
         Phase::Greeting,
         Phase::Ehlo,
@@ -37,7 +38,6 @@ impl Phase {
         Phase::Mail,
         Phase::Rcpt,
         Phase::Data,
-        Phase::Body,
         Phase::Dot,
     ];
 
@@ -51,7 +51,6 @@ impl Phase {
             Phase::Mail => "mail",
             Phase::Rcpt => "rcpt",
             Phase::Data => "data",
-            Phase::Body => "body",
             Phase::Dot => "dot",
         }
     }
@@ -483,8 +482,7 @@ mod tests {
         assert_eq!(
             names,
             [
-                "connect", "greeting", "ehlo", "starttls", "auth", "mail", "rcpt", "data", "body",
-                "dot"
+                "connect", "greeting", "ehlo", "starttls", "auth", "mail", "rcpt", "data", "dot"
             ]
         );
     }

@@ -279,7 +279,7 @@ fn phase_name(phase: Phase) -> &'static str {
         Phase::Mail => "MAIL FROM",
         Phase::Rcpt => "RCPT TO",
         Phase::Data => "DATA",
-        Phase::Body | Phase::Dot => "end of data",
+        Phase::Dot => "end of data",
     }
 }
 

@@ -109,7 +109,7 @@ pub struct Failure {
 ///   lacks STARTTLS or AUTH → 69 EX_UNAVAILABLE.
 pub fn exit_code(failure: &Failure) -> u8 {
     match (&failure.cause, failure.phase) {
-        (Cause::Reply(500..=599), Phase::Dot | Phase::Body) => EX_DATAERR,
+        (Cause::Reply(500..=599), Phase::Dot) => EX_DATAERR,
         (Cause::Reply(500..=599), _) | (Cause::Unsupported, _) => EX_UNAVAILABLE,
         _ => EX_TEMPFAIL,
     }
