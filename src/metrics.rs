@@ -15,6 +15,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::delivery::breaker::BreakerState;
 use crate::delivery::outcome::{OutcomeKind, Phase};
+use crate::delivery::retry::Next;
 use crate::delivery::upstream::ReplyClass;
 use crate::intake::Outcome as SubmissionOutcome;
 use crate::smtp::session::RefusalReason;
@@ -119,8 +120,6 @@ const SUBMISSION_RESULTS: [SubmissionOutcome; 7] = [
     SubmissionOutcome::Unavailable,
     SubmissionOutcome::Rejected,
 ];
-
-const DECISIONS: [&str; 4] = ["delivered", "retry", "failed", "unresolved"];
 
 /// Why a webhook request was refused (nothing of it stored), as the metric's `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -403,7 +402,7 @@ impl Metrics {
         for outcome in SUBMISSION_RESULTS {
             let _ = submissions.get_or_create(&label("result", result_label(outcome)));
         }
-        for decision in DECISIONS {
+        for decision in Next::LABELS {
             let _ = decisions.get_or_create(&label("decision", decision));
         }
         for reason in WebhookRefusal::ALL {
@@ -663,10 +662,7 @@ fn attempt_labels() -> Vec<(&'static str, &'static str)> {
             let possible = match outcome {
                 OutcomeKind::Accepted | OutcomeKind::Unknown => phase == Phase::Dot,
                 OutcomeKind::Permanent => {
-                    matches!(
-                        phase,
-                        Phase::Mail | Phase::Rcpt | Phase::Data | Phase::Dot
-                    )
+                    matches!(phase, Phase::Mail | Phase::Rcpt | Phase::Data | Phase::Dot)
                 }
                 OutcomeKind::Transient => true,
             };

@@ -487,6 +487,75 @@ fn quoted_printable(data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The RFC 3464 notice for `job`'s permanent failure, as the record queued in the failure's
+/// commit, keyed from the original so that it is itself sent once. None for the null sender
+/// (never notify a notification). Its queue id and the time of the failure come in from the
+/// caller, as everything else here does.
+pub fn dsn_for(
+    job: &crate::store::Claimed,
+    outcome: &super::outcome::Outcome,
+    reporting_mta: &str,
+    id: String,
+    now_unix: i64,
+) -> Option<crate::store::NewRecord> {
+    use crate::intake::fingerprint::{fingerprint, message_fingerprint};
+    use crate::intake::key::KEY_HEADER;
+    use crate::smtp::reply::Reply;
+    use crate::smtp::session::{BodyType, Envelope};
+    use crate::store::{NewRecord, State};
+
+    if job.mail_from.is_empty() {
+        return None;
+    }
+    // Per record, not per key: a key reused after retention may fail again and deserves its
+    // own notice.
+    let key = dsn_key(&job.scope, &job.id);
+    let report = build_dsn(&DsnInput {
+        reporting_mta,
+        original_id: &job.id,
+        original_envelope_from: &job.mail_from,
+        recipients: &job.rcpt_to,
+        phase: outcome.phase().map_or("dot", |p| p.as_str()),
+        remote_code: outcome.code().unwrap_or(550),
+        remote_reply: &outcome.reply_text(),
+        arrival_unix: job.accepted_at_ms / 1000,
+        now_unix,
+        original_message: &job.content,
+        dsn_message_id: &format!("{id}@{reporting_mta}"),
+    });
+    let mut content = format!("{KEY_HEADER}: {key}\r\n").into_bytes();
+    content.extend_from_slice(&report);
+    let envelope = Envelope {
+        mail_from: String::new(),
+        rcpt_to: vec![job.mail_from.clone()],
+        body: if job.eight_bit {
+            BodyType::EightBitMime
+        } else {
+            BodyType::SevenBit
+        },
+        smtputf8: job.smtputf8,
+    };
+    Some(NewRecord {
+        fingerprint: fingerprint(&job.scope, &envelope, &content),
+        message_fp: message_fingerprint(&job.scope, &envelope, &content),
+        reply: Reply::queued(&id).line(),
+        id,
+        scope: job.scope.clone(),
+        // Unique per failed record and scope already: the upstream sees it as it is.
+        upstream_key: Some(key.clone()),
+        part: 1,
+        key: Some(key),
+        key_source: "dsn",
+        envelope,
+        size: content.len(),
+        content: Some(content),
+        state: State::Queued,
+        dsn_of: Some(job.id.clone()),
+        // Events name the message the DSN reports on, not the DSN.
+        message_id: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -941,5 +1010,100 @@ more body\r\n";
         assert_eq!(wrap("a b", "  "), "  a b\r\n");
         assert_eq!(clean("  a\r\n\tb  c\u{e9} "), "a b c?");
         assert_eq!(truncate("h\u{e9}llo", 2), "h [...]");
+    }
+
+    fn failed_job(mail_from: &str, eight_bit: bool) -> crate::store::Claimed {
+        crate::store::Claimed {
+            id: "01HZX".into(),
+            scope: "team-a".into(),
+            key: Some("k-1".into()),
+            mail_from: mail_from.into(),
+            rcpt_to: recipients(),
+            eight_bit,
+            smtputf8: false,
+            content: ORIGINAL.to_vec(),
+            accepted_at_ms: 1_700_000_000_000,
+            attempts: 1,
+            first_attempt_at_ms: Some(1_700_000_000_000),
+            any_unknown: false,
+            recovered: false,
+            now_ms: 1_700_003_600_000,
+            token: 7,
+        }
+    }
+
+    #[test]
+    fn a_failed_record_queues_its_notice_keyed_from_the_record() {
+        use crate::delivery::outcome::{Outcome, Phase};
+        let refused = Outcome::Permanent {
+            phase: Phase::Rcpt,
+            code: 550,
+            reply: "550 5.1.1 user unknown".into(),
+        };
+        let job = failed_job("alice@example.com", true);
+        let dsn = dsn_for(
+            &job,
+            &refused,
+            "relay.example.com",
+            "D1".into(),
+            1_700_003_600,
+        )
+        .expect("a sender to notify");
+        let key = dsn_key("team-a", "01HZX");
+        assert_eq!(dsn.id, "D1");
+        assert_eq!(dsn.scope, "team-a");
+        assert_eq!(dsn.key.as_deref(), Some(key.as_str()));
+        assert_eq!(dsn.upstream_key.as_deref(), Some(key.as_str()));
+        assert_eq!(dsn.key_source, "dsn");
+        assert_eq!(dsn.dsn_of.as_deref(), Some("01HZX"));
+        assert_eq!(dsn.state, crate::store::State::Queued);
+        assert_eq!(dsn.envelope.mail_from, "");
+        assert_eq!(dsn.envelope.rcpt_to, ["alice@example.com"]);
+        assert_eq!(
+            dsn.envelope.body,
+            crate::smtp::session::BodyType::EightBitMime
+        );
+        let content = dsn.content.expect("queued with its bytes");
+        assert_eq!(dsn.size, content.len());
+        let head = format!("{}: {key}\r\n", crate::intake::key::KEY_HEADER);
+        assert!(content.starts_with(head.as_bytes()));
+        let report = &content[head.len()..];
+        assert_eq!(
+            report,
+            build_dsn(&DsnInput {
+                phase: "rcpt",
+                remote_reply: "550 5.1.1 user unknown",
+                dsn_message_id: "D1@relay.example.com",
+                ..input(&recipients(), ORIGINAL, "")
+            })
+        );
+        let seven_bit = dsn_for(
+            &failed_job("alice@example.com", false),
+            &refused,
+            "relay.example.com",
+            "D2".into(),
+            1_700_003_600,
+        )
+        .expect("a sender to notify");
+        assert_eq!(
+            seven_bit.envelope.body,
+            crate::smtp::session::BodyType::SevenBit
+        );
+    }
+
+    #[test]
+    fn the_null_sender_is_never_notified() {
+        let lost = crate::delivery::outcome::Outcome::Unknown {
+            phase: crate::delivery::outcome::Phase::Dot,
+            reason: "timed out".into(),
+        };
+        assert!(dsn_for(
+            &failed_job("", false),
+            &lost,
+            "relay.example.com",
+            "D3".into(),
+            0
+        )
+        .is_none());
     }
 }

@@ -1,6 +1,7 @@
 //! Delivery: claim → attempt → classify → schedule, with the attempt ledger in the store.
 
 pub mod breaker;
+pub mod decide;
 pub mod dsn;
 pub mod outcome;
 pub mod ratelimit;

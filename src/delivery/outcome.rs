@@ -481,9 +481,7 @@ mod tests {
         let names: Vec<_> = Phase::ALL.iter().map(|p| p.as_str()).collect();
         assert_eq!(
             names,
-            [
-                "connect", "greeting", "ehlo", "starttls", "auth", "mail", "rcpt", "data", "dot"
-            ]
+            ["connect", "greeting", "ehlo", "starttls", "auth", "mail", "rcpt", "data", "dot"]
         );
     }
 
@@ -548,7 +546,7 @@ mod tests {
             (Rcpt, 550, Permanent),
             (Data, 554, Permanent),
             (Data, 451, Transient),
-            (Body, 552, Permanent),
+            (Dot, 552, Permanent),
             (Dot, 250, Accepted),
             (Dot, 251, Unknown),
             (Dot, 421, Transient),

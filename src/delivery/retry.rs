@@ -93,6 +93,21 @@ pub enum Next {
     Unresolved,
 }
 
+impl Next {
+    /// Every value of [`Next::label`], so that metrics can show each from the start.
+    pub const LABELS: [&'static str; 4] = ["delivered", "retry", "failed", "unresolved"];
+
+    /// The decision's name in the `idemrelay_delivery_decisions` metric and the attempt log.
+    pub fn label(self) -> &'static str {
+        match self {
+            Next::Delivered => "delivered",
+            Next::RetryAfter(_) => "retry",
+            Next::Failed => "failed",
+            Next::Unresolved => "unresolved",
+        }
+    }
+}
+
 /// What to do after an attempt ended with `last`.
 ///
 /// The retry being scheduled is retry number `attempts` (the first attempt is not a retry), so
@@ -178,6 +193,18 @@ mod tests {
         assert_eq!(p.window, secs(3 * H));
         assert_eq!(p.window_margin, secs(10 * M));
         assert_eq!(p.unknown_retry_limit(), secs(170 * M));
+    }
+
+    #[test]
+    fn every_decision_label_is_listed_once() {
+        let all = [
+            Next::Delivered,
+            Next::RetryAfter(Duration::ZERO),
+            Next::Failed,
+            Next::Unresolved,
+        ];
+        assert_eq!(all.map(Next::label), Next::LABELS);
+        assert_eq!(Next::RetryAfter(secs(90)).label(), "retry");
     }
 
     #[test]

@@ -8,18 +8,17 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use super::breaker::{Breaker, BreakerState};
-use super::dsn::{build_dsn, dsn_key, DsnInput};
-use super::outcome::{is_account_problem, is_slow_down, EnhancedCode, Outcome, OutcomeKind};
+use super::decide::{
+    before_attempt, decide, BreakerInput, Decision, JobFacts, PaceInput, Start, WINDOW_OVER,
+};
+use super::dsn::dsn_for;
+use super::outcome::EnhancedCode;
 use super::ratelimit::TokenBucket;
-use super::retry::{next_step, Ledger, Next, RetryPolicy};
+use super::retry::{Next, RetryPolicy};
 use super::upstream::{Envelope, PhaseTimeouts, ReplyClass, UpstreamClient, UpstreamTarget};
 use crate::app::stopped;
-use crate::intake::fingerprint::{fingerprint, message_fingerprint};
-use crate::intake::key::KEY_HEADER;
 use crate::intake::new_queue_id;
-use crate::smtp::reply::Reply;
-use crate::smtp::session::{BodyType, Envelope as SmtpEnvelope};
-use crate::store::{AttemptResult, Claimed, NewRecord, Settle, State, Store};
+use crate::store::{AttemptResult, Claimed, Settle, Store};
 
 #[derive(Debug, Clone)]
 pub struct DeliverySettings {
@@ -269,40 +268,13 @@ impl Worker {
         let store = self.shared.store.clone();
         let policy = self.shared.settings.retry;
         let claimed_at = Instant::now();
-        let ledger_at = |attempts: u32, any_unknown: bool| {
-            let now = job.now_ms + claimed_at.elapsed().as_millis() as i64;
-            Ledger {
-                attempts,
-                since_accepted: ms(now - job.accepted_at_ms),
-                since_first_attempt: ms(now - job.first_attempt_at_ms.unwrap_or(now)),
-                any_unknown,
-                keyed: job.key.is_some(),
-            }
+        let facts = JobFacts::of(&job);
+        // The store's clock, read at the claim and carried on by ours.
+        let store_now = || job.now_ms + claimed_at.elapsed().as_millis() as i64;
+        let body_within = match before_attempt(&policy, &facts, store_now()) {
+            Start::Send { body_within } => body_within,
+            Start::Park => return self.park(&job).await,
         };
-        // An earlier attempt may have been accepted upstream: once the upstream's window is
-        // (nearly) over, another try could be a second copy. Checked here, at the moment of
-        // sending, because the queue may have held the message past the planned time.
-        let unknown_before = job.any_unknown || job.recovered;
-        let ledger = ledger_at(job.attempts, unknown_before);
-        let window_over = unknown_before
-            && (!ledger.keyed
-                || ledger.since_first_attempt + policy.window_margin >= policy.window);
-        if window_over {
-            let settle = Settle::Unresolved {
-                upstream_reply: "earlier attempt outcome unknown; upstream idempotency window over"
-                    .into(),
-            };
-            store.settle(&job.id, job.token, None, &settle).await?;
-            self.shared.settings.metrics.decision("unresolved");
-            tracing::warn!(
-                target: "idemrelay::attempt",
-                id = %job.id,
-                key = %job.key.as_deref().unwrap_or("-"),
-                decision = %"unresolved",
-                "outcome unknown and the upstream window is over: parked for an operator"
-            );
-            return Ok(());
-        }
         let attempt = job.attempts + 1;
         let begun = match store.begin_attempt(&job.id, job.token, attempt).await {
             Ok(begun) => begun,
@@ -334,11 +306,7 @@ impl Worker {
             eight_bit: job.eight_bit,
             smtputf8: job.smtputf8,
         };
-        let data_by = unknown_before.then(|| {
-            let left =
-                (policy.window - policy.window_margin).saturating_sub(ledger.since_first_attempt);
-            claimed_at + left
-        });
+        let data_by = body_within.map(|left| claimed_at + left);
         // The lease is renewed while the attempt runs: a slow upstream (a tarpit on every
         // RCPT) must not let a second worker take the job and send it again meanwhile.
         let lease = self.shared.lease;
@@ -383,70 +351,48 @@ impl Worker {
             return Ok(());
         };
         let latency = started.elapsed();
-        self.observe(&outcome);
+        let decision = decide(&policy, &facts, &outcome, store_now(), fastrand::f64());
+        self.observe(&decision);
         let class = ReplyClass::of(&outcome);
         self.shared.settings.metrics.upstream_reply(class);
-        let ledger = ledger_at(
-            attempt,
-            job.any_unknown || outcome.kind() == OutcomeKind::Unknown,
-        );
-        let account = is_account_problem(&outcome);
-        let next = if account {
-            // Not this message's fault: keep it queued and pause everything instead.
-            Next::RetryAfter(policy.base)
-        } else {
-            next_step(&policy, outcome.kind(), &ledger, fastrand::f64())
-        };
-        let result = AttemptResult {
-            // An account-level refusal says nothing about this message: it stays transient.
-            outcome: if account {
-                OutcomeKind::Transient.as_str()
-            } else {
-                outcome.kind().as_str()
-            },
-            phase: outcome.phase().map(|p| p.as_str()),
-            code: outcome.code(),
-            reply: outcome.reply_text(),
-        };
-        let settle = match next {
+        let dsn = match decision.next {
             Next::Delivered => {
                 failpoint!("delivery.after_upstream_ok");
-                Settle::Delivered {
-                    upstream_reply: result.reply.clone(),
-                }
+                None
             }
-            Next::RetryAfter(after) => Settle::Retry { after },
-            Next::Unresolved => Settle::Unresolved {
-                upstream_reply: result.reply.clone(),
-            },
-            Next::Failed => Settle::Failed {
-                upstream_reply: result.reply.clone(),
-                dsn: self.dsn_for(&job, &outcome).map(Box::new),
-            },
+            Next::Failed => dsn_for(
+                &job,
+                &outcome,
+                &self.shared.settings.hostname,
+                new_queue_id(),
+                crate::store::now_ms() / 1000,
+            ),
+            Next::RetryAfter(_) | Next::Unresolved => None,
         };
+        let settle = decision.settle(dsn);
+        let result = &decision.row;
         // The outcome is known now; losing it to a passing store error would turn it into
         // UNKNOWN and a resend, so the write is retried while the lease lasts.
         let settled = settle_with_retry(
             store.as_ref(),
             &job.id,
             job.token,
-            Some((attempt, &result)),
+            Some((attempt, result)),
             &settle,
             claimed_at + self.shared.lease,
         )
         .await?;
-        if account {
-            store.pause(&result.reply, true).await?;
+        if let Some(reason) = &decision.pause {
+            store.pause(reason, true).await?;
             tracing::error!(
                 target: "idemrelay::alert",
                 id = %job.id,
-                reply = %result.reply,
+                reply = %reason,
                 "ALERT delivery paused: the upstream refused the account; queue kept, probing"
             );
         }
         if settled {
-            let since_accepted =
-                ms(job.now_ms + claimed_at.elapsed().as_millis() as i64 - job.accepted_at_ms);
+            let since_accepted = facts.since_accepted(store_now());
             if matches!(settle, Settle::Delivered { .. }) {
                 // Before the attempt's counters: a scrape that sees it delivered sees this too.
                 self.shared.settings.metrics.delivered_after(since_accepted);
@@ -454,7 +400,7 @@ impl Worker {
             self.shared.settings.metrics.attempt(
                 result.outcome,
                 result.phase,
-                settle_name(&settle),
+                decision.next.label(),
                 latency,
             );
             // Everything about one message carries `id=<id>` (Display, never quoted), so one
@@ -469,7 +415,7 @@ impl Worker {
                 phase = %result.phase.unwrap_or("-"),
                 code = result.code.unwrap_or(0),
                 reply = %result.reply,
-                decision = %settle_name(&settle),
+                decision = %decision.next.label(),
                 retry_in_ms = match settle {
                     Settle::Retry { after } => after.as_millis() as u64,
                     _ => 0,
@@ -477,30 +423,54 @@ impl Worker {
                 latency_ms = latency.as_millis() as u64,
                 "attempt"
             );
-            self.log_final(&job, attempt, &result, &settle, since_accepted);
+            self.log_final(&job, attempt, result, &settle, since_accepted);
         } else {
             tracing::warn!(target: "idemrelay::attempt", id = %job.id, attempt, "lease lost before the outcome was written; the new holder decides");
         }
         Ok(())
     }
 
-    /// The relay-wide reactions to an outcome: breaker and pace.
-    fn observe(&self, outcome: &Outcome) {
+    /// Parks a message whose earlier attempt may already be delivered, unsent (the reason is
+    /// on [`Start::Park`]).
+    async fn park(&self, job: &Claimed) -> anyhow::Result<()> {
+        let settle = Settle::Unresolved {
+            upstream_reply: WINDOW_OVER.into(),
+        };
+        self.shared
+            .store
+            .settle(&job.id, job.token, None, &settle)
+            .await?;
+        let decision = Next::Unresolved.label();
+        self.shared.settings.metrics.decision(decision);
+        tracing::warn!(
+            target: "idemrelay::attempt",
+            id = %job.id,
+            key = %job.key.as_deref().unwrap_or("-"),
+            decision = %decision,
+            "outcome unknown and the upstream window is over: parked for an operator"
+        );
+        Ok(())
+    }
+
+    /// The relay-wide reactions to an attempt: breaker and pace.
+    fn observe(&self, decision: &Decision) {
         let now = Instant::now();
         let mut breaker = self.shared.breaker.lock().expect("breaker lock");
-        match outcome.kind() {
-            OutcomeKind::Accepted => breaker.on_success(),
-            OutcomeKind::Permanent => breaker.on_neutral(),
-            OutcomeKind::Transient | OutcomeKind::Unknown => breaker.on_failure(now),
+        match decision.breaker {
+            BreakerInput::Success => breaker.on_success(),
+            BreakerInput::Neutral => breaker.on_neutral(),
+            BreakerInput::Failure => breaker.on_failure(now),
         }
-        self.breaker_moved(&mut breaker, now, Some(&outcome.reply_text()));
+        self.breaker_moved(&mut breaker, now, Some(&decision.row.reply));
         drop(breaker);
         let mut bucket = self.shared.bucket.lock().expect("bucket lock");
-        if is_slow_down(outcome) {
-            bucket.slow_down(now);
-            tracing::warn!(target: "idemrelay::delivery", rate = bucket.current_rate(), "upstream asked to slow down; relay-wide rate lowered");
-        } else if outcome.kind() == OutcomeKind::Accepted {
-            bucket.on_success();
+        match decision.pace {
+            PaceInput::SlowDown => {
+                bucket.slow_down(now);
+                tracing::warn!(target: "idemrelay::delivery", rate = bucket.current_rate(), "upstream asked to slow down; relay-wide rate lowered");
+            }
+            PaceInput::Success => bucket.on_success(),
+            PaceInput::Keep => {}
         }
     }
 
@@ -609,63 +579,6 @@ impl Worker {
             ),
             Settle::Retry { .. } => {}
         }
-    }
-
-    /// The RFC 3464 notice for a permanent failure, keyed from the original so that it is
-    /// itself sent once. None for the null sender (never notify a notification).
-    fn dsn_for(&self, job: &Claimed, outcome: &Outcome) -> Option<NewRecord> {
-        if job.mail_from.is_empty() {
-            return None;
-        }
-        let id = new_queue_id();
-        // Per record, not per key: a key reused after retention may fail again and deserves
-        // its own notice.
-        let key = dsn_key(&job.scope, &job.id);
-        let now_unix = crate::store::now_ms() / 1000;
-        let report = build_dsn(&DsnInput {
-            reporting_mta: &self.shared.settings.hostname,
-            original_id: &job.id,
-            original_envelope_from: &job.mail_from,
-            recipients: &job.rcpt_to,
-            phase: outcome.phase().map_or("dot", |p| p.as_str()),
-            remote_code: outcome.code().unwrap_or(550),
-            remote_reply: &outcome.reply_text(),
-            arrival_unix: job.accepted_at_ms / 1000,
-            now_unix,
-            original_message: &job.content,
-            dsn_message_id: &format!("{id}@{}", self.shared.settings.hostname),
-        });
-        let mut content = format!("{KEY_HEADER}: {key}\r\n").into_bytes();
-        content.extend_from_slice(&report);
-        let envelope = SmtpEnvelope {
-            mail_from: String::new(),
-            rcpt_to: vec![job.mail_from.clone()],
-            body: if job.eight_bit {
-                BodyType::EightBitMime
-            } else {
-                BodyType::SevenBit
-            },
-            smtputf8: job.smtputf8,
-        };
-        Some(NewRecord {
-            fingerprint: fingerprint(&job.scope, &envelope, &content),
-            message_fp: message_fingerprint(&job.scope, &envelope, &content),
-            reply: Reply::queued(&id).line(),
-            id,
-            scope: job.scope.clone(),
-            // Unique per failed record and scope already: the upstream sees it as it is.
-            upstream_key: Some(key.clone()),
-            part: 1,
-            key: Some(key),
-            key_source: "dsn",
-            envelope,
-            size: content.len(),
-            content: Some(content),
-            state: State::Queued,
-            dsn_of: Some(job.id.clone()),
-            // Events name the message the DSN reports on, not the DSN.
-            message_id: None,
-        })
     }
 }
 
@@ -814,19 +727,6 @@ async fn release_with_retry(
             }
             Err(_) => return,
         }
-    }
-}
-
-fn ms(millis: i64) -> Duration {
-    Duration::from_millis(millis.max(0) as u64)
-}
-
-fn settle_name(settle: &Settle) -> &'static str {
-    match settle {
-        Settle::Delivered { .. } => "delivered",
-        Settle::Retry { .. } => "retry",
-        Settle::Failed { .. } => "failed",
-        Settle::Unresolved { .. } => "unresolved",
     }
 }
 
