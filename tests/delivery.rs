@@ -32,6 +32,29 @@ async fn accepted_upstream_is_delivered_with_identical_bytes() {
     assert!(ledger[0].finished_at_ms.is_some());
 }
 
+/// The sink reads keys with its own parser, so this checks the relay's reading of a folded,
+/// oddly cased key header against an independent one: both must find the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folded_key_header_means_the_same_key_to_the_relay_and_the_upstream() {
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    let msg = b"From: Sender <sender@example.com>\r\n\
+                x-BIRD-idempotency-key:\r\n\
+                \tfolded-key-7 \r\n\
+                Subject: folded\r\n\
+                \r\n\
+                X-Bird-Idempotency-Key: not-this-one\r\n";
+    let id = submit(&relay, "sender@example.com", &["rcpt@example.com"], msg).await;
+    wait_state(&relay, &id, State::Delivered).await;
+    let stored = relay.stored(&id).await;
+    assert_eq!(stored.key.as_deref(), Some("folded-key-7"));
+    assert_eq!(stored.upstream_key.as_deref(), Some("folded-key-7"));
+    let got = sink.messages();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key.as_deref(), Some("folded-key-7"));
+    assert_eq!(got[0].bytes, stored.content.unwrap());
+}
+
 /// 200 KB: on SQLite the body lives in a spool segment, read back for each attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_message_is_delivered_with_identical_bytes_on_every_attempt() {

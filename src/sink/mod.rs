@@ -4,7 +4,9 @@
 //!
 //! # What it answers at the final dot
 //!
-//! The key is the message's `X-Bird-Idempotency-Key` header (unfolded). A request is the
+//! The key is the message's `X-Bird-Idempotency-Key` header (unfolded), read by the sink's own
+//! parser (`key.rs`), never the relay's: the sink checks the relay's reading of keys instead of
+//! sharing it. A request is the
 //! envelope (MAIL FROM, the recipient set, BODY=8BITMIME, SMTPUTF8) plus the message bytes after
 //! dot-unstuffing, byte for byte.
 //!
@@ -100,6 +102,7 @@
 mod api;
 mod console;
 pub mod faults;
+mod key;
 pub mod ledger;
 mod search;
 mod smtp;

@@ -19,10 +19,9 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use super::faults::{Context, FaultAction, Phase};
+use super::key::read_key;
 use super::state::{shutting_down, went_down, Control, Life, Shared, Submission};
 use super::Down;
-use crate::intake::key::read_key_header;
-use crate::intake::message::scan_headers;
 use crate::smtp::framing::{next_piece, BodyLimits, BodyReceiver, BodyStatus, Piece};
 use crate::smtp::reply::Reply;
 use crate::smtp::sasl::{Mechanism as SaslMechanism, SaslExchange, SaslStep};
@@ -631,7 +630,7 @@ impl Session {
         };
         let body_fault = rx.fault();
         let bytes = rx.into_message().unwrap_or_default();
-        let key = read_key_header(&scan_headers(&bytes).key_values);
+        let key = read_key(&bytes);
         let plan = self
             .shared
             .dot(Submission {

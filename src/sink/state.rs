@@ -12,11 +12,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::faults::{Context, FaultAction, FaultError, FaultRule, FaultSet, Phase, RuleStatus};
+use super::key::SinkKey;
 use super::ledger::{fingerprint, KeyStats, Ledger, Verdict};
 use super::webhook::{self, Accepted};
 use super::webhook_sender::{AttemptOutcome, Sender, WebhookAttempt, WebhookStats};
 use super::{Down, SinkConfig};
-use crate::intake::key::KeyHeader;
 use crate::smtp::framing::BodyFault;
 use crate::smtp::reply::Reply;
 
@@ -147,7 +147,7 @@ struct State {
 
 /// A transaction at its final dot, as the connection hands it over.
 pub(crate) struct Submission {
-    pub key: KeyHeader,
+    pub key: SinkKey,
     pub mail_from: String,
     pub rcpt_to: Vec<String>,
     pub eightbitmime: bool,
@@ -445,10 +445,7 @@ impl Shared {
         reply: Option<&Reply>,
         fault: Option<String>,
     ) {
-        let key = match &sub.key {
-            KeyHeader::Present(k) => Some(k.clone()),
-            _ => None,
-        };
+        let key = sub.key.value().map(str::to_string);
         if let Some(k) = &key {
             st.ledger.count_transaction(k);
         }
@@ -521,10 +518,7 @@ impl Shared {
     fn decide(&self, sub: Submission) -> Decided {
         let now = Instant::now();
         let mut st = self.lock();
-        let key = match &sub.key {
-            KeyHeader::Present(k) => Some(k.clone()),
-            _ => None,
-        };
+        let key = sub.key.value().map(str::to_string);
         let ctx = Context {
             key: key.as_deref(),
             rcpts: &sub.rcpt_to,
@@ -563,7 +557,7 @@ impl Shared {
         };
         let refusal = if let Some(body_fault) = sub.body_fault {
             Some((Outcome::Rejected, body_fault_reply(body_fault)))
-        } else if sub.key == KeyHeader::Invalid {
+        } else if sub.key == SinkKey::Invalid {
             Some((Outcome::InvalidKey, e01001()))
         } else {
             None
