@@ -44,26 +44,27 @@ impl SecretUrl {
         &self.0
     }
 
+    /// The URL with its password replaced by `********`; a URL without one is shown as written.
     pub fn redacted(&self) -> String {
-        let url = &self.0;
-        let Some(scheme_end) = url.find("://") else {
-            return url.clone();
-        };
-        let rest = &url[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let authority = &rest[..authority_end];
-        match authority.rfind('@') {
-            Some(at) => match authority[..at].split_once(':') {
-                Some((user, _)) => format!(
-                    "{}://{user}:********@{}{}",
-                    &url[..scheme_end],
-                    &authority[at + 1..],
-                    &rest[authority_end..]
-                ),
-                None => url.clone(),
+        let text = &self.0;
+        match url::Url::parse(text) {
+            Ok(mut url) if url.password().is_some() => match url.set_password(Some("********")) {
+                Ok(()) => url.to_string(),
+                Err(()) => redact_userinfo(text),
             },
-            None => url.clone(),
+            Ok(_) => text.clone(),
+            // Unparseable, yet it may hold a password (one with `/`, `?` or `#` in it cuts the
+            // authority short): everything before the last `@` goes.
+            Err(_) => redact_userinfo(text),
         }
+    }
+}
+
+fn redact_userinfo(text: &str) -> String {
+    match (text.split_once("://"), text.rfind('@')) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://********@{}", &text[at + 1..]),
+        (None, Some(at)) => format!("********@{}", &text[at + 1..]),
+        (_, None) => text.to_string(),
     }
 }
 
@@ -1102,5 +1103,32 @@ bounced = ["bounce"]
             SecretUrl("smtp://host:2525?tls=none".into()).redacted(),
             "smtp://host:2525?tls=none"
         );
+    }
+
+    #[test]
+    fn store_passwords_are_redacted_whatever_they_contain() {
+        let cases = [
+            (
+                "postgresql://root:pw@127.0.0.1:5432/idemrelay",
+                "postgresql://root:********@127.0.0.1:5432/idemrelay",
+            ),
+            // `@`, `/`, `?` and `#` in a password (written bare, as people do).
+            (
+                "postgresql://root:p@ss@db.example/idemrelay",
+                "postgresql://root:********@db.example/idemrelay",
+            ),
+            ("postgres://root:pa/ss@db/x", "postgres://********@db/x"),
+            ("smtp://u:pa?ss@host:587", "smtp://********@host:587"),
+            ("smtp://u:pa#ss@host:587", "smtp://********@host:587"),
+            (
+                "sqlite:///var/lib/idemrelay/queue.db",
+                "sqlite:///var/lib/idemrelay/queue.db",
+            ),
+            ("/var/lib/idemrelay/queue.db", "/var/lib/idemrelay/queue.db"),
+            ("smtp://user@host:587", "smtp://user@host:587"),
+        ];
+        for (url, want) in cases {
+            assert_eq!(SecretUrl(url.into()).redacted(), want, "{url}");
+        }
     }
 }
