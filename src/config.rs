@@ -454,9 +454,10 @@ impl DeliveryConfig {
     }
 }
 
-/// This host's name, as the kernel has it (the default `hostname`, a certificate's SAN).
+/// This host's name, as the system has it (the default `hostname`, a certificate's SAN).
 pub fn system_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
+    gethostname::gethostname()
+        .into_string()
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
