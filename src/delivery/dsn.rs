@@ -9,6 +9,8 @@
 //! exception is the `To:` header of a sender with a non-ASCII address, who can only be reached
 //! over SMTPUTF8 anyway.
 
+use mail_builder::headers::raw::Raw;
+use mail_builder::mime::MimePart;
 use mail_parser::DateTime;
 
 use super::outcome::{leading_code, reply_line, EnhancedCode};
@@ -69,30 +71,51 @@ pub fn build_dsn(input: &DsnInput<'_>) -> Vec<u8> {
     );
     out += &fold("Auto-Submitted", "auto-replied");
     out += &fold("MIME-Version", "1.0");
-    out += &fold(
-        "Content-Type",
-        &format!("multipart/report; report-type=delivery-status; boundary=\"{boundary}\""),
-    );
-    out += "\r\n";
-    out += "This is a MIME-encapsulated message.\r\n";
-
-    out += &format!("\r\n--{boundary}\r\n");
-    out += "Content-Type: text/plain; charset=us-ascii\r\n";
-    out += "Content-Description: Notification\r\n\r\n";
-    out += &human;
-
-    out += &format!("\r\n--{boundary}\r\n");
-    out += "Content-Type: message/delivery-status\r\n";
-    out += "Content-Description: Delivery report\r\n\r\n";
-    out += &report;
-
-    out += &format!("\r\n--{boundary}\r\n");
-    out += &original.content_headers;
-    out += "Content-Description: Undelivered message headers\r\n\r\n";
     let mut bytes = out.into_bytes();
-    bytes.extend_from_slice(&original.body);
-    bytes.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    // Every part is 7-bit already (or quoted-printable, for the original's headers) and says
+    // so: the crate then writes it as is, and the boundary is ours, so the DSN stays
+    // deterministic.
+    MimePart::raw(vec![
+        leaf(
+            "text/plain; charset=us-ascii",
+            "7bit",
+            "Notification",
+            human.as_bytes(),
+        ),
+        leaf(
+            "message/delivery-status",
+            "7bit",
+            "Delivery report",
+            report.as_bytes(),
+        ),
+        leaf(
+            original.content_type,
+            original.transfer_encoding,
+            "Undelivered message headers",
+            &original.body,
+        ),
+    ])
+    .header(
+        "Content-Type",
+        Raw::new(format!(
+            "multipart/report; report-type=delivery-status; boundary=\"{boundary}\""
+        )),
+    )
+    .write_part(&mut bytes);
     bytes
+}
+
+/// One part of the report, written verbatim under its headers.
+fn leaf<'a>(
+    content_type: &'a str,
+    transfer_encoding: &'a str,
+    description: &'a str,
+    body: &'a [u8],
+) -> MimePart<'a> {
+    MimePart::raw(body)
+        .header("Content-Type", Raw::new(content_type))
+        .header("Content-Description", Raw::new(description))
+        .transfer_encoding(transfer_encoding)
 }
 
 /// The idempotency key of the DSN for a message key: deterministic, so the DSN is itself sent
@@ -371,9 +394,10 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// The text/rfc822-headers part: its MIME headers and its body, ready to write.
+/// The text/rfc822-headers part: its type, its transfer encoding and its body, ready to write.
 struct OriginalHeaders {
-    content_headers: String,
+    content_type: &'static str,
+    transfer_encoding: &'static str,
     body: Vec<u8>,
 }
 
@@ -386,16 +410,16 @@ impl OriginalHeaders {
                 body.extend_from_slice(b"\r\n");
             }
             return OriginalHeaders {
-                content_headers: "Content-Type: text/rfc822-headers\r\n".to_string(),
+                content_type: "text/rfc822-headers",
+                transfer_encoding: "7bit",
                 body,
             };
         }
         // Non-ASCII, stray CR/LF or over-long lines: quoted-printable carries them unchanged
         // through 7-bit transport.
         OriginalHeaders {
-            content_headers: "Content-Type: text/rfc822-headers; charset=utf-8\r\n\
-                              Content-Transfer-Encoding: quoted-printable\r\n"
-                .to_string(),
+            content_type: "text/rfc822-headers; charset=utf-8",
+            transfer_encoding: "quoted-printable",
             body: quoted_printable(section),
         }
     }
