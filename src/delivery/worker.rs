@@ -635,10 +635,9 @@ impl ProcessId {
     }
 }
 
+/// The owner's separators ('/') and the worker suffix's ('-') may not appear in the host part.
 fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().replace(['/', '-'], "_"))
-        .unwrap_or_else(|_| "localhost".into())
+    crate::config::system_hostname().replace(['/', '-'], "_")
 }
 
 /// Writes this process's heartbeat every second and, every few seconds, takes over the
