@@ -1,4 +1,4 @@
-//! Crash points for the chaos test (`tests/chaos.rs`): named moments where a relay built with
+//! Crash points for the chaos test (`tests/chaos/chaos.rs`): named moments where a relay built with
 //! `--features failpoints` can die as abruptly as on a power cut, so that the test can prove
 //! that a crash at exactly the worst moment neither loses nor duplicates mail.
 //!

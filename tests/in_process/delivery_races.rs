@@ -1,7 +1,7 @@
 //! Delivery under slow upstreams and a failing store: no path sends a message twice or loses
 //! a known outcome (found in review; each of these failed before its fix).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

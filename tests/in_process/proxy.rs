@@ -4,7 +4,7 @@
 //! header from an address not in the list, close the connection with a warning in the log; and
 //! HAProxy from Debian in front of the built relay, both `send-proxy` and `send-proxy-v2`.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Child, Command, Stdio};

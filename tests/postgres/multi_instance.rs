@@ -6,7 +6,7 @@
 //!
 //! Skips (saying so) unless `IDEMRELAY_TEST_POSTGRES` names a database.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

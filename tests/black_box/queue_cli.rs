@@ -2,7 +2,7 @@
 //! binary against a running in-process relay's admin API, or with `--direct` against its
 //! store, with `idemrelay sink` as the upstream.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -311,7 +311,7 @@ async fn an_unresolved_message_is_retried_only_with_confirmation() {
         assert_eq!(a["attempt"], i + 1, "{show}");
     }
     // Each earlier attempt ended UNKNOWN, or, on a loaded machine, missed a 2 s connect or
-    // greeting deadline (transient); the same reading as tests/admin.rs.
+    // greeting deadline (transient); the same reading as tests/in_process/admin.rs.
     let earlier = &attempts[..before];
     assert!(
         earlier.iter().any(|a| a["outcome"] == "unknown")

@@ -12,7 +12,7 @@
 //! start) and that their open intents are UNKNOWN. The store is only read, to check the
 //! attempt ledger.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 //! 0, requests signed here the Standard Webhooks way (the sink's own sender is an independent
 //! implementation), and what they change seen through the store, the admin API and metrics.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

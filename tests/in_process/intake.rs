@@ -1,7 +1,7 @@
 //! Intake over real sockets: every row of DESIGN §1's reply table, derived keys, the
 //! concurrent same-key race, retention, and store unavailability.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

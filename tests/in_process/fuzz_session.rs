@@ -14,7 +14,7 @@
 //!     accepted and reach intake unchanged through a session; mutated and arbitrary strings
 //!     are accepted exactly when the reference accepts them.
 //!
-//! `cargo test --test fuzz_session`. Case counts are fixed per property (PROPTEST_CASES does
+//! `cargo test --test in_process fuzz_session::`. Case counts are fixed per property (PROPTEST_CASES does
 //! not change them); failures are not persisted, the failing input is printed instead.
 
 use std::cell::Cell;

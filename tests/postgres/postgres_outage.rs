@@ -6,7 +6,7 @@
 //! Skips (saying so) unless `IDEMRELAY_TEST_POSTGRES` names a database whose user may create
 //! roles.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

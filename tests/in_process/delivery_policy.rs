@@ -2,7 +2,7 @@
 //! fairness across scopes sharing one store, the circuit breaker, the relay-wide slow-down,
 //! and connection reuse with its cap.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -2,7 +2,7 @@
 //! or a supervisor would start it, and is only observed through its socket, its exit status,
 //! its stdout/stderr and the SQLite file it leaves behind.
 
-mod common;
+use crate::common;
 #[path = "binary/kit.rs"]
 mod kit;
 #[path = "binary/sendmail.rs"]

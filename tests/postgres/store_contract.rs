@@ -2,7 +2,7 @@
 //! independent handles on one database, as two relay instances would hold. Runs on SQLite
 //! always and on Postgres when `IDEMRELAY_TEST_POSTGRES` names a database.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use idemrelay::config::{Secret, SecretUrl, Settings, WebhookFields, WebhookSource, WebhookTypes};
 
-const EXAMPLE: &str = include_str!("../idemrelay.example.toml");
+const EXAMPLE: &str = include_str!("../../idemrelay.example.toml");
 
 /// `key = value` lines, active or commented out (`# key = value`), as (table, key).
 fn documented_keys(text: &str) -> BTreeSet<(String, String)> {

@@ -4,7 +4,7 @@
 //! the contract says so; otherwise the same session still answers NOOP and can still submit a
 //! valid message), and that nothing was stored.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! lists, retry (with the duplicate-risk confirmation), cancel, the bearer token, and a
 //! `/metrics` scrape after a scripted run whose every counter is known.
 
-mod common;
+use crate::common;
 #[path = "admin/console.rs"]
 mod console;
 

@@ -1,7 +1,7 @@
 //! The submission listeners with real TLS clients: swaks drives STARTTLS + AUTH on the 587-style
 //! listener and implicit TLS + AUTH on the 465-style one, with a certificate made at test time.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Delivery over real sockets with `idemrelay sink` as the upstream: every row of DESIGN §2's
 //! outcome table, byte-identical forwarding, DSNs, pause on account failures.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -41,8 +41,8 @@
 //! shared keys, so that the queue's delays stay well inside the window).
 #![cfg(feature = "failpoints")]
 
-mod common;
-#[path = "chaos/power_loss.rs"]
+use crate::common;
+#[path = "power_loss.rs"]
 mod power_loss;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,0 +1,24 @@
+//! In-process integration tests, one binary (linking the crate once instead of once per suite):
+//! the relay, the sink and the admin/webhook listeners started inside the test process on port
+//! 0, driven over real sockets (and by real clients where one exists: swaks, curl, HAProxy,
+//! headless Chromium), plus the pure properties and the example config. Each suite is a module,
+//! so its tests are named `SUITE::test`; `cargo test --test in_process SUITE::` runs one suite.
+//!
+//! The shared suites (intake, delivery, delivery_races, delivery_policy, hostile, admin,
+//! webhooks) run on Postgres with `IDEMRELAY_TEST_BACKEND=postgres` (see .ci/run).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod admin;
+mod delivery;
+mod delivery_policy;
+mod delivery_races;
+mod example_config;
+mod fuzz_session;
+mod hostile;
+mod intake;
+mod proxy;
+mod sink;
+mod tls;
+mod webhooks;
