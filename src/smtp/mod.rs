@@ -3,6 +3,7 @@
 
 pub mod address;
 pub mod framing;
+pub mod limits;
 pub mod mail_rcpt;
 pub mod proxy_header;
 pub mod reply;

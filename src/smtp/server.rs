@@ -1,10 +1,10 @@
 //! Listeners and connections: the only SMTP code that does I/O. It moves bytes between the
 //! socket (plain or TLS) and the session machine, runs intake and credential checks when the
-//! session asks, and enforces connection caps, deadlines and shutdown.
+//! session asks, and enforces deadlines, shutdown and what `limits` decides (connection caps,
+//! AUTH throttling, the minimum data rate).
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
@@ -12,14 +12,17 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
+use super::limits::{lockout_reason, DataRate};
 use super::proxy_header::{self, Framing, Refusal};
 use super::reply::Reply;
 use super::session::{Output, RefusalReason, Session, SessionConfig};
 use super::tls::TlsCerts;
 use crate::app::stopped;
-use crate::auth::throttle::{AuthFailures, ThrottleLimits, Verdict};
 use crate::auth::LiveUsers;
 use crate::intake::{Intake, Origin};
+
+// The listeners' shared limits, under the path the app and the admin listener name them by.
+pub use super::limits::{AuthThrottle, ConnectionLimits};
 
 /// How a listener speaks TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,138 +70,6 @@ pub struct SessionTimeouts {
     /// Bytes per second a message must arrive at, once `data_rate_grace` has passed.
     pub min_data_rate: u64,
     pub data_rate_grace: Duration,
-}
-
-/// The unit a client is counted by: its IPv4 address, or its IPv6 /64 (one host commonly has
-/// a whole /64 to pick addresses from).
-pub fn client_key(ip: IpAddr) -> IpAddr {
-    match ip.to_canonical() {
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6) & !((1u128 << 64) - 1);
-            IpAddr::V6(bits.into())
-        }
-        v4 => v4,
-    }
-}
-
-/// Password checks are argon2 (tens of MB and ~100 ms each): at most a few run at once, and
-/// failures are counted across reconnects per (client, user name) and per client, so that a
-/// client that keeps failing is turned away for a while (see `auth::throttle`).
-pub struct AuthThrottle {
-    running: tokio::sync::Semaphore,
-    failures: Mutex<AuthFailures>,
-}
-
-impl AuthThrottle {
-    pub fn new(limits: ThrottleLimits) -> Self {
-        AuthThrottle {
-            running: tokio::sync::Semaphore::new(crate::auth::verify::concurrent_checks()),
-            failures: Mutex::new(AuthFailures::new(limits)),
-        }
-    }
-
-    pub fn check(&self, ip: IpAddr, user: &str) -> Verdict {
-        self.failures
-            .lock()
-            .expect("auth failures")
-            .check(client_key(ip), user, Instant::now())
-    }
-
-    pub fn record_failure(&self, ip: IpAddr, user: &str) {
-        self.failures.lock().expect("auth failures").record_failure(
-            client_key(ip),
-            user,
-            Instant::now(),
-        );
-    }
-
-    pub fn record_success(&self, ip: IpAddr, user: &str) {
-        self.failures.lock().expect("auth failures").record_success(
-            client_key(ip),
-            user,
-            Instant::now(),
-        );
-    }
-}
-
-/// Global and per-address connection caps, shared by all listeners.
-pub struct ConnectionLimits {
-    max_total: usize,
-    max_per_ip: usize,
-    open: Mutex<(usize, HashMap<IpAddr, usize>)>,
-}
-
-/// One connection's place under the caps; given back when dropped.
-pub struct ConnectionSlot<'a> {
-    limits: &'a ConnectionLimits,
-    /// The client it counts against; `None` while a proxied connection's client is unknown.
-    ip: Option<IpAddr>,
-}
-
-impl ConnectionLimits {
-    pub fn new(max_total: usize, max_per_ip: usize) -> Self {
-        ConnectionLimits {
-            max_total,
-            max_per_ip,
-            open: Mutex::new((0, HashMap::new())),
-        }
-    }
-
-    /// Connections open now, on all listeners (for metrics).
-    pub fn open_connections(&self) -> usize {
-        self.open.lock().expect("connection counts").0
-    }
-
-    /// A slot under both caps, counted against `ip`.
-    pub fn try_acquire(&self, ip: IpAddr) -> Option<ConnectionSlot<'_>> {
-        let mut slot = self.try_acquire_unattributed()?;
-        slot.attribute(ip).then_some(slot)
-    }
-
-    /// A slot under the global cap only, for a connection whose client is not known yet (a
-    /// proxy's, before its PROXY header): counting it against the proxy's address would cap
-    /// every client behind the proxy together.
-    pub fn try_acquire_unattributed(&self) -> Option<ConnectionSlot<'_>> {
-        let mut open = self.open.lock().expect("connection counts");
-        if open.0 >= self.max_total {
-            return None;
-        }
-        open.0 += 1;
-        Some(ConnectionSlot {
-            limits: self,
-            ip: None,
-        })
-    }
-}
-
-impl ConnectionSlot<'_> {
-    /// Counts the slot against `ip`; false (and nothing counted) when that client is at its
-    /// cap. A slot is attributed once.
-    pub fn attribute(&mut self, ip: IpAddr) -> bool {
-        debug_assert!(self.ip.is_none(), "a slot is attributed once");
-        let ip = client_key(ip);
-        let mut open = self.limits.open.lock().expect("connection counts");
-        if open.1.get(&ip).copied().unwrap_or(0) >= self.limits.max_per_ip {
-            return false;
-        }
-        *open.1.entry(ip).or_insert(0) += 1;
-        self.ip = Some(ip);
-        true
-    }
-}
-
-impl Drop for ConnectionSlot<'_> {
-    fn drop(&mut self) {
-        let mut open = self.limits.open.lock().expect("connection counts");
-        open.0 -= 1;
-        let Some(ip) = self.ip else { return };
-        if let Some(n) = open.1.get_mut(&ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.1.remove(&ip);
-            }
-        }
-    }
 }
 
 pub struct ServerContext {
@@ -623,12 +494,6 @@ struct Conversation<'a> {
     started: Instant,
 }
 
-/// Tracks how fast a message arrives, to drop slowloris clients.
-struct DataRate {
-    since: Instant,
-    bytes: u64,
-}
-
 impl Conversation<'_> {
     async fn run<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
@@ -669,12 +534,9 @@ impl Conversation<'_> {
                     Ok(Ok(n)) => {
                         let mut outputs = session.feed(&buf[..n]);
                         if session.in_message() {
-                            let r = rate.get_or_insert(DataRate { since: Instant::now(), bytes: 0 });
-                            r.bytes += n as u64;
-                            let elapsed = r.since.elapsed();
-                            if elapsed > t.data_rate_grace
-                                && (r.bytes as f64) < t.min_data_rate as f64 * elapsed.as_secs_f64()
-                            {
+                            let now = Instant::now();
+                            let r = rate.get_or_insert_with(|| DataRate::start(now));
+                            if r.record(n, now, t.min_data_rate, t.data_rate_grace) {
                                 outputs.extend(session.close_now(Reply::too_slow()));
                             }
                         } else {
@@ -769,21 +631,14 @@ impl Conversation<'_> {
                         .as_ref()
                         .is_some_and(|users| users.current().get(&name).is_some());
                     let shown = if known { name.as_str() } else { "<unknown>" };
-                    match throttle.check(peer, &name) {
-                        Verdict::Allowed => {}
-                        verdict => {
-                            let what = match verdict {
-                                Verdict::UserLocked => "too many failed logins for this user from this client; refused",
-                                _ => "too many failed logins from this client, across user names; refused",
-                            };
-                            tracing::warn!(target: "idemrelay::auth", %peer, user = shown, "{what}");
-                            outputs = session.close_now(Reply::too_many_auth_failures());
-                            continue;
-                        }
+                    if let Some(what) = lockout_reason(throttle.check(peer, &name)) {
+                        tracing::warn!(target: "idemrelay::auth", %peer, user = shown, "{what}");
+                        outputs = session.close_now(Reply::too_many_auth_failures());
+                        continue;
                     }
                     let user = match self.ctx.users.as_ref().map(|u| u.current()) {
                         Some(users) => {
-                            let _running = throttle.running.acquire().await.ok();
+                            let _turn = throttle.turn().await;
                             tokio::task::spawn_blocking(move || {
                                 users.verify(&presented.user, &presented.password)
                             })
@@ -863,47 +718,5 @@ async fn write_all<S: AsyncWrite + Unpin>(
     {
         Ok(result) => result,
         Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ip(text: &str) -> IpAddr {
-        text.parse().unwrap()
-    }
-
-    /// A proxy's connection holds a global slot until its header names the client, then
-    /// counts against that client; every way out gives back exactly what was taken.
-    #[test]
-    fn slots_are_attributed_once_and_never_leak() {
-        let limits = ConnectionLimits::new(3, 1);
-        let mut a = limits.try_acquire_unattributed().unwrap();
-        let mut b = limits.try_acquire_unattributed().unwrap();
-        assert_eq!(limits.open_connections(), 2);
-        assert!(a.attribute(ip("192.0.2.1")));
-        // The same client again is over its cap; the slot stays global-only.
-        assert!(!b.attribute(ip("192.0.2.1")));
-        assert!(limits.try_acquire(ip("192.0.2.1")).is_none());
-        assert!(b.attribute(ip("192.0.2.2")));
-        let c = limits.try_acquire(ip("127.0.0.1")).unwrap();
-        // The global cap holds unattributed slots too.
-        assert!(limits.try_acquire_unattributed().is_none());
-        drop((a, b, c));
-        assert_eq!(limits.open_connections(), 0);
-        assert!(limits.open.lock().unwrap().1.is_empty());
-        // An IPv6 client counts by its /64.
-        let d = limits.try_acquire(ip("2001:db8::1")).unwrap();
-        assert!(limits.try_acquire(ip("2001:db8::2")).is_none());
-        drop(d);
-        let mut e = limits.try_acquire_unattributed().unwrap();
-        assert!(!{
-            let _f = limits.try_acquire(ip("2001:db8::3")).unwrap();
-            e.attribute(ip("2001:db8::4"))
-        });
-        drop(e);
-        assert_eq!(limits.open_connections(), 0);
-        assert!(limits.open.lock().unwrap().1.is_empty());
     }
 }
