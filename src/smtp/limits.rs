@@ -258,7 +258,9 @@ mod tests {
             Close(Option<&'static str>),
         }
         use Op::*;
-        let table: &[(Op, bool, usize, &[(&str, usize)])] = &[
+        /// Clients and their counts.
+        type Counts = &'static [(&'static str, usize)];
+        let table: &[(Op, bool, usize, Counts)] = &[
             (Open, true, 1, &[]),
             (Attribute("192.0.2.1"), true, 1, &[("192.0.2.1", 1)]),
             (Open, true, 2, &[("192.0.2.1", 1)]),
@@ -357,7 +359,9 @@ mod tests {
     #[test]
     fn a_message_must_keep_up_the_minimum_rate_after_the_grace() {
         let secs = Duration::from_secs;
-        let table: &[(Duration, u64, &[(u64, usize)], bool)] = &[
+        /// (seconds since the first bytes, bytes read then), in order.
+        type Reads = &'static [(u64, usize)];
+        let table: &[(Duration, u64, Reads, bool)] = &[
             // Inside the grace, however slow.
             (secs(10), 100, &[(0, 1), (10, 1)], false),
             // Past the grace, under the average.
