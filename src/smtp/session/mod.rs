@@ -26,7 +26,6 @@ use super::sasl::{Presented, SaslExchange};
 use crate::auth::Authenticated;
 
 pub use refusal::RefusalReason;
-use transaction::Transaction;
 
 /// What a session enforces; built once per listener.
 #[derive(Debug, Clone)]
@@ -157,6 +156,17 @@ enum Mode {
     AwaitingAuth,
     AwaitingTls,
     Closed,
+}
+
+/// The mail transaction under way, from MAIL to the end of its message (see `transaction`).
+#[derive(Debug)]
+struct Transaction {
+    mail_from: String,
+    body: BodyType,
+    smtputf8: bool,
+    rcpt_to: Vec<String>,
+    /// The message so far, once a BDAT chunk has been accepted.
+    bdat: Option<BodyReceiver>,
 }
 
 #[derive(Debug)]

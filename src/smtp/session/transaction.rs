@@ -2,21 +2,11 @@
 //! message, and the finished message goes to intake as a `Submission`.
 
 use super::guards::{has_control_chars, line_error_reply};
-use super::{Answer, BodyType, Envelope, Mode, Output, Progress, Session, Submission};
+use super::{Answer, BodyType, Envelope, Mode, Output, Progress, Session, Submission, Transaction};
 use crate::smtp::address;
 use crate::smtp::framing::{BodyFault, BodyLimits, BodyReceiver, BodyStatus};
 use crate::smtp::mail_rcpt::{self, ParamError, Verb};
 use crate::smtp::reply::Reply;
-
-#[derive(Debug)]
-pub(super) struct Transaction {
-    mail_from: String,
-    body: BodyType,
-    smtputf8: bool,
-    rcpt_to: Vec<String>,
-    /// The message so far, once a BDAT chunk has been accepted.
-    pub(super) bdat: Option<BodyReceiver>,
-}
 
 impl Session {
     pub(super) fn mail(&mut self, args: &[u8]) -> Answer {
