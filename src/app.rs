@@ -342,6 +342,7 @@ impl Relay {
                 delivery_hint: hint,
                 retention: settings.retention_policy(),
                 store_url: settings.store.redacted(),
+                stats: admin::stats_cache::StatsCache::new(admin::stats_cache::STATS_MAX_AGE),
             });
             admin_addr = Some(addr);
             admin_task = Some(tokio::spawn(admin::serve(listener, state, admin_stop_rx)));

@@ -10,6 +10,7 @@ pub mod console;
 pub mod health;
 pub mod healthcheck;
 pub mod ops;
+pub mod stats_cache;
 pub mod view;
 pub mod waiting;
 
@@ -50,6 +51,8 @@ pub struct AdminState {
     /// The store this relay serves, password redacted (in `/api/v1/queue/status`, so that
     /// `idemrelay queue --store URL` can tell when it would be reading another one).
     pub store_url: String,
+    /// The queue counts `/metrics` shows.
+    pub stats: stats_cache::StatsCache,
 }
 
 pub fn router(state: Arc<AdminState>) -> Router {

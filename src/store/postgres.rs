@@ -72,6 +72,11 @@ const MIGRATIONS: Steps = &[
         "batch_counts",
         include_str!("../../migrations/postgres/0010_batch_counts.sql"),
     ),
+    (
+        11,
+        "claim_in_one_call",
+        include_str!("../../migrations/postgres/0011_claim_in_one_call.sql"),
+    ),
 ];
 
 pub struct PostgresStore {
@@ -133,65 +138,32 @@ fn durable_commit_statement(mode: &str) -> &'static str {
 /// A claim that finds damaged bodies marks them and goes on, up to this many per claim.
 const DAMAGED_PER_CLAIM: usize = 16;
 
-/// Leases the head of the first scope in turn order with a due job (see migration 4) and
-/// sends that scope to the back of the turns.
-async fn lease_next(
-    conn: &mut PgConnection,
-    owner: &str,
-    lease: Duration,
-    now: i64,
-) -> Result<Option<(String, String)>, StoreError> {
-    let row = sqlx::query("SELECT job_id, job_scope FROM idemrelay_claim_head($1)")
-        .bind(now)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let id: String = row.try_get("job_id")?;
-    let scope: String = row.try_get("job_scope")?;
-    sqlx::query(
-        "INSERT INTO scope_turns (scope, turn) VALUES ($1, nextval('scope_turn_seq'))
-         ON CONFLICT (scope) DO UPDATE SET turn = excluded.turn",
-    )
-    .bind(&scope)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        "UPDATE delivery_jobs
-         SET lease_owner = $1, lease_until = $2, lease_token = lease_token + 1
-         WHERE message_id = $3",
-    )
-    .bind(owner)
-    .bind(now.saturating_add(retention_ms(lease)))
-    .bind(&id)
-    .execute(&mut *conn)
-    .await?;
-    Ok(Some((id, scope)))
-}
-
 /// A record whose body cannot be used is failed with the reason, so that it is never
 /// forwarded; an open intent stays on record as UNKNOWN (closed by the claim before this).
+/// Fenced by the claim's lease token: the claim committed on its own.
 async fn mark_damaged(
-    conn: &mut PgConnection,
+    pool: &PgPool,
     id: &str,
+    token: i64,
     reason: &str,
     now: i64,
 ) -> Result<(), StoreError> {
     sqlx::query(
-        "UPDATE messages SET state = 'failed', damage = $1, upstream_reply = $2, finished_at = $3
-         WHERE id = $4",
+        "WITH job AS (
+            DELETE FROM delivery_jobs
+            WHERE message_id = $4 AND lease_token = $5 AND lease_owner IS NOT NULL
+            RETURNING message_id)
+         UPDATE messages m SET state = 'failed', damage = $1, upstream_reply = $2,
+            finished_at = $3
+         FROM job WHERE m.id = job.message_id",
     )
     .bind(reason)
     .bind(super::report_damage(id, reason))
     .bind(now)
     .bind(id)
-    .execute(&mut *conn)
+    .bind(token)
+    .execute(pool)
     .await?;
-    sqlx::query("DELETE FROM delivery_jobs WHERE message_id = $1")
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
     Ok(())
 }
 
@@ -317,6 +289,79 @@ async fn record_action(
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// An outcome's writes in one statement, fenced by the lease token: `held` writes the job
+/// (due again, or gone) first, which holds off a concurrent claim until the commit; then the
+/// attempt's outcome and, for a final outcome, the record's state. `$3` is the transaction's
+/// clock when the caller read it already, else NULL (read here). Gives one row when the lease
+/// was still ours, none when it was taken over (the new holder owns the record then).
+macro_rules! settle_statement {
+    ($held:literal) => {
+        concat!(
+            "WITH clock AS MATERIALIZED (
+                SELECT COALESCE($3::BIGINT, idemrelay_now_ms()) AS now_ms),",
+            $held,
+            "attempt AS (
+                UPDATE attempts a SET finished_at = c.now_ms, outcome = $5, phase = $6,
+                    code = $7, reply = $8, upstream_id = $9
+                FROM held h, clock c WHERE a.message_id = h.message_id AND a.attempt = $4)
+             SELECT c.now_ms FROM held, clock c"
+        )
+    };
+}
+
+/// `$10`: milliseconds until the job is due again.
+const SETTLE_RETRY: &str = settle_statement!(
+    "held AS (
+        UPDATE delivery_jobs j
+        SET due_at = LEAST(c.now_ms::NUMERIC + $10, 9223372036854775807)::BIGINT,
+            attempts = j.attempts + 1, lease_owner = NULL, lease_until = NULL
+        FROM clock c
+        WHERE j.message_id = $1 AND j.lease_token = $2 AND j.lease_owner IS NOT NULL
+        RETURNING j.message_id),"
+);
+
+/// `$10`, `$11`: the record's final state and the upstream's reply.
+const SETTLE_FINAL: &str = settle_statement!(
+    "held AS (
+        DELETE FROM delivery_jobs j
+        WHERE j.message_id = $1 AND j.lease_token = $2 AND j.lease_owner IS NOT NULL
+        RETURNING j.message_id),
+     finished AS (
+        UPDATE messages m SET state = $10, upstream_reply = $11, finished_at = c.now_ms
+        FROM held h, clock c WHERE m.id = h.message_id),"
+);
+
+fn settle_writes<'q>(
+    id: &'q str,
+    token: i64,
+    now: Option<i64>,
+    attempt: Option<(u32, &'q AttemptResult)>,
+    upstream_id: Option<&'q str>,
+    settle: &'q Settle,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let sql = match settle {
+        Settle::Retry { .. } => SETTLE_RETRY,
+        _ => SETTLE_FINAL,
+    };
+    let query = sqlx::query(sql)
+        .bind(id)
+        .bind(token)
+        .bind(now)
+        .bind(attempt.map(|(n, _)| i64::from(n)))
+        .bind(attempt.map(|(_, r)| r.outcome))
+        .bind(attempt.and_then(|(_, r)| r.phase))
+        .bind(attempt.and_then(|(_, r)| r.code.map(i64::from)))
+        .bind(attempt.map(|(_, r)| r.reply.as_str()))
+        .bind(upstream_id);
+    let (state, reply) = match settle {
+        Settle::Retry { after } => return query.bind(retention_ms(*after)),
+        Settle::Delivered { upstream_reply } => (State::Delivered, upstream_reply),
+        Settle::Unresolved { upstream_reply } => (State::Unresolved, upstream_reply),
+        Settle::Failed { upstream_reply, .. } => (State::Failed, upstream_reply),
+    };
+    query.bind(state.as_str()).bind(reply.as_str())
 }
 
 async fn delete_job(conn: &mut PgConnection, id: &str) -> Result<(), StoreError> {
@@ -459,70 +504,52 @@ impl Store for PostgresStore {
         // A damaged body is marked in a commit of its own and the claim goes on to the next
         // job, so one bad record never blocks the queue.
         for _ in 0..DAMAGED_PER_CLAIM {
-            let mut tx = self.pool.begin().await?;
-            let now = db_now(&mut tx).await?;
-            let Some((id, scope)) = lease_next(&mut tx, owner, lease, now).await? else {
-                tx.rollback().await?;
+            // One call, committed on its own (migration 11): the lease, the turn and the
+            // intents it closes are durable before the claim is used.
+            let m = sqlx::query("SELECT * FROM idemrelay_claim($1, $2)")
+                .bind(owner)
+                .bind(retention_ms(lease))
+                .fetch_optional(&self.pool)
+                .await?;
+            let Some(m) = m else {
                 return Ok(None);
             };
-            let recovered = close_open_intents(&mut tx, &id, now).await? > 0;
-            let m = sqlx::query(
-                "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type, m.smtputf8, m.content,
-                        m.content_hash, m.accepted_at, j.first_attempt_at, j.lease_token,
-                        (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
-                        EXISTS (SELECT 1 FROM attempts a
-                                WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown
-                 FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = $1",
-            )
-            .bind(&id)
-            .fetch_one(&mut *tx)
-            .await?;
+            let id: String = m.try_get("job_id")?;
+            let scope: String = m.try_get("job_scope")?;
+            let now: i64 = m.try_get("now_ms")?;
+            let recovered: bool = m.try_get("recovered")?;
+            let token: i64 = m.try_get("lease_token")?;
             match rows::claimed(&m, id, scope, recovered, now) {
                 Err(StoreError::Damaged { id, reason }) => {
-                    mark_damaged(&mut tx, &id, &reason, now).await?;
-                    tx.commit().await?;
+                    mark_damaged(&self.pool, &id, token, &reason, now).await?;
                 }
-                claimed => {
-                    let claimed = claimed?;
-                    tx.commit().await?;
-                    return Ok(Some(claimed));
-                }
+                claimed => return claimed.map(Some),
             }
         }
         Ok(None)
     }
 
     async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let now = db_now(&mut tx).await?;
+        // One statement, one commit: the lease check and the intent, as one transaction.
         // Only under an unexpired lease: once expired it may be another worker's any moment.
-        let held = sqlx::query(
-            "UPDATE delivery_jobs SET first_attempt_at = COALESCE(first_attempt_at, $1)
-             WHERE message_id = $2 AND lease_token = $3 AND lease_owner IS NOT NULL
-               AND lease_until > $1",
+        Ok(sqlx::query(
+            "WITH clock AS MATERIALIZED (SELECT idemrelay_now_ms() AS now_ms),
+             held AS (
+                UPDATE delivery_jobs j SET first_attempt_at = COALESCE(j.first_attempt_at, c.now_ms)
+                FROM clock c
+                WHERE j.message_id = $1 AND j.lease_token = $2 AND j.lease_owner IS NOT NULL
+                  AND j.lease_until > c.now_ms
+                RETURNING j.message_id, j.lease_owner, c.now_ms)
+             INSERT INTO attempts (message_id, attempt, owner, started_at)
+             SELECT message_id, $3, lease_owner, now_ms FROM held",
         )
-        .bind(now)
         .bind(id)
         .bind(token)
-        .execute(&mut *tx)
+        .bind(i64::from(attempt))
+        .execute(&self.pool)
         .await?
         .rows_affected()
-            == 1;
-        if !held {
-            tx.rollback().await?;
-            return Ok(false);
-        }
-        sqlx::query(
-            "INSERT INTO attempts (message_id, attempt, owner, started_at)
-             SELECT message_id, $1, lease_owner, $2 FROM delivery_jobs WHERE message_id = $3",
-        )
-        .bind(i64::from(attempt))
-        .bind(now)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(true)
+            == 1)
     }
 
     async fn settle(
@@ -532,111 +559,67 @@ impl Store for PostgresStore {
         attempt: Option<(u32, &AttemptResult)>,
         settle: &Settle,
     ) -> Result<bool, StoreError> {
+        let upstream_id = attempt.and_then(|(_, r)| super::accepted_upstream_id(r));
+        let unresolved = matches!(settle, Settle::Unresolved { .. });
+        let dsn = match settle {
+            Settle::Failed { dsn, .. } => dsn.as_deref(),
+            _ => None,
+        };
+        if upstream_id.is_none() && !unresolved && dsn.is_none() {
+            // Nothing but the outcome to write: the fenced writes alone, one statement and
+            // one commit (their fence takes the job's row lock first, as below).
+            let wrote = settle_writes(id, token, None, attempt, upstream_id.as_deref(), settle)
+                .fetch_optional(&self.pool)
+                .await?;
+            return Ok(wrote.is_some());
+        }
         let mut tx = self.pool.begin().await?;
-        let now = db_now(&mut tx).await?;
         // The row lock holds off a concurrent claim until this commit: the token checked
-        // here stays the token until the outcome is written.
-        let held: Option<i64> = sqlx::query_scalar(
-            "SELECT 1::BIGINT FROM delivery_jobs
-             WHERE message_id = $1 AND lease_token = $2 AND lease_owner IS NOT NULL
-             FOR UPDATE",
+        // here stays the token until the outcome is written. The record's identifiers come
+        // with it, for late matching.
+        let held = sqlx::query(
+            "SELECT idemrelay_now_ms() AS now_ms, m.upstream_key, m.header_message_id, m.rcpt_to
+             FROM delivery_jobs j JOIN messages m ON m.id = j.message_id
+             WHERE j.message_id = $1 AND j.lease_token = $2 AND j.lease_owner IS NOT NULL
+             FOR UPDATE OF j",
         )
         .bind(id)
         .bind(token)
         .fetch_optional(&mut *tx)
         .await?;
-        if held.is_none() {
+        let Some(held) = held else {
             // Our lease was taken over; the new holder owns the record now.
             tx.rollback().await?;
             return Ok(false);
-        }
+        };
+        let now: i64 = held.try_get("now_ms")?;
         // Late matching: the record is known by more now, its upstream id or its being
         // unresolved. The locks come before the record's row is written (see the module).
-        let upstream_id = attempt.and_then(|(_, r)| super::accepted_upstream_id(r));
-        let unresolved = matches!(settle, Settle::Unresolved { .. });
-        let facts = if upstream_id.is_some() || unresolved {
-            webhook::known_facts(&mut tx, id).await?
-        } else {
-            None
-        };
-        let known = facts
-            .as_ref()
-            .map(|(key, message_id, rcpt_to)| webhook::Known {
-                id,
-                upstream_key: key.as_deref().filter(|_| unresolved),
-                message_id: message_id.as_deref().filter(|_| unresolved),
-                upstream_id: upstream_id.as_deref(),
-                rcpt_to,
-                unresolved,
-            });
+        let key: Option<String> = held.try_get("upstream_key")?;
+        let message_id: Option<String> = held.try_get("header_message_id")?;
+        let rcpt_to: Vec<String> = held
+            .try_get::<String, _>("rcpt_to")?
+            .split('\n')
+            .map(str::to_string)
+            .collect();
+        let known = (upstream_id.is_some() || unresolved).then(|| webhook::Known {
+            id,
+            upstream_key: key.as_deref().filter(|_| unresolved),
+            message_id: message_id.as_deref().filter(|_| unresolved),
+            upstream_id: upstream_id.as_deref(),
+            rcpt_to: &rcpt_to,
+            unresolved,
+        });
         if let Some(known) = &known {
             webhook::lock(&mut tx, known.lock_names()).await?;
         }
-        if let Some((attempt, result)) = attempt {
-            sqlx::query(
-                "UPDATE attempts SET finished_at = $1, outcome = $2, phase = $3, code = $4,
-                    reply = $5, upstream_id = $8
-                 WHERE message_id = $6 AND attempt = $7",
-            )
-            .bind(now)
-            .bind(result.outcome)
-            .bind(result.phase)
-            .bind(result.code.map(i64::from))
-            .bind(&result.reply)
-            .bind(id)
-            .bind(i64::from(attempt))
-            .bind(&upstream_id)
-            .execute(&mut *tx)
+        settle_writes(id, token, Some(now), attempt, upstream_id.as_deref(), settle)
+            .fetch_one(&mut *tx)
             .await?;
-        }
-        let finish = |state: State, reply: &str| {
-            sqlx::query(
-                "UPDATE messages SET state = $1, upstream_reply = $2, finished_at = $3
-                 WHERE id = $4",
-            )
-            .bind(state.as_str())
-            .bind(reply.to_string())
-            .bind(now)
-            .bind(id.to_string())
-        };
-        match settle {
-            Settle::Retry { after } => {
-                sqlx::query(
-                    "UPDATE delivery_jobs SET due_at = $1, attempts = attempts + 1,
-                        lease_owner = NULL, lease_until = NULL
-                     WHERE message_id = $2",
-                )
-                .bind(now.saturating_add(retention_ms(*after)))
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+        if let Some(dsn) = dsn {
+            if insert_message(&mut tx, dsn, now).await? == 1 {
+                insert_job(&mut tx, &dsn.id, now).await?;
             }
-            Settle::Delivered { upstream_reply } => {
-                finish(State::Delivered, upstream_reply)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            Settle::Unresolved { upstream_reply } => {
-                finish(State::Unresolved, upstream_reply)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            Settle::Failed {
-                upstream_reply,
-                dsn,
-            } => {
-                finish(State::Failed, upstream_reply)
-                    .execute(&mut *tx)
-                    .await?;
-                if let Some(dsn) = dsn {
-                    if insert_message(&mut tx, dsn, now).await? == 1 {
-                        insert_job(&mut tx, &dsn.id, now).await?;
-                    }
-                }
-            }
-        }
-        if !matches!(settle, Settle::Retry { .. }) {
-            delete_job(&mut tx, id).await?;
         }
         if let Some(known) = &known {
             webhook::attach_unmatched(&mut tx, known, now).await?;

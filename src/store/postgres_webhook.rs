@@ -12,7 +12,7 @@ use sqlx::Row;
 pub(crate) use super::webhook::Known;
 use super::webhook::{
     choose_record, evidence, is_applied, late_match_fits, lock_names, match_order,
-    resolution_reply, tally, Candidate, MatchBy, RecordIdentifiers, Resolution, UpstreamEvent,
+    resolution_reply, tally, Candidate, MatchBy, Resolution, UpstreamEvent,
     WebhookApplied, WebhookOutcome, WebhookReceipt,
 };
 use super::StoreError;
@@ -318,27 +318,4 @@ async fn resolve_from_attached(
         super::webhook::log_resolution(id, &named);
     }
     Ok(())
-}
-
-/// The identifiers of a record, for late matching after its attempt settled.
-pub async fn known_facts(
-    conn: &mut PgConnection,
-    id: &str,
-) -> Result<Option<RecordIdentifiers>, StoreError> {
-    let row =
-        sqlx::query("SELECT upstream_key, header_message_id, rcpt_to FROM messages WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    Ok(Some((
-        row.try_get(0)?,
-        row.try_get(1)?,
-        row.try_get::<String, _>(2)?
-            .split('\n')
-            .map(str::to_string)
-            .collect(),
-    )))
 }
