@@ -75,7 +75,8 @@ const STATS_WAIT: Duration = Duration::from_secs(2);
 
 pub async fn metrics(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
-    let stats = match tokio::time::timeout(STATS_WAIT, state.stats.get(state.store.as_ref())).await {
+    let stats = match tokio::time::timeout(STATS_WAIT, state.stats.get(state.store.as_ref())).await
+    {
         Ok(Ok(stats)) => Some(stats),
         Ok(Err(err)) => {
             tracing::warn!(target: "idemrelay::admin", error = %err, "metrics: cannot read queue statistics; the store gauges keep their last values");

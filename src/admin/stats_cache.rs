@@ -98,8 +98,16 @@ mod tests {
         store.insert(&record("a"), retention).await.unwrap();
         assert_eq!(queued(&cache.get(store.as_ref()).await.unwrap()), 1);
         store.insert(&record("b"), retention).await.unwrap();
-        assert_eq!(queued(&cache.get(store.as_ref()).await.unwrap()), 1, "cached");
+        assert_eq!(
+            queued(&cache.get(store.as_ref()).await.unwrap()),
+            1,
+            "cached"
+        );
         tokio::time::sleep(Duration::from_millis(600)).await;
-        assert_eq!(queued(&cache.get(store.as_ref()).await.unwrap()), 2, "read again");
+        assert_eq!(
+            queued(&cache.get(store.as_ref()).await.unwrap()),
+            2,
+            "read again"
+        );
     }
 }

@@ -613,9 +613,16 @@ impl Store for PostgresStore {
         if let Some(known) = &known {
             webhook::lock(&mut tx, known.lock_names()).await?;
         }
-        settle_writes(id, token, Some(now), attempt, upstream_id.as_deref(), settle)
-            .fetch_one(&mut *tx)
-            .await?;
+        settle_writes(
+            id,
+            token,
+            Some(now),
+            attempt,
+            upstream_id.as_deref(),
+            settle,
+        )
+        .fetch_one(&mut *tx)
+        .await?;
         if let Some(dsn) = dsn {
             if insert_message(&mut tx, dsn, now).await? == 1 {
                 insert_job(&mut tx, &dsn.id, now).await?;

@@ -12,8 +12,8 @@ use sqlx::Row;
 pub(crate) use super::webhook::Known;
 use super::webhook::{
     choose_record, evidence, is_applied, late_match_fits, lock_names, match_order,
-    resolution_reply, tally, Candidate, MatchBy, Resolution, UpstreamEvent,
-    WebhookApplied, WebhookOutcome, WebhookReceipt,
+    resolution_reply, tally, Candidate, MatchBy, Resolution, UpstreamEvent, WebhookApplied,
+    WebhookOutcome, WebhookReceipt,
 };
 use super::StoreError;
 
