@@ -55,6 +55,37 @@ async fn a_folded_key_header_means_the_same_key_to_the_relay_and_the_upstream() 
     assert_eq!(got[0].bytes, stored.content.unwrap());
 }
 
+/// Header sections where a lenient parser and an RFC 5322 reader disagree about the key: the
+/// relay must either refuse them or record exactly the key the upstream (the sink, an
+/// independent RFC 5322 reader) finds in the bytes it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_hidden_by_a_malformed_header_section_is_never_deduplicated_alone() {
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    let shapes: [&[u8]; 4] = [
+        b"From: <s@x>\r\ngarbage\r\n X-Bird-Idempotency-Key: lead-2\r\nSubject: s\r\n\r\nbody\r\n",
+        b"From: <s@x>\r\nSubject: s\r\n\tX-Bird-Idempotency-Key: lead-3\r\n\r\nbody\r\n",
+        b"From: <s@x>\r\nX-Bird-Idempotency-Key : lead-4\r\n\r\nbody\r\n",
+        b"From: <s@x>\r\ngarbage\r\nX-Bird-Idempotency-Key: lead-5\r\n\r\nbody\r\n",
+    ];
+    for msg in shapes {
+        let shown = String::from_utf8_lossy(msg);
+        let mut c = Client::ready(relay.addr).await;
+        let answer = c.submit("s@x", &["rcpt@example.com"], msg).await;
+        c.quit().await;
+        let Some(id) = answer.queue_id() else {
+            assert!(answer.line().starts_with("554 5.6.0 "), "{shown:?}: {answer:?}");
+            continue;
+        };
+        wait_state(&relay, &id, State::Delivered).await;
+        let stored = relay.stored(&id).await;
+        let got = sink.messages();
+        let sent = got.last().unwrap();
+        assert_eq!(sent.bytes, stored.content.clone().unwrap(), "{shown:?}");
+        assert_eq!(sent.key, stored.upstream_key, "{shown:?}");
+    }
+}
+
 /// 200 KB: on SQLite the body lives in a spool segment, read back for each attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_message_is_delivered_with_identical_bytes_on_every_attempt() {
