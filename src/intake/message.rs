@@ -2,6 +2,7 @@
 
 use mail_parser::{HeaderName, MessageParser};
 
+use super::fields::{read_key_fields, KeyFields};
 use super::key::KEY_HEADER;
 
 /// Bounds on the header section, checked before it is parsed: mail-parser allocates per
@@ -40,6 +41,8 @@ pub struct HeaderScan {
     pub key_values: Vec<Vec<u8>>,
     /// Where each of those fields is, name to final CRLF, in order.
     pub key_fields: Vec<std::ops::Range<usize>>,
+    /// Readers would disagree about the key: see `fields::KeyFields::ambiguous`.
+    pub key_ambiguous: bool,
     pub message_id: Option<String>,
     pub has_from: bool,
 }
@@ -52,11 +55,19 @@ pub fn has_header_section(message: &[u8]) -> bool {
     colon > 0 && message[..colon].iter().all(|&b| (33..=126).contains(&b))
 }
 
+/// The key fields are read by the strict reader in `fields` (what the upstream sees);
+/// mail-parser reads the Message-ID and whether there is a From field.
 pub fn scan_headers(message: &[u8]) -> HeaderScan {
     let parser = MessageParser::new().header_id(HeaderName::MessageId);
+    let KeyFields {
+        values,
+        fields,
+        ambiguous,
+    } = read_key_fields(message);
     let mut scan = HeaderScan {
-        key_values: Vec::new(),
-        key_fields: Vec::new(),
+        key_values: values,
+        key_fields: fields,
+        key_ambiguous: ambiguous,
         message_id: None,
         has_from: false,
     };
@@ -67,27 +78,11 @@ pub fn scan_headers(message: &[u8]) -> HeaderScan {
         .message_id()
         .map(str::to_string)
         .filter(|id| !id.is_empty());
-    for header in parsed.root_part().headers() {
-        match &header.name {
-            HeaderName::From => scan.has_from = true,
-            HeaderName::Other(name) if name.eq_ignore_ascii_case(KEY_HEADER) => {
-                let (start, end) = (header.offset_start as usize, header.offset_end as usize);
-                if let Some(raw) = message.get(start..end) {
-                    scan.key_values.push(raw.to_vec());
-                    let field_end = if message[..end].ends_with(b"\r\n") {
-                        end
-                    } else if message[end..].starts_with(b"\r\n") {
-                        end + 2
-                    } else {
-                        end
-                    };
-                    scan.key_fields
-                        .push(header.offset_field as usize..field_end);
-                }
-            }
-            _ => {}
-        }
-    }
+    scan.has_from = parsed
+        .root_part()
+        .headers()
+        .iter()
+        .any(|header| header.name == HeaderName::From);
     scan
 }
 

@@ -74,7 +74,10 @@ async fn a_key_hidden_by_a_malformed_header_section_is_never_deduplicated_alone(
         let answer = c.submit("s@x", &["rcpt@example.com"], msg).await;
         c.quit().await;
         let Some(id) = answer.queue_id() else {
-            assert!(answer.line().starts_with("554 5.6.0 "), "{shown:?}: {answer:?}");
+            assert!(
+                answer.line().starts_with("554 5.6.0 "),
+                "{shown:?}: {answer:?}"
+            );
             continue;
         };
         wait_state(&relay, &id, State::Delivered).await;
