@@ -4,6 +4,7 @@
 //! and the HELO/EHLO answers, which RFC 2034 exempts.
 
 use std::fmt;
+use std::io::Write as _;
 
 /// One SMTP reply: a code and one or more text lines (the text already carries the enhanced
 /// status code where one applies).
@@ -65,7 +66,10 @@ impl Reply {
         let last = self.lines.len().saturating_sub(1);
         for (i, line) in self.lines.iter().enumerate() {
             let sep = if i == last { ' ' } else { '-' };
-            out.extend_from_slice(format!("{}{}{}\r\n", self.code, sep, line).as_bytes());
+            // Straight into `out`: a formatted String per line was an allocation per reply.
+            write!(out, "{}{}", self.code, sep).expect("writing to a Vec cannot fail");
+            out.extend_from_slice(line.as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
     }
 
