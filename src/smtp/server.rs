@@ -101,10 +101,12 @@ pub async fn serve(
                     let ctx = ctx.clone();
                     let shutdown = shutdown.clone();
                     let alive = alive.clone();
-                    tokio::spawn(async move {
+                    // Boxed here: the connection's future is kilobytes (every state of the
+                    // session), and spawn would move it by value several times.
+                    tokio::spawn(Box::pin(async move {
                         let _alive = alive;
                         connection(stream, peer, &ctx, shutdown).await;
-                    });
+                    }));
                 }
                 Err(err) => {
                     // Out of descriptors and the like: back off instead of spinning.
