@@ -3,7 +3,7 @@
 //!
 //! Pure bookkeeping, no I/O and no clock of its own: every call takes `now`, so tests drive
 //! time by hand. The caller holds it behind a lock and passes the client's grouping key (the
-//! SMTP server passes `client_key`: the IPv4 address, or the IPv6 /64).
+//! SMTP server passes `smtp::limits::client_key`: the IPv4 address, or the IPv6 /64).
 //!
 //! Rules:
 //! - Each failed AUTH adds one to the count of its (client, name) pair and one to the count of
