@@ -49,34 +49,7 @@ impl StatsCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::intake::fingerprint::Fingerprint;
-    use crate::smtp::session::{BodyType, Envelope};
-    use crate::store::{NewRecord, Retention, State};
-
-    fn record(id: &str) -> NewRecord {
-        NewRecord {
-            id: id.into(),
-            scope: "s".into(),
-            key: Some(id.into()),
-            key_source: "header",
-            fingerprint: Fingerprint::from_bytes([7; 32]),
-            envelope: Envelope {
-                mail_from: "a@example.com".into(),
-                rcpt_to: vec!["b@example.com".into()],
-                body: BodyType::SevenBit,
-                smtputf8: false,
-            },
-            content: Some(b"Subject: x\r\n\r\nbody\r\n".to_vec()),
-            size: 20,
-            state: State::Queued,
-            reply: "250 ok".into(),
-            dsn_of: None,
-            part: 1,
-            message_fp: Fingerprint::from_bytes([8; 32]),
-            upstream_key: None,
-            message_id: None,
-        }
-    }
+    use crate::store::{test_record, Retention, State};
 
     fn queued(stats: &QueueStats) -> u64 {
         stats
@@ -95,9 +68,15 @@ mod tests {
             .unwrap();
         let retention = Retention::flat(Duration::from_secs(3600));
         let cache = StatsCache::new(Duration::from_millis(500));
-        store.insert(&record("a"), retention).await.unwrap();
+        store
+            .insert(&test_record("a", "a"), retention)
+            .await
+            .unwrap();
         assert_eq!(queued(&cache.get(store.as_ref()).await.unwrap()), 1);
-        store.insert(&record("b"), retention).await.unwrap();
+        store
+            .insert(&test_record("b", "b"), retention)
+            .await
+            .unwrap();
         assert_eq!(
             queued(&cache.get(store.as_ref()).await.unwrap()),
             1,

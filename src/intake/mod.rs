@@ -113,17 +113,6 @@ enum Resolved {
     Refused(Reply, Outcome),
 }
 
-/// A header section whose key readers would disagree about (DESIGN §1 "the key the upstream
-/// sees"): refused, since any key the relay recorded might not be the one the upstream dedupes on.
-fn key_hidden_reply() -> Reply {
-    Reply::new(
-        554,
-        "5.6.0 X-Bird-Idempotency-Key is in a malformed header section (a line that is not a \
-         header field, an indented or folded key line, or a bare CR or LF) where readers disagree \
-         about it; fix the header section; message not accepted",
-    )
-}
-
 pub fn new_queue_id() -> String {
     format!(
         "{:011X}{:013X}",
@@ -317,7 +306,10 @@ impl Intake {
         fp: &Fingerprint,
     ) -> Resolved {
         if scan.key_ambiguous {
-            return Resolved::Refused(key_hidden_reply(), Outcome::InvalidKey);
+            return Resolved::Refused(
+                Reply::key_in_malformed_header_section(),
+                Outcome::InvalidKey,
+            );
         }
         match read_key_header(&scan.key_values) {
             KeyHeader::Invalid => Resolved::Refused(Reply::key_invalid(), Outcome::InvalidKey),

@@ -361,6 +361,17 @@ impl Reply {
         )
     }
 
+    /// A header section whose key readers would disagree about (DESIGN §1 "the key the
+    /// upstream sees"): any key the relay recorded might not be the one the upstream dedupes on.
+    pub fn key_in_malformed_header_section() -> Self {
+        Reply::new(
+            554,
+            "5.6.0 X-Bird-Idempotency-Key is in a malformed header section (a line that is not a \
+             header field, an indented or folded key line, or a bare CR or LF) where readers \
+             disagree about it; fix the header section; message not accepted",
+        )
+    }
+
     pub fn no_from_header() -> Self {
         Reply::new(
             550,

@@ -780,6 +780,33 @@ pub(crate) fn retention_ms(retention: Duration) -> i64 {
     i64::try_from(retention.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// A queued record under `key`, for the store's unit tests.
+#[cfg(test)]
+pub(crate) fn test_record(id: &str, key: &str) -> NewRecord {
+    NewRecord {
+        id: id.into(),
+        scope: "s".into(),
+        key: Some(key.into()),
+        key_source: "header",
+        fingerprint: Fingerprint::from_bytes([7; 32]),
+        envelope: Envelope {
+            mail_from: "a@example.com".into(),
+            rcpt_to: vec!["b@example.com".into()],
+            body: crate::smtp::session::BodyType::SevenBit,
+            smtputf8: false,
+        },
+        content: Some(b"Subject: x\r\n\r\nbody\r\n".to_vec()),
+        size: 20,
+        state: State::Queued,
+        reply: "250 ok".into(),
+        dsn_of: None,
+        part: 1,
+        message_fp: Fingerprint::from_bytes([8; 32]),
+        upstream_key: Some(key.into()),
+        message_id: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{parse_day, utc_day, Retention, State};

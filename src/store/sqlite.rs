@@ -600,8 +600,7 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::intake::fingerprint::Fingerprint;
-    use crate::smtp::session::{BodyType, Envelope};
+    use crate::store::test_record as record;
 
     const LEASE: Duration = Duration::from_secs(60);
 
@@ -722,31 +721,6 @@ mod tests {
         SqliteStore::open(&url, Duration::from_secs(5))
             .await
             .unwrap()
-    }
-
-    fn record(id: &str, key: &str) -> NewRecord {
-        NewRecord {
-            id: id.into(),
-            scope: "s".into(),
-            key: Some(key.into()),
-            key_source: "header",
-            fingerprint: Fingerprint::from_bytes([7; 32]),
-            envelope: Envelope {
-                mail_from: "a@example.com".into(),
-                rcpt_to: vec!["b@example.com".into()],
-                body: BodyType::SevenBit,
-                smtputf8: false,
-            },
-            content: Some(b"Subject: x\r\n\r\nbody\r\n".to_vec()),
-            size: 20,
-            state: State::Queued,
-            reply: "250 ok".into(),
-            dsn_of: None,
-            part: 1,
-            message_fp: Fingerprint::from_bytes([8; 32]),
-            upstream_key: Some(key.into()),
-            message_id: None,
-        }
     }
 
     fn large(id: &str, key: &str, fill: u8) -> NewRecord {
