@@ -127,7 +127,7 @@ impl Relay {
             // tests) that the relay is up; "listening on" itself is kept for SMTP.
             tracing::info!("admin API at http://{addr}/");
         }
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::new(&relay_label_values()));
         let hint = Arc::new(Notify::new());
 
         let tls = match (&settings.tls_cert, &settings.tls_key) {
@@ -591,6 +591,25 @@ pub fn termination_signal() -> std::io::Result<impl std::future::Future<Output =
             _ = int.recv() => {}
         }
     })
+}
+
+/// Every label value the relay's metrics can take, from the types that produce them.
+pub fn relay_label_values() -> crate::metrics::LabelValues {
+    use crate::delivery::{outcome, retry::Next, upstream::ReplyClass};
+    use crate::intake::SubmissionResult;
+    use crate::smtp::session::RefusalReason;
+    crate::metrics::LabelValues {
+        submission_results: SubmissionResult::ALL.map(SubmissionResult::label).to_vec(),
+        decisions: Next::LABELS.to_vec(),
+        connection_refusals: RefusalReason::AT_CONNECT
+            .map(RefusalReason::as_str)
+            .to_vec(),
+        command_refusals: RefusalReason::IN_SESSION
+            .map(RefusalReason::as_str)
+            .to_vec(),
+        upstream_reply_classes: ReplyClass::ALL.map(ReplyClass::as_str).to_vec(),
+        attempt_endings: outcome::attempt_endings(),
+    }
 }
 
 #[cfg(test)]

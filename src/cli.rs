@@ -12,7 +12,7 @@ use crate::config::{ConfigArgs, Settings};
 use crate::intake::fingerprint::fingerprint;
 use crate::intake::key::{derive_key, read_key_header, KeyHeader};
 use crate::intake::message::scan_headers;
-use crate::smtp::session::{BodyType, Envelope};
+use crate::mail::{BodyType, Envelope};
 
 #[derive(Debug, Parser)]
 #[command(

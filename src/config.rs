@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::delivery::retry::RetryPolicy;
 use crate::delivery::upstream::PhaseTimeouts;
-use crate::intake::key::{is_valid_key, MissingKey};
+use crate::mail::{is_valid_key, MissingKey};
 
 /// Durations are written the human way in files and flags: `3h`, `500ms`.
 pub(crate) mod human_duration {

@@ -16,6 +16,7 @@ pub mod config;
 pub mod config_env;
 pub mod delivery;
 pub mod intake;
+pub mod mail;
 pub mod metrics;
 pub mod sendmail;
 pub mod sink;

@@ -14,11 +14,6 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::delivery::breaker::BreakerState;
-use crate::delivery::outcome::{OutcomeKind, Phase};
-use crate::delivery::retry::Next;
-use crate::delivery::upstream::ReplyClass;
-use crate::intake::Outcome as SubmissionOutcome;
-use crate::smtp::session::RefusalReason;
 use crate::store::{QueueStats, State, WebhookOutcome};
 
 type Labels = Vec<(&'static str, &'static str)>;
@@ -110,16 +105,24 @@ pub struct Snapshot {
     pub store_writable: bool,
 }
 
-/// Every submission result, in the words of the metric's `result` label.
-const SUBMISSION_RESULTS: [SubmissionOutcome; 7] = [
-    SubmissionOutcome::Accepted,
-    SubmissionOutcome::Replayed,
-    SubmissionOutcome::Conflict,
-    SubmissionOutcome::InProgress,
-    SubmissionOutcome::InvalidKey,
-    SubmissionOutcome::Unavailable,
-    SubmissionOutcome::Rejected,
-];
+/// The label values each labelled family exists with from the first scrape, so a rate() over a
+/// counter that has not moved yet is 0, not absent. The relay fills it from its own types'
+/// label lists (`app`), so this module names no intake or delivery type.
+#[derive(Debug, Clone, Default)]
+pub struct LabelValues {
+    /// `submissions_total{result}`.
+    pub submission_results: Vec<&'static str>,
+    /// `delivery_decisions_total{decision}`.
+    pub decisions: Vec<&'static str>,
+    /// `smtp_connections_refused_total{reason}`.
+    pub connection_refusals: Vec<&'static str>,
+    /// `smtp_commands_refused_total{reason}`.
+    pub command_refusals: Vec<&'static str>,
+    /// `upstream_replies_total{class}`.
+    pub upstream_reply_classes: Vec<&'static str>,
+    /// `delivery_attempts_total{outcome, phase}`: the pairs an attempt can end in.
+    pub attempt_endings: Vec<(&'static str, &'static str)>,
+}
 
 /// Why a webhook request was refused (nothing of it stored), as the metric's `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,7 +222,7 @@ impl std::fmt::Debug for Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics::new()
+        Metrics::new(&LabelValues::default())
     }
 }
 
@@ -228,7 +231,7 @@ fn label(name: &'static str, value: &'static str) -> Labels {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub fn new(labels: &LabelValues) -> Self {
         let mut registry = Registry::with_prefix("idemrelay");
         let submissions = Family::<Labels, Counter>::default();
         let attempts = Family::<Labels, Counter>::default();
@@ -399,28 +402,28 @@ impl Metrics {
         );
         // Every label value exists from the start, so a rate() over a counter that has not
         // moved yet is 0, not absent.
-        for outcome in SUBMISSION_RESULTS {
-            let _ = submissions.get_or_create(&label("result", result_label(outcome)));
+        for result in &labels.submission_results {
+            let _ = submissions.get_or_create(&label("result", result));
         }
-        for decision in Next::LABELS {
+        for decision in &labels.decisions {
             let _ = decisions.get_or_create(&label("decision", decision));
         }
         for reason in WebhookRefusal::ALL {
             let _ = webhook_refused.get_or_create(&label("reason", reason.as_str()));
         }
-        for reason in RefusalReason::AT_CONNECT {
-            let _ = connections_refused.get_or_create(&label("reason", reason.as_str()));
+        for reason in &labels.connection_refusals {
+            let _ = connections_refused.get_or_create(&label("reason", reason));
         }
-        for reason in RefusalReason::IN_SESSION {
-            let _ = commands_refused.get_or_create(&label("reason", reason.as_str()));
+        for reason in &labels.command_refusals {
+            let _ = commands_refused.get_or_create(&label("reason", reason));
         }
-        for class in ReplyClass::ALL {
-            let _ = upstream_replies.get_or_create(&label("class", class.as_str()));
+        for class in &labels.upstream_reply_classes {
+            let _ = upstream_replies.get_or_create(&label("class", class));
         }
         for state in BREAKER_STATES {
             let _ = breaker_transitions.get_or_create(&label("to", state.as_str()));
         }
-        for (outcome, phase) in attempt_labels() {
+        for &(outcome, phase) in &labels.attempt_endings {
             let _ = attempts.get_or_create(&vec![("outcome", outcome), ("phase", phase)]);
         }
         for reason in PauseReason::ALL {
@@ -467,9 +470,10 @@ impl Metrics {
         metrics
     }
 
-    pub fn submission(&self, outcome: SubmissionOutcome) {
+    /// `result` is a `SubmissionResult::label()`.
+    pub fn submission(&self, result: &'static str) {
         self.submissions
-            .get_or_create(&label("result", result_label(outcome)))
+            .get_or_create(&label("result", result))
             .inc();
     }
 
@@ -548,15 +552,15 @@ impl Metrics {
         *self.breaker_now.lock().expect("breaker state lock")
     }
 
-    pub fn connection_refused(&self, reason: RefusalReason) {
+    pub fn connection_refused(&self, reason: &'static str) {
         self.connections_refused
-            .get_or_create(&label("reason", reason.as_str()))
+            .get_or_create(&label("reason", reason))
             .inc();
     }
 
-    pub fn command_refused(&self, reason: RefusalReason) {
+    pub fn command_refused(&self, reason: &'static str) {
         self.commands_refused
-            .get_or_create(&label("reason", reason.as_str()))
+            .get_or_create(&label("reason", reason))
             .inc();
     }
 
@@ -565,9 +569,9 @@ impl Metrics {
         self.delivery_latency.observe(took.as_secs_f64());
     }
 
-    pub fn upstream_reply(&self, class: ReplyClass) {
+    pub fn upstream_reply(&self, class: &'static str) {
         self.upstream_replies
-            .get_or_create(&label("class", class.as_str()))
+            .get_or_create(&label("class", class))
             .inc();
     }
 
@@ -653,27 +657,6 @@ const BREAKER_STATES: [BreakerState; 3] = [
     BreakerState::HalfOpen,
 ];
 
-/// The (outcome, phase) pairs an attempt can end in: accepted and unknown only at the dot,
-/// permanent only once the upstream judged the message (MAIL onward), transient anywhere.
-fn attempt_labels() -> Vec<(&'static str, &'static str)> {
-    let mut pairs = Vec::new();
-    for outcome in OutcomeKind::ALL {
-        for phase in Phase::ALL {
-            let possible = match outcome {
-                OutcomeKind::Accepted | OutcomeKind::Unknown => phase == Phase::Dot,
-                OutcomeKind::Permanent => {
-                    matches!(phase, Phase::Mail | Phase::Rcpt | Phase::Data | Phase::Dot)
-                }
-                OutcomeKind::Transient => true,
-            };
-            if possible {
-                pairs.push((outcome.as_str(), phase.as_str()));
-            }
-        }
-    }
-    pairs
-}
-
 /// The Prometheus text format 0.0.4, from prometheus-client's OpenMetrics output. The sample
 /// lines are the same in both; the differences are in the metadata: 0.0.4 has no `# UNIT` and
 /// no `# EOF`, and a counter's HELP and TYPE name the sample (`x_total`), where OpenMetrics
@@ -705,19 +688,6 @@ pub fn text_format_004(openmetrics: &str) -> String {
     out
 }
 
-/// Label values use underscores, as Prometheus label values conventionally do.
-fn result_label(outcome: SubmissionOutcome) -> &'static str {
-    match outcome {
-        SubmissionOutcome::Accepted => "accepted",
-        SubmissionOutcome::Replayed => "replayed",
-        SubmissionOutcome::Conflict => "conflict",
-        SubmissionOutcome::InProgress => "in_progress",
-        SubmissionOutcome::InvalidKey => "invalid_key",
-        SubmissionOutcome::Unavailable => "unavailable",
-        SubmissionOutcome::Rejected => "rejected",
-    }
-}
-
 fn state_label(state: State) -> &'static str {
     state.as_str()
 }
@@ -725,6 +695,9 @@ fn state_label(state: State) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::delivery::upstream::ReplyClass;
+    use crate::intake::SubmissionResult;
+    use crate::smtp::session::RefusalReason;
 
     /// The value of the sample `name{labels}` in a text exposition.
     fn sample(text: &str, series: &str) -> Option<f64> {
@@ -754,10 +727,10 @@ mod tests {
 
     #[test]
     fn counters_gauges_and_histograms_are_exposed() {
-        let m = Metrics::new();
-        m.submission(SubmissionOutcome::Accepted);
-        m.submission(SubmissionOutcome::Accepted);
-        m.submission(SubmissionOutcome::InProgress);
+        let m = Metrics::new(&crate::app::relay_label_values());
+        m.submission(SubmissionResult::Accepted.label());
+        m.submission(SubmissionResult::Accepted.label());
+        m.submission(SubmissionResult::InProgress.label());
         m.attempt(
             "permanent",
             Some("rcpt"),
@@ -766,9 +739,9 @@ mod tests {
         );
         m.intake_commit(Duration::from_millis(2));
         m.breaker_transition(BreakerState::Open);
-        m.connection_refused(RefusalReason::Store);
-        m.command_refused(RefusalReason::Smuggling);
-        m.upstream_reply(ReplyClass::Connect);
+        m.connection_refused(RefusalReason::Store.as_str());
+        m.command_refused(RefusalReason::Smuggling.as_str());
+        m.upstream_reply(ReplyClass::Connect.as_str());
         m.delivered_after(Duration::from_secs(3));
         let text = m.render(&snapshot(stats()), Format::OpenMetrics);
         let v = |series: &str| sample(&text, series).unwrap_or_else(|| panic!("{series}\n{text}"));
@@ -875,7 +848,7 @@ mod tests {
 
     #[test]
     fn queued_by_scope_keeps_the_largest_scopes_and_sums_the_rest() {
-        let m = Metrics::new();
+        let m = Metrics::new(&crate::app::relay_label_values());
         let mut s = stats();
         s.queued_by_scope = (0..TOP_SCOPES as u64 + 3)
             .map(|i| (format!("scope{i:02}"), i + 1))
@@ -927,7 +900,7 @@ mod tests {
 
     #[test]
     fn the_text_format_names_counters_by_their_samples_and_has_no_eof() {
-        let m = Metrics::new();
+        let m = Metrics::new(&crate::app::relay_label_values());
         let om = m.render(&snapshot(stats()), Format::OpenMetrics);
         let text = m.render(&snapshot(stats()), Format::Text004);
         assert!(!text.contains("# EOF"), "{text}");

@@ -523,9 +523,9 @@ pub fn dsn_for(
     now_unix: i64,
 ) -> Option<crate::store::NewRecord> {
     use crate::intake::fingerprint::{fingerprint, message_fingerprint};
-    use crate::intake::key::KEY_HEADER;
+    use crate::mail::KEY_HEADER;
+    use crate::mail::{BodyType, Envelope};
     use crate::smtp::reply::Reply;
-    use crate::smtp::session::{BodyType, Envelope};
     use crate::store::{NewRecord, State};
 
     if job.mail_from.is_empty() {
@@ -1083,13 +1083,10 @@ more body\r\n";
         assert_eq!(dsn.state, crate::store::State::Queued);
         assert_eq!(dsn.envelope.mail_from, "");
         assert_eq!(dsn.envelope.rcpt_to, ["alice@example.com"]);
-        assert_eq!(
-            dsn.envelope.body,
-            crate::smtp::session::BodyType::EightBitMime
-        );
+        assert_eq!(dsn.envelope.body, crate::mail::BodyType::EightBitMime);
         let content = dsn.content.expect("queued with its bytes");
         assert_eq!(dsn.size, content.len());
-        let head = format!("{}: {key}\r\n", crate::intake::key::KEY_HEADER);
+        let head = format!("{}: {key}\r\n", crate::mail::KEY_HEADER);
         assert!(content.starts_with(head.as_bytes()));
         let report = &content[head.len()..];
         assert_eq!(
@@ -1109,10 +1106,7 @@ more body\r\n";
             1_700_003_600,
         )
         .expect("a sender to notify");
-        assert_eq!(
-            seven_bit.envelope.body,
-            crate::smtp::session::BodyType::SevenBit
-        );
+        assert_eq!(seven_bit.envelope.body, crate::mail::BodyType::SevenBit);
     }
 
     #[test]

@@ -453,6 +453,28 @@ fn mentions_slow_down(lower: &str) -> bool {
     single || pair || too_many
 }
 
+/// The (outcome, phase) pairs an attempt can end in, as metric labels: accepted and unknown
+/// only at the dot, permanent only once the upstream judged the message (MAIL onward),
+/// transient anywhere.
+pub fn attempt_endings() -> Vec<(&'static str, &'static str)> {
+    let mut pairs = Vec::new();
+    for outcome in OutcomeKind::ALL {
+        for phase in Phase::ALL {
+            let possible = match outcome {
+                OutcomeKind::Accepted | OutcomeKind::Unknown => phase == Phase::Dot,
+                OutcomeKind::Permanent => {
+                    matches!(phase, Phase::Mail | Phase::Rcpt | Phase::Data | Phase::Dot)
+                }
+                OutcomeKind::Transient => true,
+            };
+            if possible {
+                pairs.push((outcome.as_str(), phase.as_str()));
+            }
+        }
+    }
+    pairs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

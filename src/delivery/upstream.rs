@@ -226,7 +226,7 @@ impl PhaseTimeouts {
 }
 
 /// What to send: the envelope and the stored bytes, exactly.
-pub struct Envelope<'a> {
+pub struct UpstreamEnvelope<'a> {
     pub mail_from: &'a str,
     pub rcpt_to: &'a [String],
     pub eight_bit: bool,
@@ -362,7 +362,7 @@ impl UpstreamClient {
     /// transient, before the dot.
     pub async fn send(
         &mut self,
-        envelope: &Envelope<'_>,
+        envelope: &UpstreamEnvelope<'_>,
         message: &[u8],
         data_by: Option<Instant>,
     ) -> Outcome {
@@ -534,7 +534,7 @@ impl UpstreamClient {
     async fn transaction(
         &self,
         conn: &mut AsyncSmtpConnection,
-        envelope: &Envelope<'_>,
+        envelope: &UpstreamEnvelope<'_>,
         message: &[u8],
         data_by: Option<Instant>,
     ) -> Result<(u16, String), PhaseError> {
@@ -707,7 +707,7 @@ mod tests {
 
     async fn send_one(client: &mut UpstreamClient) -> Outcome {
         let rcpt = ["r@example.com".to_string()];
-        let envelope = Envelope {
+        let envelope = UpstreamEnvelope {
             mail_from: "s@example.com",
             rcpt_to: &rcpt,
             eight_bit: false,

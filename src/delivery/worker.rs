@@ -15,9 +15,11 @@ use super::dsn::dsn_for;
 use super::outcome::EnhancedCode;
 use super::ratelimit::TokenBucket;
 use super::retry::{Next, RetryPolicy};
-use super::upstream::{Envelope, PhaseTimeouts, ReplyClass, UpstreamClient, UpstreamTarget};
+use super::upstream::{
+    PhaseTimeouts, ReplyClass, UpstreamClient, UpstreamEnvelope, UpstreamTarget,
+};
 use crate::app::stopped;
-use crate::intake::new_queue_id;
+use crate::mail::new_queue_id;
 use crate::store::{AttemptResult, Claimed, Settle, Store};
 
 #[derive(Debug, Clone)]
@@ -300,7 +302,7 @@ impl Worker {
         }
         failpoint!("delivery.after_intent");
         let started = Instant::now();
-        let envelope = Envelope {
+        let envelope = UpstreamEnvelope {
             mail_from: &job.mail_from,
             rcpt_to: &job.rcpt_to,
             eight_bit: job.eight_bit,
@@ -354,7 +356,7 @@ impl Worker {
         let decision = decide(&policy, &facts, &outcome, store_now(), fastrand::f64());
         self.observe(&decision);
         let class = ReplyClass::of(&outcome);
-        self.shared.settings.metrics.upstream_reply(class);
+        self.shared.settings.metrics.upstream_reply(class.as_str());
         let dsn = match decision.next {
             Next::Delivered => {
                 failpoint!("delivery.after_upstream_ok");
@@ -364,7 +366,7 @@ impl Worker {
                 &job,
                 &outcome,
                 &self.shared.settings.hostname,
-                new_queue_id(),
+                new_queue_id(crate::store::now_ms()),
                 crate::store::now_ms() / 1000,
             ),
             Next::RetryAfter(_) | Next::Unresolved => None,

@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use super::key::KEY_HEADER;
+use crate::mail::KEY_HEADER;
 
 /// The key fields of a header section, as an RFC 5322 reader finds them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

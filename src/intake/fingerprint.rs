@@ -1,30 +1,9 @@
 //! The request fingerprint (DESIGN §1): blake3 over a canonical, length-prefixed encoding of
 //! everything that makes two submissions "the same request".
 
-use crate::smtp::session::Envelope;
+use crate::mail::{Envelope, Fingerprint};
 
 use super::message::trace_prefix_len;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fingerprint([u8; 32]);
-
-impl Fingerprint {
-    pub fn from_bytes(bytes: [u8; 32]) -> Self {
-        Fingerprint(bytes)
-    }
-
-    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
-        bytes.try_into().ok().map(Fingerprint)
-    }
-
-    pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
-    }
-
-    pub fn to_hex(&self) -> String {
-        blake3::Hash::from_bytes(self.0).to_hex().to_string()
-    }
-}
 
 /// Domain-separated, length-prefixed hashing so that no two field lists encode alike.
 pub struct Hasher(blake3::Hasher);
@@ -53,7 +32,7 @@ impl Hasher {
     }
 
     pub fn finish(&self) -> Fingerprint {
-        Fingerprint(*self.0.finalize().as_bytes())
+        Fingerprint::from_bytes(*self.0.finalize().as_bytes())
     }
 }
 
@@ -83,7 +62,7 @@ pub fn message_fingerprint(scope: &str, envelope: &Envelope, message: &[u8]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::smtp::session::BodyType;
+    use crate::mail::BodyType;
 
     fn env() -> Envelope {
         Envelope {

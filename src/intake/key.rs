@@ -1,25 +1,7 @@
 //! Reading, validating and deriving the idempotency key (DESIGN §1). Pure functions.
 
-use serde::{Deserialize, Serialize};
-
-use super::fingerprint::{Fingerprint, Hasher};
-use crate::smtp::session::Envelope;
-
-pub const KEY_HEADER: &str = "X-Bird-Idempotency-Key";
-pub const MAX_KEY_CHARS: usize = 255;
-
-/// What to do with a message that carries no key header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum MissingKey {
-    /// Derive a deterministic key (DESIGN §1) and add it to the stored message.
-    #[default]
-    Derive,
-    /// Accept and forward without deduplication.
-    Pass,
-    /// Refuse the message.
-    Reject,
-}
+use super::fingerprint::Hasher;
+use crate::mail::{is_valid_key, Envelope, Fingerprint, MAX_KEY_CHARS};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeySource {
@@ -60,26 +42,6 @@ fn unfold(raw: &[u8]) -> Option<String> {
             .trim_matches([' ', '\t'])
             .to_string(),
     )
-}
-
-/// 1-255 characters, none of them invisible: control characters, format characters (Unicode
-/// category Cf: bidi overrides, zero-width spaces and joiners, the BOM) and the line and
-/// paragraph separators (Zl, Zp). Those let two keys that differ look the same to a person
-/// reading a log or the admin API, or reorder what is shown around them.
-pub fn is_valid_key(key: &str) -> bool {
-    let count = key.chars().count();
-    (1..=MAX_KEY_CHARS).contains(&count) && !key.chars().any(is_invisible)
-}
-
-fn is_invisible(c: char) -> bool {
-    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
-    c.is_control()
-        || matches!(
-            c.general_category(),
-            GeneralCategory::Format
-                | GeneralCategory::LineSeparator
-                | GeneralCategory::ParagraphSeparator
-        )
 }
 
 /// Interprets every raw value of the key header found in a message.
@@ -192,7 +154,7 @@ mod tests {
     }
 
     use super::*;
-    use crate::smtp::session::BodyType;
+    use crate::mail::BodyType;
 
     fn v(s: &str) -> Vec<u8> {
         s.as_bytes().to_vec()

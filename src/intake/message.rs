@@ -3,7 +3,7 @@
 use mail_parser::{HeaderName, MessageParser};
 
 use super::fields::{read_key_fields, KeyFields};
-use super::key::KEY_HEADER;
+use crate::mail::KEY_HEADER;
 
 /// Bounds on the header section, checked before it is parsed: mail-parser allocates per
 /// field, so a body-sized header section of tiny fields would cost hundreds of MB.

@@ -14,12 +14,13 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
+use crate::mail::Submission;
+use crate::mail::{Fingerprint, MissingKey};
 use crate::metrics::Metrics;
 use crate::smtp::reply::Reply;
-use crate::smtp::session::Submission;
 use crate::store::{Existing, Insert, NewRecord, State, Store};
-use fingerprint::{fingerprint, message_fingerprint, Fingerprint};
-use key::{derive_key, read_key_header, upstream_key, IdemKey, KeyHeader, KeySource, MissingKey};
+use fingerprint::{fingerprint, message_fingerprint};
+use key::{derive_key, read_key_header, upstream_key, IdemKey, KeyHeader, KeySource};
 use message::{
     bounded_header_section, has_header_section, scan_headers, with_relay_headers, ReceivedLine,
 };
@@ -47,7 +48,7 @@ pub struct Origin {
 
 /// What happened to a submission, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum SubmissionResult {
     Accepted,
     Replayed,
     Conflict,
@@ -57,16 +58,40 @@ pub enum Outcome {
     Unavailable,
 }
 
-impl Outcome {
+impl SubmissionResult {
+    pub const ALL: [SubmissionResult; 7] = [
+        SubmissionResult::Accepted,
+        SubmissionResult::Replayed,
+        SubmissionResult::Conflict,
+        SubmissionResult::InProgress,
+        SubmissionResult::InvalidKey,
+        SubmissionResult::Unavailable,
+        SubmissionResult::Rejected,
+    ];
+
+    /// The metric's `result` label: underscores, as Prometheus label values conventionally
+    /// use (the log's `as_str` has hyphens).
+    pub fn label(self) -> &'static str {
+        match self {
+            SubmissionResult::Accepted => "accepted",
+            SubmissionResult::Replayed => "replayed",
+            SubmissionResult::Conflict => "conflict",
+            SubmissionResult::InProgress => "in_progress",
+            SubmissionResult::InvalidKey => "invalid_key",
+            SubmissionResult::Unavailable => "unavailable",
+            SubmissionResult::Rejected => "rejected",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Accepted => "accepted",
-            Outcome::Replayed => "replayed",
-            Outcome::Conflict => "conflict",
-            Outcome::InProgress => "in-progress",
-            Outcome::InvalidKey => "invalid-key",
-            Outcome::Rejected => "rejected",
-            Outcome::Unavailable => "unavailable",
+            SubmissionResult::Accepted => "accepted",
+            SubmissionResult::Replayed => "replayed",
+            SubmissionResult::Conflict => "conflict",
+            SubmissionResult::InProgress => "in-progress",
+            SubmissionResult::InvalidKey => "invalid-key",
+            SubmissionResult::Rejected => "rejected",
+            SubmissionResult::Unavailable => "unavailable",
         }
     }
 }
@@ -110,15 +135,7 @@ enum Claim<'a> {
 enum Resolved {
     Keyed(IdemKey),
     Unkeyed,
-    Refused(Reply, Outcome),
-}
-
-pub fn new_queue_id() -> String {
-    format!(
-        "{:011X}{:013X}",
-        crate::store::now_ms(),
-        fastrand::u64(..1 << 52)
-    )
+    Refused(Reply, SubmissionResult),
 }
 
 impl Intake {
@@ -134,7 +151,7 @@ impl Intake {
             delivery_hint,
             in_flight: Mutex::new(HashMap::new()),
             store_healthy: AtomicBool::new(true),
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(Metrics::default()),
         }
     }
 
@@ -189,7 +206,7 @@ impl Intake {
 
     /// Decides the reply to the end of DATA. A positive reply is returned only after the
     /// record is committed.
-    pub async fn submit(&self, origin: &Origin, sub: &Submission) -> (Reply, Outcome) {
+    pub async fn submit(&self, origin: &Origin, sub: &Submission) -> (Reply, SubmissionResult) {
         let mut scanned = None;
         let (decision, key) = self.submit_inner(origin, sub, &mut scanned).await;
         let Decision { reply, outcome, id } = decision;
@@ -222,8 +239,8 @@ impl Intake {
             reply = %reply.line(),
             "submission"
         );
-        self.metrics.submission(outcome);
-        if outcome == Outcome::Replayed {
+        self.metrics.submission(outcome.label());
+        if outcome == SubmissionResult::Replayed {
             self.count_replay(&origin.scope).await;
         }
         (reply, outcome)
@@ -252,13 +269,16 @@ impl Intake {
     ) -> (Decision, Option<IdemKey>) {
         if !has_header_section(&sub.message) {
             return (
-                Decision::refused(Reply::no_header_section(), Outcome::Rejected),
+                Decision::refused(Reply::no_header_section(), SubmissionResult::Rejected),
                 None,
             );
         }
         let Some(header_len) = bounded_header_section(&sub.message) else {
             return (
-                Decision::refused(Reply::header_section_too_large(), Outcome::Rejected),
+                Decision::refused(
+                    Reply::header_section_too_large(),
+                    SubmissionResult::Rejected,
+                ),
                 None,
             );
         };
@@ -270,7 +290,7 @@ impl Intake {
             Resolved::Keyed(key) => Some(key),
             Resolved::Unkeyed => None,
         };
-        let id = new_queue_id();
+        let id = crate::mail::new_queue_id(crate::store::now_ms());
         let message_fp = message_fingerprint(&origin.scope, &sub.envelope, &sub.message);
         let facts = RecordFacts {
             origin,
@@ -287,8 +307,8 @@ impl Intake {
         };
         // Only a failed write or a committed one says anything about the store's health.
         match decision.outcome {
-            Outcome::Unavailable => self.store_healthy.store(false, Ordering::Relaxed),
-            Outcome::Accepted => {
+            SubmissionResult::Unavailable => self.store_healthy.store(false, Ordering::Relaxed),
+            SubmissionResult::Accepted => {
                 failpoint!("intake.after_commit");
                 self.store_healthy.store(true, Ordering::Relaxed);
                 self.delivery_hint.notify_waiters();
@@ -308,11 +328,13 @@ impl Intake {
         if scan.key_ambiguous {
             return Resolved::Refused(
                 Reply::key_in_malformed_header_section(),
-                Outcome::InvalidKey,
+                SubmissionResult::InvalidKey,
             );
         }
         match read_key_header(&scan.key_values) {
-            KeyHeader::Invalid => Resolved::Refused(Reply::key_invalid(), Outcome::InvalidKey),
+            KeyHeader::Invalid => {
+                Resolved::Refused(Reply::key_invalid(), SubmissionResult::InvalidKey)
+            }
             KeyHeader::Present(value) => Resolved::Keyed(IdemKey {
                 value,
                 source: KeySource::Header,
@@ -325,7 +347,9 @@ impl Intake {
                     fp,
                 )),
                 MissingKey::Pass => Resolved::Unkeyed,
-                MissingKey::Reject => Resolved::Refused(Reply::key_required(), Outcome::InvalidKey),
+                MissingKey::Reject => {
+                    Resolved::Refused(Reply::key_required(), SubmissionResult::InvalidKey)
+                }
             },
         }
     }
@@ -392,7 +416,7 @@ impl Intake {
 
     async fn insert_unkeyed(&self, record: &NewRecord) -> Decision {
         if record.state == State::Rejected {
-            return Decision::refused(Reply::no_from_header(), Outcome::Rejected);
+            return Decision::refused(Reply::no_from_header(), SubmissionResult::Rejected);
         }
         let started = std::time::Instant::now();
         match self.store.insert(record, self.settings.retention).await {
@@ -443,7 +467,10 @@ impl Intake {
                             Err(err) => return unavailable(&err),
                         }
                     }
-                    return Decision::refused(Reply::key_in_progress(), Outcome::InProgress);
+                    return Decision::refused(
+                        Reply::key_in_progress(),
+                        SubmissionResult::InProgress,
+                    );
                 }
                 Claim::Wait(rx) => rx,
             };
@@ -455,7 +482,10 @@ impl Intake {
             {
                 Ok(parts) if parts.is_empty() => {
                     if finished.is_err() {
-                        return Decision::refused(Reply::key_in_progress(), Outcome::InProgress);
+                        return Decision::refused(
+                            Reply::key_in_progress(),
+                            SubmissionResult::InProgress,
+                        );
                     }
                 }
                 Ok(parts) => match self.choose(&record, key, &parts) {
@@ -465,7 +495,7 @@ impl Intake {
                 Err(err) => return unavailable(&err),
             }
         }
-        Decision::refused(Reply::key_in_progress(), Outcome::InProgress)
+        Decision::refused(Reply::key_in_progress(), SubmissionResult::InProgress)
     }
 
     /// The answer for a submission under a taken key, or the part number to store it as.
@@ -484,7 +514,7 @@ impl Intake {
             PartChoice::Replay(existing) => Ok(replay(existing)),
             PartChoice::Reuse => Ok(Decision::refused(
                 Reply::key_reuse(key.source == KeySource::MessageId),
-                Outcome::Conflict,
+                SubmissionResult::Conflict,
             )),
             PartChoice::New(part) => Err(part),
         }
@@ -507,11 +537,11 @@ fn replay(existing: &Existing) -> Decision {
     let Some(original) = Reply::from_line(&existing.reply) else {
         // What the client was first told is not known: fail closed, never a 250.
         tracing::error!(target: "idemrelay::store", id = %existing.id, "stored reply unreadable; retry refused as store unavailable");
-        return Decision::refused(Reply::store_unavailable(), Outcome::Unavailable);
+        return Decision::refused(Reply::store_unavailable(), SubmissionResult::Unavailable);
     };
     Decision {
         reply: original.replayed(),
-        outcome: Outcome::Replayed,
+        outcome: SubmissionResult::Replayed,
         id: Some(existing.id.clone()),
     }
 }
@@ -519,12 +549,12 @@ fn replay(existing: &Existing) -> Decision {
 /// The reply for a submission, what it was, and the record it refers to (if any).
 struct Decision {
     reply: Reply,
-    outcome: Outcome,
+    outcome: SubmissionResult,
     id: Option<String>,
 }
 
 impl Decision {
-    fn refused(reply: Reply, outcome: Outcome) -> Self {
+    fn refused(reply: Reply, outcome: SubmissionResult) -> Self {
         Decision {
             reply,
             outcome,
@@ -534,9 +564,9 @@ impl Decision {
 
     fn inserted(record: &NewRecord) -> Self {
         let (reply, outcome) = if record.state == State::Rejected {
-            (Reply::no_from_header(), Outcome::Rejected)
+            (Reply::no_from_header(), SubmissionResult::Rejected)
         } else {
-            (Reply::queued(&record.id), Outcome::Accepted)
+            (Reply::queued(&record.id), SubmissionResult::Accepted)
         };
         debug_assert_eq!(reply.line(), record.reply);
         Decision {
@@ -549,7 +579,7 @@ impl Decision {
 
 fn unavailable(err: &crate::store::StoreError) -> Decision {
     tracing::error!(target: "idemrelay::store", error = %err, "store write failed; message not accepted");
-    Decision::refused(Reply::store_unavailable(), Outcome::Unavailable)
+    Decision::refused(Reply::store_unavailable(), SubmissionResult::Unavailable)
 }
 
 /// The `with` clause of the trace line (RFC 3848, RFC 6531).

@@ -1,7 +1,7 @@
 //! Split transactions (DESIGN §1): which part of an operation a submission under a taken key
 //! is. Pure: decided from the live parts the store returned.
 
-use crate::intake::fingerprint::Fingerprint;
+use crate::mail::Fingerprint;
 use crate::store::Existing;
 
 /// What a submission under a taken key is.

@@ -135,7 +135,7 @@ async fn refuse_connection(
     reply: Reply,
     why: RefusalReason,
 ) -> std::io::Result<()> {
-    ctx.intake.metrics().connection_refused(why);
+    ctx.intake.metrics().connection_refused(why.as_str());
     tracing::info!(
         target: "idemrelay::smtp",
         client = %client.ip(),
@@ -222,7 +222,7 @@ async fn admit(
         // whole outage (every client is turned away here once the probe has seen it).
         ctx.intake
             .metrics()
-            .submission(crate::intake::Outcome::Unavailable);
+            .submission(crate::intake::SubmissionResult::Unavailable.label());
         return refuse_connection(
             ctx,
             stream,
@@ -242,7 +242,7 @@ async fn admit(
                 // The spec has receivers just drop the connection; the log says why.
                 ctx.intake
                     .metrics()
-                    .connection_refused(RefusalReason::Policy);
+                    .connection_refused(RefusalReason::Policy.as_str());
                 tracing::warn!(target: "idemrelay::proxy", %peer, reason = %why, "connection closed: PROXY protocol");
                 return Ok(());
             }
@@ -379,7 +379,7 @@ fn unexpected_proxy_header(ctx: &ServerContext, peer: SocketAddr, client: IpAddr
     };
     ctx.intake
         .metrics()
-        .connection_refused(RefusalReason::Policy);
+        .connection_refused(RefusalReason::Policy.as_str());
     tracing::warn!(target: "idemrelay::proxy", %peer, %reason, "connection closed: PROXY protocol");
 }
 
@@ -678,7 +678,7 @@ impl Conversation<'_> {
     /// One line and one count per refusal: a session refused or cut always leaves a trace
     /// (a bare LF's 521 used to leave none, even at debug).
     fn refused(&self, why: RefusalReason, reply: &str, session: &Session, closing: bool) {
-        self.ctx.intake.metrics().command_refused(why);
+        self.ctx.intake.metrics().command_refused(why.as_str());
         let helo = session.helo().unwrap_or("-");
         let user = session.authenticated().map_or("-", |u| u.name.as_str());
         if closing {

@@ -139,7 +139,7 @@ where
 }
 
 /// Ids begin with the acceptance time in milliseconds (`{ms:011X}`, see
-/// `intake::new_queue_id`), so a time range bounds an id range and walks the primary key. The
+/// `mail::new_queue_id`), so a time range bounds an id range and walks the primary key. The
 /// id is made a moment before the row's `accepted_at` (a commit later): the id bound is
 /// widened by this much and `accepted_at` decides exactly.
 const ID_TIME_SLACK_MS: i64 = 10 * 60 * 1000;

@@ -18,8 +18,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
-use crate::intake::fingerprint::Fingerprint;
-use crate::smtp::session::Envelope;
+use crate::mail::Envelope;
+use crate::mail::Fingerprint;
 pub use listing::{Action, ActionRow, Cursor, Flush, ListFilter, Operator, Page, StateFilter};
 pub use webhook::{
     EventKind, EventRow, UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,
@@ -792,7 +792,7 @@ pub(crate) fn test_record(id: &str, key: &str) -> NewRecord {
         envelope: Envelope {
             mail_from: "a@example.com".into(),
             rcpt_to: vec!["b@example.com".into()],
-            body: crate::smtp::session::BodyType::SevenBit,
+            body: crate::mail::BodyType::SevenBit,
             smtputf8: false,
         },
         content: Some(b"Subject: x\r\n\r\nbody\r\n".to_vec()),

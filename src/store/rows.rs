@@ -9,7 +9,7 @@ use super::{
     ActionRow, AttemptRow, Claimed, DailyCounts, EventKind, EventRow, Existing, MessageSummary,
     State, StoreError, StoredMessage,
 };
-use crate::intake::fingerprint::Fingerprint;
+use crate::mail::Fingerprint;
 
 /// Column access by name with the types the schema uses in both dialects (integers are
 /// 64-bit everywhere; flags are booleans). SQLite rows come from sqlx (reads) or rusqlite (the

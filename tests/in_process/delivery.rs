@@ -415,7 +415,7 @@ async fn a_message_without_a_key_is_not_retried_after_unknown() {
     sink.set_faults(vec![FaultRule::drop_after_dot().with_times(1)])
         .unwrap();
     let relay = relay_for(&sink, |s| {
-        s.missing_key = idemrelay::intake::key::MissingKey::Pass;
+        s.missing_key = idemrelay::mail::MissingKey::Pass;
     })
     .await;
     let id = submit(

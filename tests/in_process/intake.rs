@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::backend::WriteLock;
 use common::{message, Client, TestRelay};
-use idemrelay::intake::key::MissingKey;
+use idemrelay::mail::MissingKey;
 use idemrelay::store::State;
 
 const E01005: &str = "554 5.6.0 X-Bird-Idempotency-Key already used for a different message (E01005 IdempotencyKeyReuse); use a new key";

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::backend;
-use idemrelay::intake::fingerprint::Fingerprint;
-use idemrelay::smtp::session::{BodyType, Envelope};
+use idemrelay::mail::Fingerprint;
+use idemrelay::mail::{BodyType, Envelope};
 use idemrelay::store::{
     self, AttemptResult, EventKind, Insert, NewRecord, Retention, Settle, State, Store,
     UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,

@@ -24,6 +24,7 @@ use super::framing::{next_piece, BodyReceiver, BodyStatus, Piece};
 use super::reply::Reply;
 use super::sasl::{Presented, SaslExchange};
 use crate::auth::Authenticated;
+use crate::mail::{BodyType, Submission};
 
 pub use refusal::RefusalReason;
 
@@ -65,45 +66,6 @@ impl Default for SessionConfig {
             max_auth_failures: 3,
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyType {
-    SevenBit,
-    EightBitMime,
-}
-
-impl BodyType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BodyType::SevenBit => "7BIT",
-            BodyType::EightBitMime => "8BITMIME",
-        }
-    }
-}
-
-/// The envelope of one mail transaction. RCPTs are de-duplicated in arrival order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Envelope {
-    pub mail_from: String,
-    pub rcpt_to: Vec<String>,
-    pub body: BodyType,
-    pub smtputf8: bool,
-}
-
-/// A finished message handed to intake.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Submission {
-    pub envelope: Envelope,
-    pub message: Vec<u8>,
-    pub helo: String,
-    pub esmtp: bool,
-    pub chunked: bool,
-    /// The authenticated user's idempotency scope; `None` for allow-listed clients.
-    pub auth_scope: Option<String>,
-    /// The authenticated user's name, for the submission's log line.
-    pub auth_user: Option<String>,
-    pub tls: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

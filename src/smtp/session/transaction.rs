@@ -2,7 +2,8 @@
 //! message, and the finished message goes to intake as a `Submission`.
 
 use super::guards::{has_control_chars, line_error_reply};
-use super::{Answer, BodyType, Envelope, Mode, Output, Progress, Session, Submission, Transaction};
+use super::{Answer, Mode, Output, Progress, Session, Transaction};
+use crate::mail::{BodyType, Envelope, Submission};
 use crate::smtp::address;
 use crate::smtp::framing::{BodyFault, BodyLimits, BodyReceiver, BodyStatus};
 use crate::smtp::mail_rcpt::{self, ParamError, Verb};
