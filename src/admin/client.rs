@@ -10,9 +10,9 @@ use axum::http::StatusCode;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_TYPE, HOST, USER_AGENT};
 use tokio::net::TcpStream;
 
-use super::api::OPERATOR_HEADER;
 use super::healthcheck::probe_addr;
 use super::ops::{OpError, OpResult};
+use super::wire::OPERATOR_HEADER;
 
 /// Answers larger than this are refused (a listing page is far smaller).
 const MAX_ANSWER: usize = 64 * 1024 * 1024;
@@ -23,19 +23,6 @@ pub struct AdminClient {
     token: Option<String>,
     /// The local user, sent as the person behind the token.
     operator: String,
-}
-
-/// Percent-encodes one path segment or query value.
-pub fn encode(text: &str) -> String {
-    let mut out = String::new();
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 impl AdminClient {

@@ -13,6 +13,7 @@ pub mod ops;
 pub mod stats_cache;
 pub mod view;
 pub mod waiting;
+pub mod wire;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

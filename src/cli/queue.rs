@@ -8,9 +8,10 @@ use axum::http::StatusCode;
 use serde_json::Value;
 
 use super::{or_dash, table, QueueCommand};
-use crate::admin::api::{reason_or_default, ListQuery};
-use crate::admin::client::{encode, AdminClient};
+use crate::admin::api::reason_or_default;
+use crate::admin::client::AdminClient;
 use crate::admin::ops::{self, OpError, OpResult};
+use crate::admin::wire::{encode, ListQuery};
 use crate::config::Settings;
 use crate::store::{Operator, Retention, Store};
 

@@ -21,9 +21,10 @@ use axum::{Extension, Form, Router};
 use maud::Markup;
 use serde::Deserialize;
 
-use super::api::{reason_or_default, token_actor, wake_workers_if_ok, ListQuery};
+use super::api::{reason_or_default, token_actor, wake_workers_if_ok};
 use super::ops::{self, OpError};
 use super::waiting::{why_waiting, RecordFacts, RelayFacts, Waiting};
+use super::wire::ListQuery;
 use super::AdminState;
 use crate::store::{
     AttemptRow, ListFilter, Operator, State as RecordState, StateFilter, StoreError, StoredMessage,

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use maud::{html, Markup, DOCTYPE};
 
-use crate::admin::api::ListQuery;
 use crate::admin::view::{recipient_status, time_ms};
 use crate::admin::waiting::Waiting;
+use crate::admin::wire::ListQuery;
 use crate::delivery::breaker::BreakerState;
 use crate::store::{
     ActionRow, AttemptRow, EventRow, MessageSummary, Pause, QueueStats, State, StateFilter,
