@@ -11,6 +11,7 @@
 pub mod args;
 pub mod message;
 pub mod submit;
+pub mod sysexits;
 
 use std::ffi::OsString;
 use std::io::BufRead;
@@ -22,18 +23,6 @@ use crate::config::{ConfigArgs, Settings};
 use args::{Invocation, Options, TlsChoice};
 use message::{Draft, Fed, Input, PrepareError};
 use submit::{Cause, Phase, Server};
-
-/// sendmail's exit statuses, from sysexits.h.
-pub mod sysexits {
-    pub const EX_OK: u8 = 0;
-    pub const EX_USAGE: u8 = 64;
-    pub const EX_DATAERR: u8 = 65;
-    pub const EX_UNAVAILABLE: u8 = 69;
-    pub const EX_OSERR: u8 = 71;
-    pub const EX_IOERR: u8 = 74;
-    pub const EX_TEMPFAIL: u8 = 75;
-    pub const EX_CONFIG: u8 = 78;
-}
 
 use sysexits::*;
 
