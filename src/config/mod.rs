@@ -1,5 +1,10 @@
 //! Settings: TOML file, then `IDEMRELAY_*` environment, then flags. Validation and redaction.
 
+mod delivery;
+pub(crate) mod human_duration;
+pub mod secret;
+mod webhooks;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
@@ -10,75 +15,11 @@ use anyhow::{bail, Context};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::delivery::retry::RetryPolicy;
-use crate::delivery::upstream::PhaseTimeouts;
 use crate::mail::{is_valid_key, MissingKey};
 
-/// Durations are written the human way in files and flags: `3h`, `500ms`.
-pub(crate) mod human_duration {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "{text:?} is not a duration like 500ms, 30s or 3h ({e})"
-            ))
-        })
-    }
-}
-
-/// A URL that may carry a password (upstream, Postgres store): the password never reaches
-/// logs, Debug output or `check-config`.
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct SecretUrl(pub String);
-
-impl SecretUrl {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// The URL with its password replaced by `********`; a URL without one is shown as written.
-    pub fn redacted(&self) -> String {
-        let text = &self.0;
-        match url::Url::parse(text) {
-            Ok(mut url) if url.password().is_some() => match url.set_password(Some("********")) {
-                Ok(()) => url.to_string(),
-                Err(()) => redact_userinfo(text),
-            },
-            Ok(_) => text.clone(),
-            // Unparseable, yet it may hold a password (one with `/`, `?` or `#` in it cuts the
-            // authority short): everything before the last `@` goes.
-            Err(_) => redact_userinfo(text),
-        }
-    }
-}
-
-fn redact_userinfo(text: &str) -> String {
-    match (text.split_once("://"), text.rfind('@')) {
-        (Some((scheme, _)), Some(at)) => format!("{scheme}://********@{}", &text[at + 1..]),
-        (None, Some(at)) => format!("********@{}", &text[at + 1..]),
-        (_, None) => text.to_string(),
-    }
-}
-
-impl fmt::Debug for SecretUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.redacted())
-    }
-}
-
-impl Serialize for SecretUrl {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.redacted())
-    }
-}
+pub use delivery::DeliveryConfig;
+pub use secret::{Secret, SecretUrl};
+pub use webhooks::{WebhookFields, WebhookSource, WebhookTypes};
 
 /// Where the admin HTTP API listens; `off` runs the relay without it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,29 +57,6 @@ impl<'de> Deserialize<'de> for AdminListen {
         String::deserialize(d)?
             .parse()
             .map_err(serde::de::Error::custom)
-    }
-}
-
-/// A secret setting (the admin bearer token): never shown by Debug, logs or `check-config`.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(pub String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"********\"")
-    }
-}
-
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("********")
     }
 }
 
@@ -254,204 +172,6 @@ pub struct Settings {
     /// Webhook sources by name (the `{name}` of the endpoint).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub webhooks: BTreeMap<String, WebhookSource>,
-}
-
-/// One upstream that posts signed events (`[webhooks.NAME]`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WebhookSource {
-    /// `whsec_<base64>` signing secrets; a request signed with any of them is taken, so a
-    /// secret can be rotated without a gap.
-    pub secrets: Vec<Secret>,
-    pub fields: WebhookFields,
-    #[serde(default)]
-    pub types: WebhookTypes,
-}
-
-/// JSON Pointers (RFC 6901) from one event to what the relay needs of it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WebhookFields {
-    pub event_type: String,
-    /// Unix seconds (integer or fractional) or RFC 3339; unset or absent: the request's
-    /// `webhook-timestamp`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub event_time: Option<String>,
-    /// The idempotency key the upstream saw.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    /// The upstream's own message id (as in its reply to the final dot).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream_id: Option<String>,
-    /// The Message-ID header.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub recipient: Option<String>,
-}
-
-/// Which event types mean what; other types are stored and shown, nothing more.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WebhookTypes {
-    /// Types that prove the upstream accepted the message: they resolve an `unresolved` record.
-    pub accepted: Vec<String>,
-    /// Types recorded (and counted) as bounces for their recipient.
-    pub bounced: Vec<String>,
-}
-
-impl WebhookSource {
-    /// The signing keys: the bytes of each secret after `whsec_`.
-    pub fn keys(&self) -> anyhow::Result<Vec<Vec<u8>>> {
-        use base64::Engine;
-        self.secrets
-            .iter()
-            .enumerate()
-            .map(|(i, secret)| {
-                let key = secret
-                    .expose()
-                    .strip_prefix("whsec_")
-                    .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
-                    .filter(|key| !key.is_empty());
-                key.ok_or_else(|| {
-                    anyhow::anyhow!("secrets[{i}]: not whsec_ followed by base64 of the key")
-                })
-            })
-            .collect()
-    }
-
-    fn validate(&self, name: &str) -> anyhow::Result<()> {
-        let ok_name = !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if !ok_name {
-            bail!("webhooks.{name:?}: a source name is letters, digits, - and _ (it is the URL's last segment)");
-        }
-        if self.secrets.is_empty() {
-            bail!("webhooks.{name}.secrets: at least one whsec_ secret is required");
-        }
-        self.keys().with_context(|| format!("webhooks.{name}"))?;
-        let f = &self.fields;
-        for (field, pointer) in [
-            ("event_type", Some(&f.event_type)),
-            ("event_time", f.event_time.as_ref()),
-            ("key", f.key.as_ref()),
-            ("upstream_id", f.upstream_id.as_ref()),
-            ("message_id", f.message_id.as_ref()),
-            ("recipient", f.recipient.as_ref()),
-        ] {
-            if let Some(pointer) = pointer {
-                if !is_json_pointer(pointer) {
-                    bail!("webhooks.{name}.fields.{field}: {pointer:?} is not a JSON Pointer (RFC 6901) like \"/type\" or \"/headers/message-id\"");
-                }
-            }
-        }
-        if f.key.is_none() && f.upstream_id.is_none() && f.message_id.is_none() {
-            bail!("webhooks.{name}.fields: at least one of key, upstream_id and message_id is required (events are matched by them)");
-        }
-        if let Some(both) = self
-            .types
-            .accepted
-            .iter()
-            .find(|t| self.types.bounced.contains(t))
-        {
-            bail!("webhooks.{name}.types: {both:?} is listed as both accepted and bounced");
-        }
-        Ok(())
-    }
-}
-
-/// RFC 6901: empty (the whole event), or `/`-separated tokens where `~` is only `~0` or `~1`.
-fn is_json_pointer(pointer: &str) -> bool {
-    if pointer.is_empty() {
-        return true;
-    }
-    pointer.starts_with('/')
-        && pointer
-            .split('~')
-            .skip(1)
-            .all(|rest| rest.starts_with('0') || rest.starts_with('1'))
-}
-
-/// How accepted messages are forwarded upstream (DESIGN §2).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DeliveryConfig {
-    /// PEM file of extra trusted CA certificates for the upstream's TLS (tests, private CAs).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<PathBuf>,
-    /// Concurrent upstream connections.
-    pub connections: usize,
-    pub max_messages_per_connection: usize,
-    #[serde(with = "human_duration")]
-    pub idle_close: Duration,
-    /// Upper bound between looks at the queue (intake also wakes the workers).
-    #[serde(with = "human_duration")]
-    pub scan_interval: Duration,
-    #[serde(with = "human_duration")]
-    pub retry_base: Duration,
-    #[serde(with = "human_duration")]
-    pub retry_cap: Duration,
-    pub max_attempts: u32,
-    /// Give up (fail, or park as unresolved) this long after acceptance.
-    #[serde(with = "human_duration")]
-    pub deadline: Duration,
-    /// The upstream's idempotency window: an UNKNOWN outcome is retried only inside it.
-    #[serde(with = "human_duration")]
-    pub upstream_window: Duration,
-    #[serde(with = "human_duration")]
-    pub window_margin: Duration,
-    /// Upstream message rate (messages per second) and burst.
-    pub rate: f64,
-    pub burst: f64,
-    /// Consecutive transient/unknown failures that open the circuit breaker.
-    pub breaker_threshold: u32,
-    #[serde(with = "human_duration")]
-    pub breaker_cooldown: Duration,
-    /// While paused for an account-level failure, how often the upstream is probed.
-    #[serde(with = "human_duration")]
-    pub pause_probe_interval: Duration,
-    /// One deadline per SMTP phase of the upstream conversation.
-    pub timeouts: PhaseTimeouts,
-}
-
-impl Default for DeliveryConfig {
-    fn default() -> Self {
-        let retry = RetryPolicy::default();
-        DeliveryConfig {
-            ca_file: None,
-            connections: 4,
-            max_messages_per_connection: 100,
-            idle_close: Duration::from_secs(50),
-            scan_interval: Duration::from_secs(1),
-            retry_base: retry.base,
-            retry_cap: retry.cap,
-            max_attempts: retry.max_attempts,
-            deadline: retry.deadline,
-            upstream_window: retry.window,
-            window_margin: retry.window_margin,
-            rate: 50.0,
-            burst: 50.0,
-            breaker_threshold: 5,
-            breaker_cooldown: Duration::from_secs(30),
-            pause_probe_interval: Duration::from_secs(60),
-            timeouts: PhaseTimeouts::default(),
-        }
-    }
-}
-
-impl DeliveryConfig {
-    pub fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            base: self.retry_base,
-            cap: self.retry_cap,
-            max_attempts: self.max_attempts,
-            deadline: self.deadline,
-            window: self.upstream_window,
-            window_margin: self.window_margin,
-        }
-    }
 }
 
 /// This host's name, as the system has it (the default `hostname`, a certificate's SAN).
@@ -935,16 +655,6 @@ bounced = ["bounce"]
         };
         let err = lonely.validate().unwrap_err().to_string();
         assert!(err.contains("no webhook source"), "{err}");
-    }
-
-    #[test]
-    fn json_pointers() {
-        for ok in ["", "/", "/type", "/headers/message-id", "/a~0b/c~1d", "/0"] {
-            assert!(is_json_pointer(ok), "{ok}");
-        }
-        for bad in ["type", "/a~", "/a~2", "#/type"] {
-            assert!(!is_json_pointer(bad), "{bad}");
-        }
     }
 
     #[test]

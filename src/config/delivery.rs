@@ -1,0 +1,90 @@
+//! `[delivery]`: how accepted messages are forwarded upstream.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::human_duration;
+use crate::delivery::retry::RetryPolicy;
+use crate::delivery::upstream::PhaseTimeouts;
+
+/// How accepted messages are forwarded upstream (DESIGN §2).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// PEM file of extra trusted CA certificates for the upstream's TLS (tests, private CAs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// Concurrent upstream connections.
+    pub connections: usize,
+    pub max_messages_per_connection: usize,
+    #[serde(with = "human_duration")]
+    pub idle_close: Duration,
+    /// Upper bound between looks at the queue (intake also wakes the workers).
+    #[serde(with = "human_duration")]
+    pub scan_interval: Duration,
+    #[serde(with = "human_duration")]
+    pub retry_base: Duration,
+    #[serde(with = "human_duration")]
+    pub retry_cap: Duration,
+    pub max_attempts: u32,
+    /// Give up (fail, or park as unresolved) this long after acceptance.
+    #[serde(with = "human_duration")]
+    pub deadline: Duration,
+    /// The upstream's idempotency window: an UNKNOWN outcome is retried only inside it.
+    #[serde(with = "human_duration")]
+    pub upstream_window: Duration,
+    #[serde(with = "human_duration")]
+    pub window_margin: Duration,
+    /// Upstream message rate (messages per second) and burst.
+    pub rate: f64,
+    pub burst: f64,
+    /// Consecutive transient/unknown failures that open the circuit breaker.
+    pub breaker_threshold: u32,
+    #[serde(with = "human_duration")]
+    pub breaker_cooldown: Duration,
+    /// While paused for an account-level failure, how often the upstream is probed.
+    #[serde(with = "human_duration")]
+    pub pause_probe_interval: Duration,
+    /// One deadline per SMTP phase of the upstream conversation.
+    pub timeouts: PhaseTimeouts,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        let retry = RetryPolicy::default();
+        DeliveryConfig {
+            ca_file: None,
+            connections: 4,
+            max_messages_per_connection: 100,
+            idle_close: Duration::from_secs(50),
+            scan_interval: Duration::from_secs(1),
+            retry_base: retry.base,
+            retry_cap: retry.cap,
+            max_attempts: retry.max_attempts,
+            deadline: retry.deadline,
+            upstream_window: retry.window,
+            window_margin: retry.window_margin,
+            rate: 50.0,
+            burst: 50.0,
+            breaker_threshold: 5,
+            breaker_cooldown: Duration::from_secs(30),
+            pause_probe_interval: Duration::from_secs(60),
+            timeouts: PhaseTimeouts::default(),
+        }
+    }
+}
+
+impl DeliveryConfig {
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            base: self.retry_base,
+            cap: self.retry_cap,
+            max_attempts: self.max_attempts,
+            deadline: self.deadline,
+            window: self.upstream_window,
+            window_margin: self.window_margin,
+        }
+    }
+}
