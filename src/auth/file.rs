@@ -21,12 +21,70 @@ use anyhow::{anyhow, Context as _};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::{User, Users};
+use super::users::{
+    hash_password, is_argon2id_phc, name_ok, scope_ok, sender_pattern_ok, validate_name,
+    validate_password, validate_scope, validate_sender_pattern, User, Users, NAME_RULE,
+    PATTERN_RULE, SCOPE_RULE,
+};
 
 const HEADER: &str = "# idemrelay users file, written by `idemrelay user add`.\n\
                       # Hand edits are fine; comments are not kept on the next write.\n\n";
 
-pub(super) fn parse(text: &str) -> anyhow::Result<Users> {
+/// The users file's side of `Users`: reading it and writing one user into it.
+impl Users {
+    /// Reads and validates a users file; errors name the file and line, never a hash.
+    pub fn load(path: &Path) -> anyhow::Result<Users> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading users file {}", path.display()))?;
+        Users::parse(&text).with_context(|| format!("users file {}", path.display()))
+    }
+
+    /// Parses and validates the text of a users file.
+    pub fn parse(text: &str) -> anyhow::Result<Users> {
+        parse(text)
+    }
+
+    /// Adds or replaces a user and writes the file atomically (tmp + rename, mode 0600),
+    /// keeping other users; validates scope (1-255 printable chars) and sender patterns.
+    ///
+    /// A missing file is created; an existing file that does not parse is left alone and
+    /// reported, since rewriting it would drop the users we could not read. Comments in the
+    /// file are not preserved.
+    pub fn add_user(
+        path: &Path,
+        name: &str,
+        password: &str,
+        scope: &str,
+        allowed_senders: &[String],
+    ) -> anyhow::Result<()> {
+        validate_name(name)?;
+        validate_password(name, password)?;
+        validate_scope(scope)?;
+        for pattern in allowed_senders {
+            validate_sender_pattern(pattern)?;
+        }
+        let mut users = match std::fs::read_to_string(path) {
+            Ok(text) => Users::parse(&text)
+                .with_context(|| format!("users file {} (not modified)", path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Users::default(),
+            Err(e) => {
+                return Err(e).with_context(|| format!("reading users file {}", path.display()))
+            }
+        };
+        let user = User {
+            password_hash: hash_password(password)?,
+            scope: scope.to_string(),
+            allowed_senders: allowed_senders.to_vec(),
+            // Set in the file by hand; a password change keeps it.
+            upstream: users.get(name).and_then(|u| u.upstream.clone()),
+        };
+        users.insert(name, user)?;
+        write_atomically(path, &render(&users)?)
+            .with_context(|| format!("writing users file {}", path.display()))
+    }
+}
+
+fn parse(text: &str) -> anyhow::Result<Users> {
     let root =
         DeTable::parse(text).map_err(|e| at(text, e.span().map_or(0, |s| s.start), e.message()))?;
     let mut users = Users::default();
@@ -51,11 +109,11 @@ pub(super) fn parse(text: &str) -> anyhow::Result<Users> {
         for (name, entry) in table.iter() {
             let name_text: &str = name.get_ref();
             // First, so that later messages can quote the name as is.
-            if !super::name_ok(name_text) {
+            if !name_ok(name_text) {
                 return Err(at(
                     text,
                     name.span().start,
-                    &format!("invalid user name {name_text:?}: {}", super::NAME_RULE),
+                    &format!("invalid user name {name_text:?}: {}", NAME_RULE),
                 ));
             }
             let user = parse_user(text, name_text, entry)?;
@@ -91,7 +149,7 @@ fn parse_user(text: &str, name: &str, entry: &Spanned<DeValue<'_>>) -> anyhow::R
                     )
                 })?;
                 // Checked here too so the error points at the hash's own line.
-                if !super::is_argon2id_phc(hash) {
+                if !is_argon2id_phc(hash) {
                     return Err(at(
                         text,
                         line,
@@ -107,11 +165,11 @@ fn parse_user(text: &str, name: &str, entry: &Spanned<DeValue<'_>>) -> anyhow::R
                 let value = string(value).ok_or_else(|| {
                     at(text, line, &format!("users.{name}.scope must be a string"))
                 })?;
-                if !super::scope_ok(value) {
+                if !scope_ok(value) {
                     return Err(at(
                         text,
                         line,
-                        &format!("users.{name}.scope is invalid: {}", super::SCOPE_RULE),
+                        &format!("users.{name}.scope is invalid: {}", SCOPE_RULE),
                     ));
                 }
                 scope = Some(value.to_string());
@@ -129,13 +187,13 @@ fn parse_user(text: &str, name: &str, entry: &Spanned<DeValue<'_>>) -> anyhow::R
                 };
                 for item in items.iter() {
                     let pattern = string(item).ok_or_else(not_strings)?;
-                    if !super::sender_pattern_ok(pattern) {
+                    if !sender_pattern_ok(pattern) {
                         return Err(at(
                             text,
                             item.span().start,
                             &format!(
                                 "users.{name}.allowed_senders has an invalid pattern: {}",
-                                super::PATTERN_RULE
+                                PATTERN_RULE
                             ),
                         ));
                     }
@@ -198,7 +256,7 @@ fn at(text: &str, offset: usize, message: &str) -> anyhow::Error {
     anyhow!("line {line}, column {column}: {message}")
 }
 
-pub(super) fn render(users: &Users) -> anyhow::Result<String> {
+fn render(users: &Users) -> anyhow::Result<String> {
     #[derive(serde::Serialize)]
     struct File<'a> {
         users: &'a BTreeMap<String, User>,
@@ -212,7 +270,7 @@ pub(super) fn render(users: &Users) -> anyhow::Result<String> {
 
 /// Replaces `path` so that readers see the old file or the new one, never a torn write, and
 /// the new file is never readable by others, not even between create and chmod.
-pub(super) fn write_atomically(path: &Path, contents: &str) -> anyhow::Result<()> {
+fn write_atomically(path: &Path, contents: &str) -> anyhow::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),

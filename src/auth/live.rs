@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use super::Users;
+use super::users::Users;
 
 pub struct LiveUsers {
     path: PathBuf,

@@ -61,7 +61,7 @@ struct NameKey(Option<Box<str>>);
 
 impl NameKey {
     fn of(name: &str) -> NameKey {
-        NameKey(super::name_ok(name).then(|| name.into()))
+        NameKey(super::users::name_ok(name).then(|| name.into()))
     }
 }
 
