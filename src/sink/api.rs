@@ -13,9 +13,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::faults::FaultRule;
+use super::life::Down;
 use super::search::{query_params, Content, MessageFilter};
 use super::state::{ReceivedMessage, Shared, Transaction};
-use super::Down;
 use crate::admin::view::time_ms;
 
 /// The JSON API. Other views of the same state (an HTML page, say) are routers of their own,

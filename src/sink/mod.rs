@@ -100,10 +100,12 @@
 //! relay tests run it on loopback.
 
 mod api;
+mod config;
 mod console;
 pub mod faults;
 mod key;
 pub mod ledger;
+mod life;
 mod search;
 mod smtp;
 mod state;
@@ -122,87 +124,16 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use url::Url;
 
+pub use config::SinkConfig;
 pub use faults::{FaultAction, FaultError, FaultRule, Phase, RuleStatus, WebhookFault};
 pub use ledger::KeyStats;
+pub use life::Down;
 pub use state::{Outcome, ReceivedMessage, SinkStats, Transaction};
 pub use webhook::{EventType, RetryPolicy, Secret};
 pub use webhook_sender::{AttemptOutcome, WebhookAttempt, WebhookConfig, WebhookStats};
 
-use state::{Life, Shared};
-
-/// How the sink simulates an upstream that is down.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Down {
-    /// Close the listening socket: connection attempts are refused.
-    Refuse,
-    /// Accept connections and greet them with `421 4.3.2`, then close.
-    Greet421,
-}
-
-#[derive(Clone)]
-pub struct SinkConfig {
-    pub listen: SocketAddr,
-    /// HTTP API address; none when `None`.
-    pub api: Option<SocketAddr>,
-    /// Each accepted message is also written to `<maildir>/<id>.eml` (created if missing).
-    pub maildir: Option<PathBuf>,
-    /// How long after acceptance a key replays.
-    pub window: Duration,
-    /// PEM certificate chain and private key; enables STARTTLS (or implicit TLS).
-    pub tls: Option<(PathBuf, PathBuf)>,
-    /// TLS from the first byte (needs `tls`); STARTTLS is then not offered.
-    pub implicit_tls: bool,
-    pub faults: Vec<FaultRule>,
-    /// User and password that AUTH PLAIN/LOGIN must present before MAIL.
-    pub require_auth: Option<(String, String)>,
-    /// Advertised in EHLO SIZE and enforced.
-    pub max_message_size: usize,
-    pub hostname: String,
-    /// Post signed events for accepted messages here.
-    pub webhook: Option<WebhookConfig>,
-}
-
-impl Default for SinkConfig {
-    fn default() -> Self {
-        SinkConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            api: None,
-            maildir: None,
-            window: Duration::from_secs(3 * 3600),
-            tls: None,
-            implicit_tls: false,
-            faults: Vec::new(),
-            require_auth: None,
-            max_message_size: 25 * 1024 * 1024,
-            hostname: "sink.localhost".into(),
-            webhook: None,
-        }
-    }
-}
-
-impl fmt::Debug for SinkConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SinkConfig")
-            .field("listen", &self.listen)
-            .field("api", &self.api)
-            .field("maildir", &self.maildir)
-            .field("window", &self.window)
-            .field("tls", &self.tls)
-            .field("implicit_tls", &self.implicit_tls)
-            .field("faults", &self.faults)
-            .field(
-                "require_auth",
-                &self
-                    .require_auth
-                    .as_ref()
-                    .map(|(user, _)| (user, "<redacted>")),
-            )
-            .field("max_message_size", &self.max_message_size)
-            .field("hostname", &self.hostname)
-            .field("webhook", &self.webhook)
-            .finish()
-    }
-}
+use life::Life;
+use state::Shared;
 
 const FAULT_HELP: &str = "\
 Fault rule, repeatable: comma-separated name=value pairs.
@@ -496,7 +427,7 @@ impl Sink {
                 .merge(console::router(shared.clone()))
                 .fallback(api::not_found);
             tasks.push(tokio::spawn(async move {
-                let stop = async move { state::shutting_down(&mut life).await };
+                let stop = async move { life::shutting_down(&mut life).await };
                 if let Err(err) = axum::serve(listener, router)
                     .with_graceful_shutdown(stop)
                     .await

@@ -20,8 +20,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::faults::{Context, FaultAction, Phase};
 use super::key::read_key;
-use super::state::{shutting_down, went_down, Control, Life, Shared, Submission};
-use super::Down;
+use super::life::{shutting_down, went_down, Down, Life};
+use super::state::{Control, Shared, Submission};
 use crate::smtp::framing::{next_piece, BodyLimits, BodyReceiver, BodyStatus, Piece};
 use crate::smtp::reply::Reply;
 use crate::smtp::sasl::{Mechanism as SaslMechanism, SaslExchange, SaslStep};

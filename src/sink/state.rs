@@ -5,18 +5,19 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_rustls::TlsAcceptor;
 
+use super::config::SinkConfig;
 use super::faults::{Context, FaultAction, FaultError, FaultRule, FaultSet, Phase, RuleStatus};
 use super::key::SinkKey;
 use super::ledger::{fingerprint, KeyStats, Ledger, Verdict};
+use super::life::{unix_ms, Down, Life};
 use super::webhook::{self, Accepted};
-use super::webhook_sender::{AttemptOutcome, Sender, WebhookAttempt, WebhookStats};
-use super::{Down, SinkConfig};
+use super::webhook_sender::{AttemptLog, AttemptOutcome, Sender, WebhookAttempt, WebhookStats};
 use crate::smtp::framing::BodyFault;
 use crate::smtp::reply::Reply;
 
@@ -99,33 +100,6 @@ pub struct SinkStats {
     pub webhooks: WebhookStats,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Life {
-    Up,
-    Down(Down),
-    ShuttingDown,
-}
-
-/// Resolves once the sink has gone down since `life` was last seen, with how. A session
-/// subscribes while the sink is up, so any change means it went down, also when a pause and a
-/// resume came back to back and the sink is up again by the time this task looks (waiting for
-/// "not up" missed those, and the connection lived through the outage). Never holds the watch
-/// guard across an await (it is not `Send`).
-pub(crate) async fn went_down(life: &mut watch::Receiver<Life>, last_down: &Mutex<Down>) -> Life {
-    if life.changed().await.is_err() {
-        return Life::ShuttingDown;
-    }
-    let now = *life.borrow_and_update();
-    match now {
-        Life::Up => Life::Down(*last_down.lock().expect("last_down")),
-        down => down,
-    }
-}
-
-pub(crate) async fn shutting_down(life: &mut watch::Receiver<Life>) {
-    let _ = life.wait_for(|l| *l == Life::ShuttingDown).await;
-}
-
 pub(crate) enum Control {
     /// Open (rebind) or close the SMTP listening socket.
     Listen(bool, oneshot::Sender<std::io::Result<()>>),
@@ -194,12 +168,6 @@ pub(crate) struct Shared {
     state: Mutex<State>,
 }
 
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 fn body_fault_reply(fault: BodyFault) -> Reply {
     match fault {
         BodyFault::LineTooLong => Reply::new(550, "5.6.0 Message line longer than 998 octets"),
@@ -241,6 +209,31 @@ fn write_atomically(dir: &Path, id: &str, bytes: &[u8]) -> std::io::Result<()> {
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, dir.join(format!("{id}.eml")))
+}
+
+impl AttemptLog for Shared {
+    fn record(&self, mut attempt: WebhookAttempt) {
+        let mut st = self.lock();
+        attempt.seq = st.next_webhook_attempt;
+        st.next_webhook_attempt += 1;
+        st.webhook_stats.attempts += 1;
+        match attempt.outcome {
+            AttemptOutcome::Delivered => st.webhook_stats.delivered += 1,
+            AttemptOutcome::GaveUp => st.webhook_stats.failed += 1,
+            AttemptOutcome::AckLost | AttemptOutcome::Retrying => {}
+        }
+        st.webhook_attempts.push(attempt);
+        drop(st);
+        self.changed();
+    }
+
+    fn notify(&self) {
+        self.changed();
+    }
+
+    fn life(&self) -> watch::Receiver<Life> {
+        self.life.subscribe()
+    }
 }
 
 impl Shared {
@@ -312,21 +305,6 @@ impl Shared {
 
     pub fn webhook_attempts(&self) -> Vec<WebhookAttempt> {
         self.lock().webhook_attempts.clone()
-    }
-
-    pub fn record_webhook(&self, mut attempt: WebhookAttempt) {
-        let mut st = self.lock();
-        attempt.seq = st.next_webhook_attempt;
-        st.next_webhook_attempt += 1;
-        st.webhook_stats.attempts += 1;
-        match attempt.outcome {
-            AttemptOutcome::Delivered => st.webhook_stats.delivered += 1,
-            AttemptOutcome::GaveUp => st.webhook_stats.failed += 1,
-            AttemptOutcome::AckLost | AttemptOutcome::Retrying => {}
-        }
-        st.webhook_attempts.push(attempt);
-        drop(st);
-        self.changed();
     }
 
     /// Accepted messages, transactions that reached the dot, and connections.
@@ -750,40 +728,4 @@ struct NewMessage {
     id: String,
     how: How,
     fault: Option<String>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The race behind a flaky `delivery_policy` test: a pause and a resume back to back, before
-    /// the session's task runs. The session must still close, with the mode of the outage.
-    #[tokio::test]
-    async fn a_session_sees_an_outage_that_is_over_by_the_time_it_looks() {
-        let life = watch::Sender::new(Life::Up);
-        let last_down = Mutex::new(Down::Greet421);
-        let mut session = life.subscribe();
-        life.send_replace(Life::Down(Down::Greet421));
-        life.send_replace(Life::Up);
-        let seen = tokio::time::timeout(
-            std::time::Duration::from_secs(1),
-            went_down(&mut session, &last_down),
-        )
-        .await
-        .expect("the session missed the outage");
-        assert_eq!(seen, Life::Down(Down::Greet421));
-
-        // Still down when it looks: that mode, and the session is not woken again by nothing.
-        life.send_replace(Life::Down(Down::Refuse));
-        assert_eq!(
-            went_down(&mut session, &last_down).await,
-            Life::Down(Down::Refuse)
-        );
-        let quiet = tokio::time::timeout(
-            std::time::Duration::from_millis(50),
-            went_down(&mut session, &last_down),
-        )
-        .await;
-        assert!(quiet.is_err());
-    }
 }

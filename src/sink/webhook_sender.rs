@@ -11,11 +11,11 @@ use axum::body::Body;
 use hyper::header::{HeaderValue, CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER, USER_AGENT};
 use serde::Serialize;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use url::{Host, Url};
 
 use super::faults::{FaultAction, FaultRule, WebhookFault};
-use super::state::{self, Shared};
+use super::life::{self, Life};
 use super::webhook::{self, Accepted, Batch, EventType, RetryPolicy, Secret};
 
 /// Batches waiting or being posted, across all messages.
@@ -176,6 +176,16 @@ impl Target {
     }
 }
 
+/// Where the sender reports its posts: the sink's shared state, which sits above the sender
+/// (it owns one) and so is reached through this rather than named.
+pub(crate) trait AttemptLog: Send + Sync + 'static {
+    /// Records one post of a batch (and says so to whoever waits for changes).
+    fn record(&self, attempt: WebhookAttempt);
+    /// Something changed that a waiter may be looking for (a batch ended).
+    fn notify(&self);
+    fn life(&self) -> watch::Receiver<Life>;
+}
+
 pub(crate) struct Sender {
     pub config: WebhookConfig,
     target: Target,
@@ -217,9 +227,9 @@ impl Sender {
     /// Starts posting the batches of an accepted message; `faults` has the rule fired for
     /// each batch, in `event_types` order. Returns how many batches were dropped (all or
     /// none: a message's batches are pending together).
-    pub fn schedule(
+    pub fn schedule<L: AttemptLog>(
         &self,
-        shared: &Arc<Shared>,
+        shared: &Arc<L>,
         message: Accepted,
         faults: Vec<Option<FaultRule>>,
     ) -> usize {
@@ -267,7 +277,7 @@ impl Sender {
             let wait_for = if i == 0 { first_waits.take() } else { None };
             let signal = if i == 0 { None } else { later_signal.clone() };
             let task = Task {
-                shared: shared.clone(),
+                shared: shared.clone() as Arc<dyn AttemptLog>,
                 target: self.target.clone(),
                 secrets: self.config.secrets.clone(),
                 retry: self.config.retry,
@@ -279,17 +289,17 @@ impl Sender {
                 _ => Duration::ZERO,
             };
             let due = accepted + post.batch.due + late;
-            let mut life = shared.life.subscribe();
+            let mut life = shared.life();
             let shared = shared.clone();
             tokio::spawn(async move {
                 tokio::select! {
                     () = task.run(&post, due, wait_for) => {}
-                    () = state::shutting_down(&mut life) => {}
+                    () = life::shutting_down(&mut life) => {}
                 }
                 // A reordered injection batch waits for every `signal` to be dropped.
                 drop(signal);
                 drop(permit);
-                shared.changed();
+                shared.notify();
             });
         }
         0
@@ -298,7 +308,7 @@ impl Sender {
 
 /// One batch's task: what it needs to post, and what it holds until it is done.
 struct Task {
-    shared: Arc<Shared>,
+    shared: Arc<dyn AttemptLog>,
     target: Target,
     secrets: Vec<Secret>,
     retry: RetryPolicy,
@@ -328,7 +338,7 @@ impl Task {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let sent_at = state::unix_ms();
+            let sent_at = life::unix_ms();
             let timestamp = i64::try_from(sent_at / 1000).unwrap_or(i64::MAX);
             let signature = webhook::signature_header(
                 &self.secrets,
@@ -376,7 +386,7 @@ impl Task {
                 outcome = ?outcome,
                 "sink webhook post"
             );
-            self.shared.record_webhook(WebhookAttempt {
+            self.shared.record(WebhookAttempt {
                 seq: 0,
                 webhook_id: post.batch.webhook_id.clone(),
                 event_type: post.batch.event_type,
