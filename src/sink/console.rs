@@ -12,7 +12,7 @@ use axum::Router;
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::search::MessageFilter;
-use super::state::{Outcome, Shared};
+use super::state::{DotDecision, Shared};
 use crate::admin::view::time_ms;
 
 /// Newest rows shown per table; the JSON API has them all.
@@ -78,15 +78,15 @@ fn opt(value: Option<&str>) -> Markup {
     }
 }
 
-fn outcome(o: Outcome) -> &'static str {
+fn outcome(o: DotDecision) -> &'static str {
     match o {
-        Outcome::Accepted => "accepted",
-        Outcome::Replayed => "replayed",
-        Outcome::KeyReuse => "key reuse (E01005)",
-        Outcome::InProgress => "in progress (E01004)",
-        Outcome::InvalidKey => "invalid key (E01001)",
-        Outcome::Rejected => "rejected",
-        Outcome::Faulted => "faulted",
+        DotDecision::Accepted => "accepted",
+        DotDecision::Replayed => "replayed",
+        DotDecision::KeyReuse => "key reuse (E01005)",
+        DotDecision::InProgress => "in progress (E01004)",
+        DotDecision::InvalidKey => "invalid key (E01001)",
+        DotDecision::Rejected => "rejected",
+        DotDecision::Faulted => "faulted",
     }
 }
 

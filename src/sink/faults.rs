@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 /// Where in the session a rule acts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Phase {
+pub enum FaultStage {
     /// The greeting (after the TLS handshake in implicit TLS mode).
     Connect,
     /// EHLO or HELO.
@@ -35,43 +35,43 @@ pub enum Phase {
     Webhook,
 }
 
-impl Phase {
+impl FaultStage {
     pub fn as_str(self) -> &'static str {
         match self {
-            Phase::Connect => "connect",
-            Phase::Ehlo => "ehlo",
-            Phase::Mail => "mail",
-            Phase::Rcpt => "rcpt",
-            Phase::Data => "data",
-            Phase::Dot => "dot",
-            Phase::Webhook => "webhook",
+            FaultStage::Connect => "connect",
+            FaultStage::Ehlo => "ehlo",
+            FaultStage::Mail => "mail",
+            FaultStage::Rcpt => "rcpt",
+            FaultStage::Data => "data",
+            FaultStage::Dot => "dot",
+            FaultStage::Webhook => "webhook",
         }
     }
 
     fn knows_recipients(self) -> bool {
         matches!(
             self,
-            Phase::Rcpt | Phase::Data | Phase::Dot | Phase::Webhook
+            FaultStage::Rcpt | FaultStage::Data | FaultStage::Dot | FaultStage::Webhook
         )
     }
 
     fn knows_key(self) -> bool {
-        matches!(self, Phase::Dot | Phase::Webhook)
+        matches!(self, FaultStage::Dot | FaultStage::Webhook)
     }
 }
 
-impl FromStr for Phase {
+impl FromStr for FaultStage {
     type Err = FaultError;
 
     fn from_str(s: &str) -> Result<Self, FaultError> {
         Ok(match s.to_ascii_lowercase().as_str() {
-            "connect" => Phase::Connect,
-            "ehlo" | "helo" => Phase::Ehlo,
-            "mail" => Phase::Mail,
-            "rcpt" => Phase::Rcpt,
-            "data" => Phase::Data,
-            "dot" => Phase::Dot,
-            "webhook" => Phase::Webhook,
+            "connect" => FaultStage::Connect,
+            "ehlo" | "helo" => FaultStage::Ehlo,
+            "mail" => FaultStage::Mail,
+            "rcpt" => FaultStage::Rcpt,
+            "data" => FaultStage::Data,
+            "dot" => FaultStage::Dot,
+            "webhook" => FaultStage::Webhook,
             _ => return Err(FaultError(format!("unknown phase {s:?}"))),
         })
     }
@@ -82,7 +82,7 @@ pub enum FaultAction {
     /// Answer `code text` instead of the normal reply; nothing is accepted at this phase.
     /// A 421 also closes the connection, as it does on a real server.
     Reply {
-        phase: Phase,
+        phase: FaultStage,
         code: u16,
         text: String,
     },
@@ -92,9 +92,9 @@ pub enum FaultAction {
     DropAfterDot,
     /// Wait before the normal reply. At `dot` the message is committed before the wait, and a
     /// retry under the same key during the wait gets E01004 (still in progress).
-    DelayReply { phase: Phase, delay: Duration },
+    DelayReply { phase: FaultStage, delay: Duration },
     /// Close without a reply at this phase; nothing is accepted.
-    Disconnect { phase: Phase },
+    Disconnect { phase: FaultStage },
     /// Misbehaves with one webhook event batch (`phase=webhook`).
     Webhook(WebhookFault),
 }
@@ -128,13 +128,13 @@ impl WebhookFault {
 }
 
 impl FaultAction {
-    pub fn phase(&self) -> Phase {
+    pub fn phase(&self) -> FaultStage {
         match self {
             FaultAction::Reply { phase, .. }
             | FaultAction::DelayReply { phase, .. }
             | FaultAction::Disconnect { phase } => *phase,
-            FaultAction::DropAfterDot => Phase::Dot,
-            FaultAction::Webhook(_) => Phase::Webhook,
+            FaultAction::DropAfterDot => FaultStage::Dot,
+            FaultAction::Webhook(_) => FaultStage::Webhook,
         }
     }
 
@@ -182,7 +182,7 @@ impl FaultRule {
     }
 
     /// `Reply` with the default text `<class>.0.0 sink fault at <phase>` when `text` is empty.
-    pub fn reply(phase: Phase, code: u16, text: &str) -> Self {
+    pub fn reply(phase: FaultStage, code: u16, text: &str) -> Self {
         let text = if text.is_empty() {
             default_text(phase, code)
         } else {
@@ -195,11 +195,11 @@ impl FaultRule {
         FaultRule::new(FaultAction::DropAfterDot)
     }
 
-    pub fn delay(phase: Phase, delay: Duration) -> Self {
+    pub fn delay(phase: FaultStage, delay: Duration) -> Self {
         FaultRule::new(FaultAction::DelayReply { phase, delay })
     }
 
-    pub fn disconnect(phase: Phase) -> Self {
+    pub fn disconnect(phase: FaultStage) -> Self {
         FaultRule::new(FaultAction::Disconnect { phase })
     }
 
@@ -244,7 +244,7 @@ impl FaultRule {
         Ok(())
     }
 
-    fn matches(&self, phase: Phase, ctx: &Context<'_>) -> bool {
+    fn matches(&self, phase: FaultStage, ctx: &Context<'_>) -> bool {
         if self.action.phase() != phase {
             return false;
         }
@@ -272,7 +272,7 @@ impl FaultRule {
     }
 }
 
-fn default_text(phase: Phase, code: u16) -> String {
+fn default_text(phase: FaultStage, code: u16) -> String {
     format!("{}.0.0 sink fault at {}", code / 100, phase.as_str())
 }
 
@@ -325,7 +325,7 @@ impl FaultSet {
     }
 
     /// The first unspent rule for `phase` whose conditions hold fires (and is counted).
-    pub fn fire(&mut self, phase: Phase, ctx: &Context<'_>) -> Option<FaultRule> {
+    pub fn fire(&mut self, phase: FaultStage, ctx: &Context<'_>) -> Option<FaultRule> {
         let status = self.rules.iter_mut().find(|s| {
             s.rule.times.is_none_or(|times| s.fired < times) && s.rule.matches(phase, ctx)
         })?;
@@ -340,7 +340,7 @@ impl FaultSet {
 #[serde(deny_unknown_fields)]
 struct RuleSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
-    phase: Option<Phase>,
+    phase: Option<FaultStage>,
     action: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     code: Option<u16>,
@@ -360,7 +360,7 @@ impl TryFrom<RuleSpec> for FaultRule {
     type Error = FaultError;
 
     fn try_from(spec: RuleSpec) -> Result<Self, FaultError> {
-        let phase = |default: Option<Phase>| match spec.phase.or(default) {
+        let phase = |default: Option<FaultStage>| match spec.phase.or(default) {
             Some(p) => Ok(p),
             None => err(format!("action={} needs phase=", spec.action)),
         };
@@ -371,9 +371,9 @@ impl TryFrom<RuleSpec> for FaultRule {
                 Ok(())
             }
         };
-        let smtp_phase = |default: Option<Phase>| {
+        let smtp_phase = |default: Option<FaultStage>| {
             let p = phase(default)?;
-            if p == Phase::Webhook {
+            if p == FaultStage::Webhook {
                 return err(format!(
                     "action={} does not exist at phase=webhook (duplicate, reorder, late, lose_ack)",
                     spec.action
@@ -387,7 +387,7 @@ impl TryFrom<RuleSpec> for FaultRule {
             if !matches!(fault, WebhookFault::Late(_)) {
                 unused("ms", spec.ms.is_some())?;
             }
-            if phase(Some(Phase::Webhook))? != Phase::Webhook {
+            if phase(Some(FaultStage::Webhook))? != FaultStage::Webhook {
                 return err(format!(
                     "action={} only exists at phase=webhook",
                     spec.action
@@ -421,7 +421,7 @@ impl TryFrom<RuleSpec> for FaultRule {
                 unused("code", spec.code.is_some())?;
                 unused("text", spec.text.is_some())?;
                 unused("ms", spec.ms.is_some())?;
-                if phase(Some(Phase::Dot))? != Phase::Dot {
+                if phase(Some(FaultStage::Dot))? != FaultStage::Dot {
                     return err("action=drop only exists at phase=dot");
                 }
                 FaultAction::DropAfterDot
@@ -617,15 +617,15 @@ mod tests {
         );
         assert_eq!(
             parse("phase=rcpt,action=reply,code=451,text=try later"),
-            FaultRule::reply(Phase::Rcpt, 451, "try later")
+            FaultRule::reply(FaultStage::Rcpt, 451, "try later")
         );
         assert_eq!(
             parse("phase=dot,action=delay,ms=5000"),
-            FaultRule::delay(Phase::Dot, Duration::from_millis(5000))
+            FaultRule::delay(FaultStage::Dot, Duration::from_millis(5000))
         );
         assert_eq!(
             parse("action=disconnect, phase=MAIL"),
-            FaultRule::disconnect(Phase::Mail)
+            FaultRule::disconnect(FaultStage::Mail)
         );
         // drop defaults to the only phase it has.
         assert_eq!(parse("action=drop"), FaultRule::drop_after_dot());
@@ -637,7 +637,7 @@ mod tests {
         assert_eq!(
             rule.action,
             FaultAction::Reply {
-                phase: Phase::Dot,
+                phase: FaultStage::Dot,
                 code: 550,
                 text: "5.7.1 no, really, no".into()
             }
@@ -650,7 +650,7 @@ mod tests {
         assert_eq!(
             rule.action,
             FaultAction::Reply {
-                phase: Phase::Connect,
+                phase: FaultStage::Connect,
                 code: 421,
                 text: "4.0.0 sink fault at connect".into()
             }
@@ -734,12 +734,12 @@ mod tests {
             ..Context::default()
         };
         let action = |r: Option<FaultRule>| r.map(|r| r.action.name());
-        assert_eq!(action(set.fire(Phase::Dot, &k2)), Some("reply"));
-        assert_eq!(action(set.fire(Phase::Dot, &k1)), Some("drop"));
-        assert_eq!(action(set.fire(Phase::Dot, &k1)), Some("reply"));
+        assert_eq!(action(set.fire(FaultStage::Dot, &k2)), Some("reply"));
+        assert_eq!(action(set.fire(FaultStage::Dot, &k1)), Some("drop"));
+        assert_eq!(action(set.fire(FaultStage::Dot, &k1)), Some("reply"));
         // Both spent now.
-        assert_eq!(action(set.fire(Phase::Dot, &k1)), None);
-        assert_eq!(action(set.fire(Phase::Mail, &k1)), None);
+        assert_eq!(action(set.fire(FaultStage::Dot, &k1)), None);
+        assert_eq!(action(set.fire(FaultStage::Mail, &k1)), None);
 
         let good = ["good@example.com".to_string()];
         let bad = ["bad@example.com".to_string()];
@@ -747,9 +747,15 @@ mod tests {
             rcpts,
             ..Context::default()
         };
-        assert_eq!(action(set.fire(Phase::Rcpt, &ctx(&good))), None);
-        assert_eq!(action(set.fire(Phase::Rcpt, &ctx(&bad))), Some("reply"));
-        assert_eq!(action(set.fire(Phase::Rcpt, &ctx(&bad))), Some("reply"));
+        assert_eq!(action(set.fire(FaultStage::Rcpt, &ctx(&good))), None);
+        assert_eq!(
+            action(set.fire(FaultStage::Rcpt, &ctx(&bad))),
+            Some("reply")
+        );
+        assert_eq!(
+            action(set.fire(FaultStage::Rcpt, &ctx(&bad))),
+            Some("reply")
+        );
         let fired: Vec<u32> = set.status().iter().map(|s| s.fired).collect();
         assert_eq!(fired, vec![1, 2, 2]);
     }
@@ -812,24 +818,24 @@ mod tests {
         };
         let action = |r: Option<FaultRule>| r.map(|r| r.action.name());
         assert_eq!(
-            action(set.fire(Phase::Webhook, &batch("k1", "delivery"))),
+            action(set.fire(FaultStage::Webhook, &batch("k1", "delivery"))),
             None
         );
         assert_eq!(
-            action(set.fire(Phase::Webhook, &batch("k2", "delivery"))),
+            action(set.fire(FaultStage::Webhook, &batch("k2", "delivery"))),
             Some("duplicate")
         );
         assert_eq!(
-            action(set.fire(Phase::Webhook, &batch("k1", "injection"))),
+            action(set.fire(FaultStage::Webhook, &batch("k1", "injection"))),
             Some("reorder")
         );
         assert_eq!(
-            action(set.fire(Phase::Webhook, &batch("k1", "injection"))),
+            action(set.fire(FaultStage::Webhook, &batch("k1", "injection"))),
             None
         );
         // SMTP phases never see webhook rules.
         assert_eq!(
-            action(set.fire(Phase::Dot, &batch("k2", "injection"))),
+            action(set.fire(FaultStage::Dot, &batch("k2", "injection"))),
             None
         );
     }
@@ -837,6 +843,6 @@ mod tests {
     #[test]
     fn a_key_rule_does_not_fire_for_a_message_without_key() {
         let mut set = FaultSet::new(vec![parse("phase=dot,action=drop,key=abc")]).unwrap();
-        assert!(set.fire(Phase::Dot, &Context::default()).is_none());
+        assert!(set.fire(FaultStage::Dot, &Context::default()).is_none());
     }
 }

@@ -82,15 +82,15 @@ struct Record {
 }
 
 #[derive(Debug, Clone)]
-pub struct Ledger {
+pub struct ReplayLedger {
     window: Duration,
     records: HashMap<String, Record>,
     keys: BTreeMap<String, KeyStats>,
 }
 
-impl Ledger {
+impl ReplayLedger {
     pub fn new(window: Duration) -> Self {
-        Ledger {
+        ReplayLedger {
             window,
             records: HashMap::new(),
             keys: BTreeMap::new(),
@@ -191,7 +191,7 @@ mod tests {
         fingerprint("a@x", &["b@y".into()], false, false, body.as_bytes())
     }
 
-    fn accept(ledger: &mut Ledger, key: &str, body: &str, id: &str, now: Instant) {
+    fn accept(ledger: &mut ReplayLedger, key: &str, body: &str, id: &str, now: Instant) {
         assert_eq!(ledger.check(key, fp(body), id, now), Verdict::New);
         ledger.commit(key, id);
         ledger.settle(key, id);
@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn replay_conflict_and_window() {
         let t0 = Instant::now();
-        let mut l = Ledger::new(3 * HOUR);
+        let mut l = ReplayLedger::new(3 * HOUR);
         accept(&mut l, "k", "one", "S1", t0);
         assert_eq!(
             l.check("k", fp("one"), "S2", t0 + HOUR),
@@ -237,7 +237,7 @@ mod tests {
     #[test]
     fn in_progress_until_settled_even_past_the_window() {
         let t0 = Instant::now();
-        let mut l = Ledger::new(Duration::from_secs(1));
+        let mut l = ReplayLedger::new(Duration::from_secs(1));
         assert_eq!(l.check("k", fp("one"), "S1", t0), Verdict::New);
         assert_eq!(l.check("k", fp("one"), "S2", t0), Verdict::InProgress);
         l.commit("k", "S1");
@@ -258,7 +258,7 @@ mod tests {
     #[test]
     fn abort_frees_the_key_and_counts_nothing() {
         let t0 = Instant::now();
-        let mut l = Ledger::new(HOUR);
+        let mut l = ReplayLedger::new(HOUR);
         assert_eq!(l.check("k", fp("one"), "S1", t0), Verdict::New);
         l.abort("k", "S1");
         assert_eq!(l.check("k", fp("two"), "S2", t0), Verdict::New);

@@ -125,10 +125,10 @@ use tokio::task::JoinHandle;
 use url::Url;
 
 pub use config::SinkConfig;
-pub use faults::{FaultAction, FaultError, FaultRule, Phase, RuleStatus, WebhookFault};
+pub use faults::{FaultAction, FaultError, FaultRule, FaultStage, RuleStatus, WebhookFault};
 pub use ledger::KeyStats;
 pub use life::Down;
-pub use state::{Outcome, ReceivedMessage, SinkStats, Transaction};
+pub use state::{DotDecision, ReceivedMessage, SinkStats, Transaction};
 pub use webhook::{EventType, RetryPolicy, Secret};
 pub use webhook_sender::{AttemptOutcome, WebhookAttempt, WebhookConfig, WebhookStats};
 

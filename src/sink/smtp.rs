@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use super::faults::{Context, FaultAction, Phase};
+use super::faults::{Context, FaultAction, FaultStage};
 use super::key::read_key;
 use super::life::{shutting_down, went_down, Down, Life};
 use super::state::{Control, Shared, Submission};
@@ -334,7 +334,7 @@ impl Session {
     }
 
     async fn greeting<S: AsyncWrite + Unpin>(&mut self, stream: &mut S) -> io::Result<Flow> {
-        match self.shared.fire(Phase::Connect, &Context::default()) {
+        match self.shared.fire(FaultStage::Connect, &Context::default()) {
             // A refused greeting ends the session: the client has nothing useful to say.
             Some(FaultAction::Reply { code, text, .. }) => {
                 self.reply(code, text);
@@ -358,7 +358,7 @@ impl Session {
     /// the command (or closed); `None` means carry on (after any delay).
     async fn phase_fault<S: AsyncWrite + Unpin>(
         &mut self,
-        phase: Phase,
+        phase: FaultStage,
         rcpts: &[String],
         stream: &mut S,
     ) -> io::Result<Option<Flow>> {
@@ -503,7 +503,7 @@ impl Session {
         esmtp: bool,
         stream: &mut S,
     ) -> io::Result<Flow> {
-        if let Some(flow) = self.phase_fault(Phase::Ehlo, &[], stream).await? {
+        if let Some(flow) = self.phase_fault(FaultStage::Ehlo, &[], stream).await? {
             return Ok(flow);
         }
         self.txn = None;
@@ -548,7 +548,7 @@ impl Session {
             self.reply(503, "5.5.1 Nested MAIL command");
             return Ok(Flow::Continue);
         }
-        if let Some(flow) = self.phase_fault(Phase::Mail, &[], stream).await? {
+        if let Some(flow) = self.phase_fault(FaultStage::Mail, &[], stream).await? {
             return Ok(flow);
         }
         if from.flags & MAIL_BODY_BINARYMIME != 0 {
@@ -579,7 +579,7 @@ impl Session {
             return Ok(Flow::Continue);
         }
         let address = [to.address];
-        if let Some(flow) = self.phase_fault(Phase::Rcpt, &address, stream).await? {
+        if let Some(flow) = self.phase_fault(FaultStage::Rcpt, &address, stream).await? {
             return Ok(flow);
         }
         let [address] = address;
@@ -609,7 +609,7 @@ impl Session {
             }
             Some(txn) => txn.rcpt_to.clone(),
         };
-        if let Some(flow) = self.phase_fault(Phase::Data, &rcpts, stream).await? {
+        if let Some(flow) = self.phase_fault(FaultStage::Data, &rcpts, stream).await? {
             return Ok(flow);
         }
         self.body = Some(BodyReceiver::new(BodyLimits {

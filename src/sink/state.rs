@@ -12,9 +12,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::config::SinkConfig;
-use super::faults::{Context, FaultAction, FaultError, FaultRule, FaultSet, Phase, RuleStatus};
+use super::faults::{
+    Context, FaultAction, FaultError, FaultRule, FaultSet, FaultStage, RuleStatus,
+};
 use super::key::SinkKey;
-use super::ledger::{fingerprint, KeyStats, Ledger, Verdict};
+use super::ledger::{fingerprint, KeyStats, ReplayLedger, Verdict};
 use super::life::{unix_ms, Down, Life};
 use super::webhook::{self, Accepted};
 use super::webhook_sender::{AttemptLog, AttemptOutcome, Sender, WebhookAttempt, WebhookStats};
@@ -45,7 +47,7 @@ pub struct ReceivedMessage {
 /// How the sink decided a transaction that reached the final dot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum DotDecision {
     /// Committed as a new message (even when a `drop` rule then withheld the reply).
     Accepted,
     /// Same key and request within the window: answered with the original id.
@@ -74,7 +76,7 @@ pub struct Transaction {
     pub smtputf8: bool,
     /// The bytes as received after dot-unstuffing (empty when over SIZE).
     pub bytes: Vec<u8>,
-    pub outcome: Outcome,
+    pub outcome: DotDecision,
     /// The sink id accepted or replayed.
     pub message_id: Option<String>,
     /// The reply line sent (or, for a delayed reply, about to be sent once the delay is
@@ -106,7 +108,7 @@ pub(crate) enum Control {
 }
 
 struct State {
-    ledger: Ledger,
+    ledger: ReplayLedger,
     faults: FaultSet,
     messages: Vec<ReceivedMessage>,
     transactions: Vec<Transaction>,
@@ -252,7 +254,7 @@ impl Shared {
             version: watch::Sender::new(0),
             hooks,
             state: Mutex::new(State {
-                ledger: Ledger::new(config.window),
+                ledger: ReplayLedger::new(config.window),
                 faults,
                 messages: Vec::new(),
                 transactions: Vec::new(),
@@ -353,7 +355,7 @@ impl Shared {
     /// so an id never names two messages.
     pub fn clear(&self) {
         let mut st = self.lock();
-        st.ledger = Ledger::new(self.config.window);
+        st.ledger = ReplayLedger::new(self.config.window);
         st.messages.clear();
         st.transactions.clear();
         st.connections = 0;
@@ -409,7 +411,7 @@ impl Shared {
         self.changed();
     }
 
-    pub fn fire(&self, phase: Phase, ctx: &Context<'_>) -> Option<FaultAction> {
+    pub fn fire(&self, phase: FaultStage, ctx: &Context<'_>) -> Option<FaultAction> {
         let rule = self.lock().faults.fire(phase, ctx)?;
         tracing::info!(phase = phase.as_str(), rule = %rule, "sink fault fired");
         Some(rule.action)
@@ -418,7 +420,7 @@ impl Shared {
     fn record(
         st: &mut State,
         sub: Submission,
-        outcome: Outcome,
+        outcome: DotDecision,
         id: Option<String>,
         reply: Option<&Reply>,
         fault: Option<String>,
@@ -502,7 +504,7 @@ impl Shared {
             rcpts: &sub.rcpt_to,
             event: None,
         };
-        let rule = st.faults.fire(Phase::Dot, &ctx);
+        let rule = st.faults.fire(FaultStage::Dot, &ctx);
         if let Some(rule) = &rule {
             tracing::info!(phase = "dot", rule = %rule, "sink fault fired");
         }
@@ -510,11 +512,18 @@ impl Shared {
         let how = match rule.map(|r| r.action) {
             Some(FaultAction::Reply { code, text, .. }) => {
                 let reply = Reply::new(code, text);
-                Self::record(&mut st, sub, Outcome::Faulted, None, Some(&reply), fault);
+                Self::record(
+                    &mut st,
+                    sub,
+                    DotDecision::Faulted,
+                    None,
+                    Some(&reply),
+                    fault,
+                );
                 return Decided::Done(self.finish(st, reply, &How::default()));
             }
             Some(FaultAction::Disconnect { .. }) => {
-                Self::record(&mut st, sub, Outcome::Faulted, None, None, fault);
+                Self::record(&mut st, sub, DotDecision::Faulted, None, None, fault);
                 drop(st);
                 self.changed();
                 return Decided::Done(DotPlan {
@@ -534,9 +543,9 @@ impl Shared {
             Some(FaultAction::Webhook(_)) | None => How::default(),
         };
         let refusal = if let Some(body_fault) = sub.body_fault {
-            Some((Outcome::Rejected, body_fault_reply(body_fault)))
+            Some((DotDecision::Rejected, body_fault_reply(body_fault)))
         } else if sub.key == SinkKey::Invalid {
-            Some((Outcome::InvalidKey, e01001()))
+            Some((DotDecision::InvalidKey, e01001()))
         } else {
             None
         };
@@ -572,12 +581,12 @@ impl Shared {
                     })
                 }
                 Verdict::Replay { id } => (
-                    Outcome::Replayed,
+                    DotDecision::Replayed,
                     Reply::new(250, format!("2.0.0 OK {id} (idempotent replay)")),
                     Some(id),
                 ),
-                Verdict::KeyReuse => (Outcome::KeyReuse, e01005(), None),
-                Verdict::InProgress => (Outcome::InProgress, e01004(), None),
+                Verdict::KeyReuse => (DotDecision::KeyReuse, e01005(), None),
+                Verdict::InProgress => (DotDecision::InProgress, e01004(), None),
             };
             Self::record(
                 &mut st,
@@ -621,7 +630,7 @@ impl Shared {
             Self::record(
                 &mut st,
                 sub,
-                Outcome::Rejected,
+                DotDecision::Rejected,
                 None,
                 how.given(&reply).as_ref(),
                 fault,
@@ -653,7 +662,7 @@ impl Shared {
                         rcpts: &sub.rcpt_to,
                         event: Some(event.as_str()),
                     };
-                    st.faults.fire(Phase::Webhook, &ctx)
+                    st.faults.fire(FaultStage::Webhook, &ctx)
                 })
                 .collect();
             st.webhook_stats.batches += faults.len() as u64;
@@ -683,7 +692,7 @@ impl Shared {
         Self::record(
             &mut st,
             sub,
-            Outcome::Accepted,
+            DotDecision::Accepted,
             Some(id),
             how.given(&reply).as_ref(),
             fault,

@@ -657,7 +657,7 @@ async fn json_logs_have_one_event_per_attempt_and_no_secrets() {
     const TOKEN: &str = "token-not-logged-0123456789";
     let sink = common::start_sink().await;
     sink.set_faults(vec![idemrelay::sink::FaultRule::reply(
-        idemrelay::sink::Phase::Rcpt,
+        idemrelay::sink::FaultStage::Rcpt,
         550,
         "5.1.1 no such user",
     )
@@ -874,14 +874,18 @@ dot = "3s"
     // Back, with one 4xx for a and a 5xx for b.
     sink.set_faults(vec![
         idemrelay::sink::FaultRule::reply(
-            idemrelay::sink::Phase::Rcpt,
+            idemrelay::sink::FaultStage::Rcpt,
             451,
             "4.2.1 mailbox busy, try later",
         )
         .with_rcpt("rcpt@")
         .with_times(1),
-        idemrelay::sink::FaultRule::reply(idemrelay::sink::Phase::Rcpt, 550, "5.1.1 no such user")
-            .with_rcpt("nobody@"),
+        idemrelay::sink::FaultRule::reply(
+            idemrelay::sink::FaultStage::Rcpt,
+            550,
+            "5.1.1 no such user",
+        )
+        .with_rcpt("nobody@"),
     ])
     .unwrap();
     sink.resume().await.unwrap();

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::process::{idemrelay, serve_args, RelayProcess};
 use common::{message, Client};
-use idemrelay::sink::{FaultRule, Outcome as SinkOutcome, Phase, Sink, SinkConfig, SinkHandle};
+use idemrelay::sink::{DotDecision, FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use sqlx::{Row, SqlitePool};
 
 /// Upper bound for any one wait in these tests.
@@ -488,7 +488,7 @@ fn assert_exactly_once(
         }
         let accepted_tx = mine
             .iter()
-            .filter(|t| t.outcome == SinkOutcome::Accepted)
+            .filter(|t| t.outcome == DotDecision::Accepted)
             .count();
         assert_eq!(accepted_tx, 1, "{key}: {mine:?}\n{ctx}");
         per_key.insert(key, mine.len());
@@ -553,7 +553,7 @@ async fn sigkill_while_deliveries_are_in_flight_loses_and_duplicates_nothing() {
     let sink = Sink::start(SinkConfig::default()).await.expect("sink");
     // Slow answers at the dot (the message is committed first): many attempts in flight.
     sink.set_faults(vec![FaultRule::delay(
-        Phase::Dot,
+        FaultStage::Dot,
         Duration::from_millis(300),
     )])
     .unwrap();
@@ -669,8 +669,10 @@ async fn sigkill_while_the_upstream_withholds_the_reply_recovers_unknown_and_rep
     // The sink commits `hold-*` messages at the dot and keeps the reply back long enough for
     // the relay to be killed while it waits: the intent is open, the outcome is unknown.
     const HOLD: Duration = Duration::from_millis(2500);
-    sink.set_faults(vec![FaultRule::delay(Phase::Dot, HOLD).with_key("hold-")])
-        .unwrap();
+    sink.set_faults(vec![
+        FaultRule::delay(FaultStage::Dot, HOLD).with_key("hold-")
+    ])
+    .unwrap();
     // More connections than holds: the plain messages never wait behind a held one.
     let mut h = Harness::start(sink.clone(), 6, "10s", seed).await;
 
@@ -801,8 +803,11 @@ async fn sigkill_while_the_upstream_withholds_the_reply_recovers_unknown_and_rep
 async fn a_restart_takes_over_the_leases_of_the_killed_relay_at_once() {
     let sink = Sink::start(SinkConfig::default()).await.expect("sink");
     // Long enough for the polling below and the kill to happen while both replies are held.
-    sink.set_faults(vec![FaultRule::delay(Phase::Dot, Duration::from_secs(4))])
-        .unwrap();
+    sink.set_faults(vec![FaultRule::delay(
+        FaultStage::Dot,
+        Duration::from_secs(4),
+    )])
+    .unwrap();
     let mut h = Harness::start(sink.clone(), 2, "10s", seed()).await;
     let keys: Vec<String> = (0..2).map(|i| format!("lease-{i}")).collect();
     let accepted = submit_all(h.addr(), &keys, 1).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::process::{idemrelay, store_url};
 use common::{message, relay_for, start_sink, wait_state, TestRelay};
-use idemrelay::sink::{FaultRule, Phase as SinkPhase};
+use idemrelay::sink::{FaultRule, FaultStage};
 use idemrelay::store::State;
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -101,7 +101,7 @@ fn row<'a>(table: &'a str, id: &str) -> &'a str {
 async fn a_failed_message_is_listed_shown_and_delivered_after_retry() {
     let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Rcpt,
+        FaultStage::Rcpt,
         550,
         "5.1.1 no such user",
     )
@@ -444,7 +444,7 @@ async fn report(relay: &TestRelay, args: &[&str]) -> Run {
 async fn report_counts_each_scope_and_day() {
     let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Rcpt,
+        FaultStage::Rcpt,
         550,
         "5.1.1 no such user",
     )

@@ -55,8 +55,8 @@ use common::backend::{self, WriteLock};
 use common::dot_stuff;
 use common::process::RelayProcess;
 use idemrelay::sink::{
-    AttemptOutcome, FaultRule, Outcome as SinkOutcome, Phase, RetryPolicy, Sink, SinkConfig,
-    SinkHandle, WebhookAttempt, WebhookConfig, WebhookFault,
+    AttemptOutcome, DotDecision, FaultRule, FaultStage, RetryPolicy, Sink, SinkConfig, SinkHandle,
+    WebhookAttempt, WebhookConfig, WebhookFault,
 };
 use idemrelay::store::{self, AttemptRow, State, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -319,9 +319,9 @@ fn sink_rule(plan: &Plan) -> Option<FaultRule> {
     let rule = match plan.fault {
         Fault::None | Fault::ClientHangup => return None,
         Fault::SinkDrop => FaultRule::drop_after_dot().with_times(1),
-        Fault::SinkWithhold => FaultRule::delay(Phase::Dot, WITHHOLD).with_times(1),
-        Fault::SinkCut => FaultRule::disconnect(Phase::Dot).with_times(1),
-        Fault::Sink4xx(n) => FaultRule::reply(Phase::Dot, 451, "").with_times(n),
+        Fault::SinkWithhold => FaultRule::delay(FaultStage::Dot, WITHHOLD).with_times(1),
+        Fault::SinkCut => FaultRule::disconnect(FaultStage::Dot).with_times(1),
+        Fault::Sink4xx(n) => FaultRule::reply(FaultStage::Dot, 451, "").with_times(n),
         Fault::PastWindow => FaultRule::drop_after_dot(),
     };
     Some(rule.with_key(plan.key.clone()))
@@ -1100,7 +1100,7 @@ async fn chaos(
                         let times = rng.u32(5..25);
                         add_sink_rule(
                             &sink,
-                            FaultRule::reply(Phase::Mail, 451, "4.3.0 chaos burst")
+                            FaultRule::reply(FaultStage::Mail, 451, "4.3.0 chaos burst")
                                 .with_times(times),
                         );
                         storm.sink_bursts += 1;
@@ -1109,7 +1109,7 @@ async fn chaos(
                         let times = rng.u32(3..10);
                         add_sink_rule(
                             &sink,
-                            FaultRule::reply(Phase::Connect, 421, "4.3.2 chaos burst")
+                            FaultRule::reply(FaultStage::Connect, 421, "4.3.2 chaos burst")
                                 .with_times(times),
                         );
                         storm.sink_bursts += 1;
@@ -1965,7 +1965,7 @@ async fn run(scenario: Scenario) {
                 attempts.len()
             ));
         }
-        if let Some(commit) = txs.iter().position(|t| t.outcome == SinkOutcome::Accepted) {
+        if let Some(commit) = txs.iter().position(|t| t.outcome == DotDecision::Accepted) {
             let extra = &txs[commit + 1..];
             c.extra_raw += extra.len();
             if !extra.is_empty() {

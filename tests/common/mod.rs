@@ -389,7 +389,7 @@ pub async fn start_sink() -> idemrelay::sink::SinkHandle {
 pub async fn start_deferring_sink() -> idemrelay::sink::SinkHandle {
     let sink = start_sink().await;
     sink.set_faults(vec![idemrelay::sink::FaultRule::reply(
-        idemrelay::sink::Phase::Rcpt,
+        idemrelay::sink::FaultStage::Rcpt,
         451,
         "4.3.0 try again later",
     )])
@@ -415,7 +415,7 @@ pub async fn relay_for(
 pub async fn relay_whose_attempts_end_unknown() -> (idemrelay::sink::SinkHandle, TestRelay) {
     let sink = start_sink().await;
     sink.set_faults(vec![idemrelay::sink::FaultRule::delay(
-        idemrelay::sink::Phase::Dot,
+        idemrelay::sink::FaultStage::Dot,
         HELD_DOT_REPLY,
     )])
     .unwrap();

@@ -12,7 +12,7 @@ use common::backend::{self, WriteLock};
 use common::http::{get, request, sample};
 use common::{message, relay_for, start_sink, wait_state, Client, TestRelay};
 use idemrelay::config::Secret;
-use idemrelay::sink::{FaultRule, Phase as SinkPhase};
+use idemrelay::sink::{FaultRule, FaultStage};
 use idemrelay::store::State;
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -22,7 +22,7 @@ async fn submit(relay: &TestRelay, to: &str, msg: &[u8]) -> String {
 }
 
 fn no_such_user() -> FaultRule {
-    FaultRule::reply(SinkPhase::Rcpt, 550, "5.1.1 no such user").with_rcpt("nobody@")
+    FaultRule::reply(FaultStage::Rcpt, 550, "5.1.1 no such user").with_rcpt("nobody@")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

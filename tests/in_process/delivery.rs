@@ -6,7 +6,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{eventually, message, relay_for, start_sink, submit, wait_state, Client};
-use idemrelay::sink::{Down, FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandle};
+use idemrelay::sink::{Down, FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use idemrelay::store::State;
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -155,7 +155,7 @@ async fn reply_lost_after_the_dot_is_retried_with_the_same_key_and_bytes() {
 async fn a_4xx_then_success_is_delivered() {
     let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Rcpt,
+        FaultStage::Rcpt,
         451,
         "4.3.0 try again later",
     )
@@ -182,7 +182,7 @@ async fn a_4xx_then_success_is_delivered() {
 async fn a_5xx_at_rcpt_fails_the_message_and_sends_one_dsn() {
     let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Rcpt,
+        FaultStage::Rcpt,
         550,
         "5.1.1 no such user",
     )
@@ -377,7 +377,7 @@ async fn no_body_byte_leaves_after_the_window_even_when_the_354_is_slow() {
     let sink = start_sink().await;
     sink.set_faults(vec![
         FaultRule::drop_after_dot().with_times(1),
-        FaultRule::delay(SinkPhase::Data, SLOW_354),
+        FaultRule::delay(FaultStage::Data, SLOW_354),
     ])
     .unwrap();
     let relay = relay_for(&sink, |s| {
@@ -527,7 +527,7 @@ async fn corpus_messages_arrive_byte_for_byte() {
 async fn an_account_failure_pauses_the_queue_instead_of_failing_messages() {
     let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Mail,
+        FaultStage::Mail,
         554,
         "5.7.1 Account suspended: sending disabled",
     )
@@ -709,7 +709,7 @@ async fn probes_that_are_still_refused_at_mail_keep_the_queue_paused() {
     let sink = start_sink().await;
     // The first attempt and the next two probes meet the refusal at MAIL.
     sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Mail,
+        FaultStage::Mail,
         554,
         "5.7.1 Sending quota exceeded for this account",
     )

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::{eventually, message, relay_for, start_sink, Client, TestRelay};
-use idemrelay::sink::{Down, FaultRule, Phase as SinkPhase, SinkHandle};
+use idemrelay::sink::{Down, FaultRule, FaultStage, SinkHandle};
 use idemrelay::store::{AttemptRow, State};
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -106,7 +106,7 @@ async fn a_backlog_in_one_scope_does_not_hold_back_another_scope() {
     let sink = start_sink().await;
     // Each delivery takes a while, so the backlog lasts a few seconds.
     sink.set_faults(vec![FaultRule::delay(
-        SinkPhase::Dot,
+        FaultStage::Dot,
         Duration::from_millis(60),
     )])
     .unwrap();
@@ -314,7 +314,7 @@ async fn a_slow_down_reply_is_retried_and_the_queue_still_drains() {
     let logs = captured_logs();
     let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Mail,
+        FaultStage::Mail,
         421,
         "4.7.0 Rate limit exceeded, slow down",
     )
@@ -412,7 +412,7 @@ async fn a_connection_carries_at_most_the_configured_number_of_messages() {
 async fn a_connection_is_not_reused_after_a_failed_transaction() {
     let sink = start_sink().await;
     sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Rcpt,
+        FaultStage::Rcpt,
         451,
         "4.3.0 try again later",
     )

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{eventually, fast_delivery, message, submit, TestRelay};
 use idemrelay::app::Relay;
-use idemrelay::sink::{FaultRule, Phase as SinkPhase, Sink, SinkConfig, SinkHandle};
+use idemrelay::sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use idemrelay::smtp::server::ListenerKind;
 use idemrelay::store::{
     self, Action, ActionRow, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Flush,
@@ -35,7 +35,7 @@ async fn a_slow_attempt_renews_its_lease_instead_of_being_sent_twice() {
     // 500 ms, 4 RCPTs at 600 ms, the dot at 1 s: 6.9 s) plus 10 s. Each RCPT keeps 400 ms to
     // spare for a loaded machine.
     sink.set_faults(vec![FaultRule::delay(
-        SinkPhase::Rcpt,
+        FaultStage::Rcpt,
         Duration::from_millis(200),
     )])
     .unwrap();
@@ -86,7 +86,7 @@ async fn an_unknown_retry_never_reaches_data_after_the_window() {
     // transaction at the dot, so the test has that second (and the retry's backoff) to slow
     // the sink down before the retry connects.
     sink.set_faults(vec![FaultRule::delay(
-        SinkPhase::Dot,
+        FaultStage::Dot,
         Duration::from_secs(3),
     )
     .with_times(1)])
@@ -115,11 +115,11 @@ async fn an_unknown_retry_never_reaches_data_after_the_window() {
     .await;
     let d = Duration::from_millis(1500);
     sink.set_faults(vec![
-        FaultRule::delay(SinkPhase::Connect, d),
-        FaultRule::delay(SinkPhase::Ehlo, d),
-        FaultRule::delay(SinkPhase::Mail, d),
-        FaultRule::delay(SinkPhase::Rcpt, d),
-        FaultRule::delay(SinkPhase::Data, d),
+        FaultRule::delay(FaultStage::Connect, d),
+        FaultRule::delay(FaultStage::Ehlo, d),
+        FaultRule::delay(FaultStage::Mail, d),
+        FaultRule::delay(FaultStage::Rcpt, d),
+        FaultRule::delay(FaultStage::Data, d),
     ])
     .unwrap();
     assert_eq!(
@@ -140,7 +140,7 @@ async fn an_unknown_retry_never_reaches_data_after_the_window() {
 async fn each_failure_under_a_reused_key_gets_its_own_dsn() {
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
     sink.set_faults(vec![FaultRule::reply(
-        SinkPhase::Rcpt,
+        FaultStage::Rcpt,
         550,
         "5.1.1 no such user",
     )
@@ -196,7 +196,7 @@ async fn each_failure_under_a_reused_key_gets_its_own_dsn() {
 async fn a_store_hiccup_at_settle_time_does_not_resend() {
     let sink = Sink::start(SinkConfig::default()).await.unwrap();
     sink.set_faults(vec![FaultRule::delay(
-        SinkPhase::Dot,
+        FaultStage::Dot,
         Duration::from_millis(1500),
     )])
     .unwrap();

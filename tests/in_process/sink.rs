@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemrelay::sink::{
-    AttemptOutcome, Down, EventType, FaultRule, Outcome, Phase, RetryPolicy, Sink, SinkConfig,
-    SinkHandle, WebhookAttempt, WebhookConfig,
+    AttemptOutcome, DotDecision, Down, EventType, FaultRule, FaultStage, RetryPolicy, Sink,
+    SinkConfig, SinkHandle, WebhookAttempt, WebhookConfig,
 };
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -303,8 +303,11 @@ async fn refuses_what_a_strict_upstream_refuses() {
     c.assert_closed().await;
 
     assert!(sink.messages().is_empty());
-    let outcomes: Vec<Outcome> = sink.transactions().iter().map(|t| t.outcome).collect();
-    assert_eq!(outcomes, vec![Outcome::Rejected, Outcome::InvalidKey]);
+    let outcomes: Vec<DotDecision> = sink.transactions().iter().map(|t| t.outcome).collect();
+    assert_eq!(
+        outcomes,
+        vec![DotDecision::Rejected, DotDecision::InvalidKey]
+    );
     sink.shutdown().await;
 }
 
@@ -345,7 +348,11 @@ async fn replay_of_the_same_key_is_counted_once() {
     assert_eq!(txns.len(), 3);
     assert_eq!(
         txns.iter().map(|t| t.outcome).collect::<Vec<_>>(),
-        vec![Outcome::Accepted, Outcome::Replayed, Outcome::Replayed]
+        vec![
+            DotDecision::Accepted,
+            DotDecision::Replayed,
+            DotDecision::Replayed
+        ]
     );
     assert!(txns
         .iter()
@@ -395,7 +402,7 @@ async fn same_key_with_different_bytes_or_envelope_is_e01005() {
     assert_eq!(sink.messages().len(), 1);
     let k = &sink.stats().keys["k-5"];
     assert_eq!((k.accepted, k.conflicts, k.transactions), (1, 2, 3));
-    assert_eq!(sink.transactions()[1].outcome, Outcome::KeyReuse);
+    assert_eq!(sink.transactions()[1].outcome, DotDecision::KeyReuse);
     sink.shutdown().await;
 }
 
@@ -469,11 +476,11 @@ async fn reply_faults_at_every_phase() {
     assert_eq!(retry.line(), format!("250 2.0.0 OK {}", id_of(&retry)));
     assert_eq!(sink.messages().len(), 1);
     let txns = sink.transactions();
-    assert_eq!(txns[0].outcome, Outcome::Faulted);
+    assert_eq!(txns[0].outcome, DotDecision::Faulted);
     assert_eq!(txns[0].reply.as_deref(), Some("550 5.7.1 no, thank you"));
     assert_eq!(txns[0].bytes, msg);
     assert!(txns[0].fault.as_deref().unwrap().contains("action=reply"));
-    assert_eq!(txns[1].outcome, Outcome::Accepted);
+    assert_eq!(txns[1].outcome, DotDecision::Accepted);
     let fired: Vec<u32> = sink.faults().iter().map(|s| s.fired).collect();
     assert_eq!(fired, vec![1, 1, 1, 1, 1, 1]);
     sink.shutdown().await;
@@ -496,7 +503,7 @@ async fn drop_after_dot_commits_then_the_retry_replays() {
     let messages = sink.messages();
     assert_eq!(messages.len(), 1, "the dropped message was committed");
     let txns = sink.transactions();
-    assert_eq!(txns[0].outcome, Outcome::Accepted);
+    assert_eq!(txns[0].outcome, DotDecision::Accepted);
     assert_eq!(txns[0].reply, None);
 
     let mut c2 = session(sink.smtp_addr()).await;
@@ -517,9 +524,9 @@ async fn drop_after_dot_commits_then_the_retry_replays() {
 async fn disconnect_faults_accept_nothing() {
     let sink = start(SinkConfig {
         faults: vec![
-            FaultRule::disconnect(Phase::Connect).with_times(1),
-            FaultRule::disconnect(Phase::Rcpt).with_times(1),
-            FaultRule::disconnect(Phase::Dot).with_times(1),
+            FaultRule::disconnect(FaultStage::Connect).with_times(1),
+            FaultRule::disconnect(FaultStage::Rcpt).with_times(1),
+            FaultRule::disconnect(FaultStage::Dot).with_times(1),
         ],
         ..SinkConfig::default()
     })
@@ -542,7 +549,7 @@ async fn disconnect_faults_accept_nothing() {
     let txns = sink.transactions();
     assert_eq!(
         (txns[0].outcome, txns[0].reply.as_deref()),
-        (Outcome::Faulted, None)
+        (DotDecision::Faulted, None)
     );
 
     let mut c = session(sink.smtp_addr()).await;
@@ -560,8 +567,8 @@ async fn delayed_reply_commits_first_and_holds_the_key_until_answered() {
     let delay = Duration::from_secs(3);
     let sink = start(SinkConfig {
         faults: vec![
-            FaultRule::delay(Phase::Ehlo, Duration::from_millis(200)).with_times(1),
-            FaultRule::delay(Phase::Dot, delay).with_times(1),
+            FaultRule::delay(FaultStage::Ehlo, Duration::from_millis(200)).with_times(1),
+            FaultRule::delay(FaultStage::Dot, delay).with_times(1),
         ],
         ..SinkConfig::default()
     })
@@ -612,7 +619,7 @@ async fn delayed_reply_commits_first_and_holds_the_key_until_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_gives_up_during_a_delay_still_had_its_message_accepted() {
     let sink = start(SinkConfig {
-        faults: vec![FaultRule::delay(Phase::Dot, Duration::from_millis(500)).with_times(1)],
+        faults: vec![FaultRule::delay(FaultStage::Dot, Duration::from_millis(500)).with_times(1)],
         ..SinkConfig::default()
     })
     .await;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::backend;
 use common::process::RelayProcess;
 use common::{message, Client};
-use idemrelay::sink::{FaultRule, Outcome as SinkOutcome, Phase, Sink, SinkConfig};
+use idemrelay::sink::{DotDecision, FaultRule, FaultStage, Sink, SinkConfig};
 use idemrelay::store::{self, State};
 use tokio::sync::Semaphore;
 
@@ -130,7 +130,7 @@ async fn three_instances_on_one_postgres_deliver_every_key_once_through_a_sigkil
     let sink = Sink::start(SinkConfig::default()).await.expect("sink");
     // Slow answers at the dot: many attempts are in flight when the kill lands.
     sink.set_faults(vec![FaultRule::delay(
-        Phase::Dot,
+        FaultStage::Dot,
         Duration::from_millis(250),
     )])
     .unwrap();
@@ -242,7 +242,7 @@ async fn three_instances_on_one_postgres_deliver_every_key_once_through_a_sigkil
         assert!(mine.iter().all(|t| t.bytes == mine[0].bytes), "{key}");
         assert_eq!(
             mine.iter()
-                .filter(|t| t.outcome == SinkOutcome::Accepted)
+                .filter(|t| t.outcome == DotDecision::Accepted)
                 .count(),
             1,
             "{key}"
@@ -390,7 +390,7 @@ async fn relays_in_their_own_pid_namespaces_take_over_only_a_dead_sibling() {
     let config = dir.path().join("relay.toml");
     liveness_config(&config);
     let sink = Sink::start(SinkConfig::default()).await.expect("sink");
-    sink.set_faults(vec![FaultRule::delay(Phase::Dot, HELD_DOT)])
+    sink.set_faults(vec![FaultRule::delay(FaultStage::Dot, HELD_DOT)])
         .unwrap();
     let first = serve_in_pid_namespace(&url, &config, sink.smtp_addr())
         .ready()

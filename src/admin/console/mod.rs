@@ -29,7 +29,7 @@ use super::AdminState;
 use crate::store::{
     AttemptRow, ListFilter, Operator, State as RecordState, StateFilter, StoreError, StoredMessage,
 };
-use session::Session;
+use session::ConsoleLogin;
 
 /// Records read to count them by scope on the overview (the per-state counts are exact).
 const SCOPE_SCAN_LIMIT: usize = 20_000;
@@ -67,7 +67,7 @@ pub fn router(state: Arc<AdminState>) -> Router<Arc<AdminState>> {
 #[derive(Clone)]
 struct Access {
     /// None for a bearer-header request.
-    session: Option<Session>,
+    session: Option<ConsoleLogin>,
     csrf: String,
 }
 
@@ -121,13 +121,13 @@ async fn authenticate(
         .iter()
         .filter_map(|v| v.to_str().ok())
         .filter_map(session::from_cookie_header)
-        .find_map(|value| Session::verify(value, &key, now));
+        .find_map(|value| ConsoleLogin::verify(value, &key, now));
     let (session, minted) = match from_cookie {
         Some(session) => (session, false),
         // Without an admin token the console is as open as the API; a session is minted only
         // to tie forms to it, and a form must come from a page that was served first.
         None if state.token.is_none() && request.method() == Method::GET => {
-            (Session::new(now, ""), true)
+            (ConsoleLogin::new(now, ""), true)
         }
         None if request.method() == Method::GET => return see_other("/console/login"),
         None => {
@@ -228,7 +228,7 @@ async fn login(State(state): State<Arc<AdminState>>, Form(form): Form<LoginForm>
         );
     }
     let key = session::key(Some(token));
-    let cookie = session::set_cookie(&Session::new(now_ms(), name).cookie_value(&key));
+    let cookie = session::set_cookie(&ConsoleLogin::new(now_ms(), name).cookie_value(&key));
     tracing::info!(target: "idemrelay::admin", operator = ?name, "console login");
     ([(header::SET_COOKIE, cookie)], Redirect::to("/console")).into_response()
 }

@@ -69,7 +69,7 @@ fn tag(key: &hmac::Key, purpose: &str, issued_ms: i64, nonce: &str) -> String {
 
 /// A verified session.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Session {
+pub struct ConsoleLogin {
     issued_ms: i64,
     /// Random, then the person's name in hex: what the signature covers.
     nonce: String,
@@ -77,9 +77,9 @@ pub struct Session {
     pub operator: String,
 }
 
-impl Session {
-    pub fn new(now_ms: i64, operator: &str) -> Session {
-        Session {
+impl ConsoleLogin {
+    pub fn new(now_ms: i64, operator: &str) -> ConsoleLogin {
+        ConsoleLogin {
             issued_ms: now_ms,
             nonce: format!(
                 "{}-{}",
@@ -97,7 +97,7 @@ impl Session {
     }
 
     /// Checks a cookie's value: the signature, and that it is not older than `LIFETIME`.
-    pub fn verify(value: &str, key: &hmac::Key, now_ms: i64) -> Option<Session> {
+    pub fn verify(value: &str, key: &hmac::Key, now_ms: i64) -> Option<ConsoleLogin> {
         let mut parts = value.split('.');
         let (issued, nonce, mac) = (parts.next()?, parts.next()?, parts.next()?);
         if parts.next().is_some() {
@@ -114,7 +114,7 @@ impl Session {
         }
         let (_, name_hex) = nonce.split_once('-')?;
         let operator = String::from_utf8(unhex(name_hex)?).ok()?;
-        Some(Session {
+        Some(ConsoleLogin {
             issued_ms,
             nonce: nonce.to_string(),
             operator,
@@ -162,39 +162,44 @@ mod tests {
     #[test]
     fn a_session_verifies_under_its_key_only_and_expires() {
         let key = key(Some("secret-token"));
-        let session = Session::new(NOW, "Ada");
+        let session = ConsoleLogin::new(NOW, "Ada");
         let value = session.cookie_value(&key);
         assert_eq!(
-            Session::verify(&value, &key, NOW).map(|s| s.operator),
+            ConsoleLogin::verify(&value, &key, NOW).map(|s| s.operator),
             Some("Ada".to_string())
         );
         let renamed = value.replace(&hex(b"Ada"), &hex(b"Bob"));
-        assert_eq!(Session::verify(&renamed, &key, NOW), None);
-        let anonymous = Session::new(NOW, "").cookie_value(&key);
-        assert_eq!(Session::verify(&anonymous, &key, NOW).unwrap().operator, "");
+        assert_eq!(ConsoleLogin::verify(&renamed, &key, NOW), None);
+        let anonymous = ConsoleLogin::new(NOW, "").cookie_value(&key);
         assert_eq!(
-            Session::verify(&value, &key, NOW + 1000),
+            ConsoleLogin::verify(&anonymous, &key, NOW)
+                .unwrap()
+                .operator,
+            ""
+        );
+        assert_eq!(
+            ConsoleLogin::verify(&value, &key, NOW + 1000),
             Some(session.clone())
         );
 
         let other = super::key(Some("another-token"));
-        assert_eq!(Session::verify(&value, &other, NOW), None);
+        assert_eq!(ConsoleLogin::verify(&value, &other, NOW), None);
         let late = NOW + LIFETIME.as_millis() as i64;
-        assert_eq!(Session::verify(&value, &key, late), None);
-        assert_eq!(Session::verify(&value, &key, NOW - 1), None);
+        assert_eq!(ConsoleLogin::verify(&value, &key, late), None);
+        assert_eq!(ConsoleLogin::verify(&value, &key, NOW - 1), None);
 
         let forged_time = value.replacen(&NOW.to_string(), &(NOW + 5).to_string(), 1);
-        assert_eq!(Session::verify(&forged_time, &key, NOW + 10), None);
+        assert_eq!(ConsoleLogin::verify(&forged_time, &key, NOW + 10), None);
         for bad in ["", "1.2", "1.2.3.4", "x.y.z", &format!("{value}.")] {
-            assert_eq!(Session::verify(bad, &key, NOW), None, "{bad:?}");
+            assert_eq!(ConsoleLogin::verify(bad, &key, NOW), None, "{bad:?}");
         }
     }
 
     #[test]
     fn the_csrf_token_belongs_to_one_session() {
         let key = key(Some("secret-token"));
-        let a = Session::new(NOW, "");
-        let b = Session::new(NOW, "");
+        let a = ConsoleLogin::new(NOW, "");
+        let b = ConsoleLogin::new(NOW, "");
         let token = a.csrf(&key);
         assert!(a.csrf_matches(&key, &token));
         assert!(!b.csrf_matches(&key, &token));

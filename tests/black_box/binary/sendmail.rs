@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use idemrelay::sink::{FaultRule, Phase};
+use idemrelay::sink::{FaultRule, FaultStage};
 
 use super::common::process::{idemrelay, store_url, RelayProcess, BIN};
 use super::{queue_json, start_relay, stored_row, text};
@@ -547,10 +547,13 @@ async fn a_4xx_or_no_answer_at_the_dot_is_75_and_the_retry_replays() {
     let addr = sink.smtp_addr();
     const KEYED: &[u8] =
         b"From: a@example.com\nX-Bird-Idempotency-Key: order-17\nSubject: s\n\nbody\n";
-    sink.set_faults(vec![
-        FaultRule::reply(Phase::Dot, 451, "4.3.0 try later").with_times(1)
-    ])
-    .unwrap();
+    sink.set_faults(vec![FaultRule::reply(
+        FaultStage::Dot,
+        451,
+        "4.3.0 try later",
+    )
+    .with_times(1)])
+        .unwrap();
     let out = blocking(move || sendmail_to(addr, &["r@example.com"], KEYED)).await;
     assert_eq!(out.code, 75, "{out:?}");
     assert!(
@@ -560,10 +563,12 @@ async fn a_4xx_or_no_answer_at_the_dot_is_75_and_the_retry_replays() {
     assert!(sink.messages().is_empty());
 
     // The reply to the dot does not come in time: the server may have the message.
-    sink.set_faults(vec![
-        FaultRule::delay(Phase::Dot, Duration::from_secs(3)).with_times(1)
-    ])
-    .unwrap();
+    sink.set_faults(vec![FaultRule::delay(
+        FaultStage::Dot,
+        Duration::from_secs(3),
+    )
+    .with_times(1)])
+        .unwrap();
     let out =
         blocking(move || sendmail_to(addr, &["--timeout", "1s", "r@example.com"], KEYED)).await;
     assert_eq!(out.code, 75, "{out:?}");
