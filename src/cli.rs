@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 mod queue;
+mod table;
 
 use crate::app::{termination_signal, Relay};
 use crate::config::{ConfigArgs, Settings};
@@ -13,6 +14,8 @@ use crate::intake::fingerprint::fingerprint;
 use crate::intake::key::{derive_key, read_key_header, KeyHeader};
 use crate::intake::message::scan_headers;
 use crate::mail::{BodyType, Envelope};
+pub use queue::QueueCommand;
+use table::table;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -153,87 +156,6 @@ pub enum UserCommand {
         /// Allowed envelope sender: an address or `@domain` (repeatable; none = any).
         #[arg(long = "allow-sender")]
         allow_senders: Vec<String>,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum QueueCommand {
-    /// Resume delivery after a pause (the relay notices within a second).
-    Resume {
-        /// Why (recorded with who did it).
-        #[arg(long)]
-        reason: Option<String>,
-    },
-    /// Pause delivery for the whole relay; accepted messages keep queueing.
-    Pause {
-        /// Why (shown by `queue status`, recorded with who did it).
-        #[arg(long)]
-        reason: Option<String>,
-    },
-    /// Show whether delivery is paused, and why, with the latest relay-wide operator actions.
-    Status {
-        #[arg(long)]
-        json: bool,
-    },
-    /// List records (oldest first unless --newest), with filters; says when more follow.
-    List(queue::ListArgs),
-    /// Show one record (by id, or by idempotency key) with its replies, every attempt, its
-    /// upstream events, its DSN links, why it waits, and its operator history.
-    Show {
-        /// An id; failing that, a key in `--scope` (default: the configured `scope`).
-        #[arg(required_unless_present = "key")]
-        id_or_key: Option<String>,
-        /// Name the record by its idempotency key (in `--scope`).
-        #[arg(long, conflicts_with = "id_or_key")]
-        key: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Requeue a `failed`, `unresolved` or `cancelled` record for delivery now.
-    Retry {
-        #[command(flatten)]
-        record: queue::RecordArg,
-        /// Required for an `unresolved` record: the upstream may already have it, so a retry
-        /// can deliver a second copy.
-        #[arg(long)]
-        confirm_duplicate_risk: bool,
-        /// Why (recorded with who did it).
-        #[arg(long)]
-        reason: Option<String>,
-    },
-    /// Cancel a queued record that is not being delivered right now (state `cancelled`; no
-    /// DSN is sent).
-    Cancel {
-        #[command(flatten)]
-        record: queue::RecordArg,
-        /// Why (recorded with who did it).
-        #[arg(long)]
-        reason: Option<String>,
-    },
-    /// Make a queued record (or, with --all, every waiting one) due now; records a worker
-    /// holds are left alone, and a pause still holds them all.
-    Flush {
-        /// The record's id.
-        #[arg(required_unless_present_any = ["key", "all"])]
-        id: Option<String>,
-        /// Name the record by its idempotency key (in `--scope`).
-        #[arg(long, conflicts_with = "id")]
-        key: Option<String>,
-        /// Every queued record that is not due yet.
-        #[arg(long, conflicts_with_all = ["id", "key"])]
-        all: bool,
-        /// Why (recorded with who did it).
-        #[arg(long)]
-        reason: Option<String>,
-    },
-    /// Delete records past the configured retention.
-    Purge {
-        /// Delete terminal records older than `retention` (the only purge there is).
-        #[arg(long, required = true)]
-        expired: bool,
-        /// Why (recorded with who did it).
-        #[arg(long)]
-        reason: Option<String>,
     },
 }
 
@@ -419,36 +341,6 @@ fn report_table(rows: &[crate::store::DailyCounts]) -> String {
         ],
         &cells,
     )
-}
-
-/// Left-aligned columns separated by two spaces.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut out = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                out.push_str(cell);
-            } else {
-                out.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        out.trim_end().to_string() + "\n"
-    };
-    let mut out = line(header.to_vec());
-    for row in rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-    }
-    out
-}
-
-fn or_dash<T: ToString>(v: Option<T>) -> String {
-    v.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 
 fn serve(settings: &Settings) -> anyhow::Result<()> {

@@ -117,6 +117,9 @@ def main():
         for m in re.finditer(r"\buse\s+([^;]+);", text):
             paths += expand_use(m.group(1))
         paths += re.findall(r"\b((?:crate|super)(?:::\w+)+)", text)
+        # `child::item(...)` in code, without a `use`: relative to this module (resolve keeps
+        # only paths whose first segment is a child declared here).
+        paths += re.findall(r"(?<![:\w])(\w+(?:::\w+)+)", text)
         for p in paths:
             target = resolve(mod, p)
             if target is None or target == mod:

@@ -7,13 +7,96 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use serde_json::Value;
 
-use super::{or_dash, table, QueueCommand};
+use clap::Subcommand;
+
+use super::table::{or_dash, table};
 use crate::admin::api::reason_or_default;
 use crate::admin::client::AdminClient;
 use crate::admin::ops::{self, OpError, OpResult};
 use crate::admin::wire::{encode, ListQuery};
 use crate::config::Settings;
 use crate::store::{Operator, Retention, Store};
+
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Resume delivery after a pause (the relay notices within a second).
+    Resume {
+        /// Why (recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Pause delivery for the whole relay; accepted messages keep queueing.
+    Pause {
+        /// Why (shown by `queue status`, recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Show whether delivery is paused, and why, with the latest relay-wide operator actions.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// List records (oldest first unless --newest), with filters; says when more follow.
+    List(ListArgs),
+    /// Show one record (by id, or by idempotency key) with its replies, every attempt, its
+    /// upstream events, its DSN links, why it waits, and its operator history.
+    Show {
+        /// An id; failing that, a key in `--scope` (default: the configured `scope`).
+        #[arg(required_unless_present = "key")]
+        id_or_key: Option<String>,
+        /// Name the record by its idempotency key (in `--scope`).
+        #[arg(long, conflicts_with = "id_or_key")]
+        key: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Requeue a `failed`, `unresolved` or `cancelled` record for delivery now.
+    Retry {
+        #[command(flatten)]
+        record: RecordArg,
+        /// Required for an `unresolved` record: the upstream may already have it, so a retry
+        /// can deliver a second copy.
+        #[arg(long)]
+        confirm_duplicate_risk: bool,
+        /// Why (recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Cancel a queued record that is not being delivered right now (state `cancelled`; no
+    /// DSN is sent).
+    Cancel {
+        #[command(flatten)]
+        record: RecordArg,
+        /// Why (recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Make a queued record (or, with --all, every waiting one) due now; records a worker
+    /// holds are left alone, and a pause still holds them all.
+    Flush {
+        /// The record's id.
+        #[arg(required_unless_present_any = ["key", "all"])]
+        id: Option<String>,
+        /// Name the record by its idempotency key (in `--scope`).
+        #[arg(long, conflicts_with = "id")]
+        key: Option<String>,
+        /// Every queued record that is not due yet.
+        #[arg(long, conflicts_with_all = ["id", "key"])]
+        all: bool,
+        /// Why (recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Delete records past the configured retention.
+    Purge {
+        /// Delete terminal records older than `retention` (the only purge there is).
+        #[arg(long, required = true)]
+        expired: bool,
+        /// Why (recorded with who did it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
 
 /// The filters of `queue list` (those of `GET /api/v1/messages`).
 #[derive(Debug, clap::Args)]
