@@ -4,7 +4,7 @@
 
 use base64::Engine;
 
-use super::{MessageSummary, State};
+use super::record::{MessageSummary, State};
 
 /// Which records a listing wants. Empty filters match everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -304,64 +304,6 @@ pub(crate) fn page(mut records: Vec<MessageSummary>, filter: &ListFilter) -> Pag
         records,
         next_cursor,
     }
-}
-
-/// Who acts on the queue and why (an operator action's record).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Operator {
-    /// The API token's name, or the local OS user for direct store access.
-    pub actor: String,
-    pub reason: String,
-}
-
-/// Operator actions on the queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    Pause,
-    Resume,
-    Cancel,
-    Retry,
-    Flush,
-    Purge,
-}
-
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Pause => "pause",
-            Action::Resume => "resume",
-            Action::Cancel => "cancel",
-            Action::Retry => "retry",
-            Action::Flush => "flush",
-            Action::Purge => "purge",
-        }
-    }
-}
-
-/// One operator action as recorded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ActionRow {
-    pub at_ms: i64,
-    /// `None` for an action on the whole relay (pause, resume, purge).
-    pub record_id: Option<String>,
-    pub action: String,
-    pub actor: String,
-    pub reason: String,
-    pub detail: Option<String>,
-}
-
-/// What `flush` did to one record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flush {
-    /// Due now; it had been due at this time.
-    Flushed {
-        was_due_at_ms: i64,
-    },
-    NotFound,
-    /// Only queued records wait.
-    NotQueued(State),
-    /// A worker holds it right now (an attempt may be under way): left alone.
-    Leased,
 }
 
 /// The columns every action read returns (same text in both dialects).

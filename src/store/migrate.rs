@@ -10,6 +10,9 @@ use sqlx::migrate::{Migration, MigrationSource, MigrationType};
 /// (version, name, SQL) in version order.
 pub type Steps = &'static [(i64, &'static str, &'static str)];
 
+// `SQLITE` and `POSTGRES`, listed from the migrations directories by build.rs.
+include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+
 #[derive(Debug)]
 pub struct Embedded(pub Steps);
 
@@ -39,5 +42,60 @@ impl<'s> MigrationSource<'s> for Embedded {
                 })
                 .collect())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Steps, POSTGRES, SQLITE};
+    use crate::store::record::State;
+
+    /// The list after the last `marker` in the migrations: what the schema says now.
+    fn last_list(steps: Steps, marker: &str) -> String {
+        let (_, _, sql) = steps
+            .iter()
+            .rev()
+            .find(|(_, _, sql)| sql.contains(marker))
+            .unwrap_or_else(|| panic!("no migration has {marker}"));
+        let from = sql.rfind(marker).unwrap() + marker.len();
+        sql[from..].split(')').next().unwrap().trim().to_string()
+    }
+
+    #[test]
+    fn the_listed_migrations_are_the_files_in_version_order() {
+        for (steps, dir) in [(SQLITE, "sqlite"), (POSTGRES, "postgres")] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("migrations")
+                .join(dir);
+            let mut files: Vec<String> = std::fs::read_dir(path)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            files.sort();
+            let listed: Vec<String> = steps
+                .iter()
+                .map(|(version, name, _)| format!("{version:04}_{name}.sql"))
+                .collect();
+            assert_eq!(listed, files, "{dir}");
+            assert!(steps.windows(2).all(|w| w[0].0 < w[1].0), "{dir}");
+        }
+    }
+
+    /// The schema's lists of states are SQL the store cannot build at run time: they are
+    /// checked against `State` here instead.
+    #[test]
+    fn the_schema_lists_the_states_state_knows() {
+        assert_eq!(
+            last_list(POSTGRES, "CHECK (state IN ("),
+            State::sql_list(State::ALL)
+        );
+        // The finished states with a daily column of their own (`rejected` has none).
+        let counted = State::sql_list(
+            State::TERMINAL
+                .into_iter()
+                .filter(|s| *s != State::Rejected),
+        );
+        assert_eq!(last_list(POSTGRES, "NEW.state IN ("), counted);
+        assert_eq!(last_list(SQLITE, "NEW.state IN ("), counted);
     }
 }

@@ -5,10 +5,11 @@ use sqlx::postgres::PgRow;
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
-use super::{
-    ActionRow, AttemptRow, Claimed, DailyCounts, EventKind, EventRow, Existing, MessageSummary,
-    State, StoreError, StoredMessage,
+use super::record::{
+    body_checksum, ActionRow, AttemptRow, Claimed, DailyCounts, Existing, MessageSummary, State,
+    StoreError, StoredMessage,
 };
+use super::webhook::{EventKind, EventRow};
 use crate::mail::Fingerprint;
 
 /// Column access by name with the types the schema uses in both dialects (integers are
@@ -121,7 +122,7 @@ pub(crate) fn content(row: &impl Columns, id: &str) -> Result<Option<Vec<u8>>, S
         // A row from before checksums were kept.
         return Ok(Some(body));
     };
-    if stored.as_slice() != super::body_checksum(&body) {
+    if stored.as_slice() != body_checksum(&body) {
         return Err(damaged(format!(
             "checksum mismatch over {} bytes",
             body.len()

@@ -236,7 +236,7 @@ pub fn resolution_reply(evidence: &str, event_time_ms: i64) -> String {
 
 /// `YYYY-MM-DD HH:MM:SS.mmm`, UTC.
 pub fn format_ms(ms: i64) -> String {
-    let day = super::utc_day(ms);
+    let day = super::record::utc_day(ms);
     let in_day = ms.rem_euclid(86_400_000);
     format!(
         "{day} {:02}:{:02}:{:02}.{:03}",
@@ -292,7 +292,7 @@ pub struct Known<'a> {
 impl<'a> Known<'a> {
     /// A record being inserted: known by its upstream key and Message-ID, not yet by the
     /// upstream's id, and not unresolved.
-    pub fn inserted(record: &'a super::NewRecord) -> Known<'a> {
+    pub fn inserted(record: &'a super::record::NewRecord) -> Known<'a> {
         Known {
             id: &record.id,
             upstream_key: record.upstream_key.as_deref(),

@@ -8,12 +8,14 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::spool::{Spool, SpoolReader, WithSpool, SPOOL_MIN};
-use super::sqlite_webhook as webhook;
-use super::{
-    body_checksum, flush_detail, now_ms, report_damage, requeue_refusal, requeued_first_attempt,
-    retention_ms, retry_detail, rows, Action, AttemptResult, Claimed, Flush, Insert, NewRecord,
-    Operator, Requeue, Retention, Settle, State, StoreError, CANCELLED_REPLY, FORGET_PROCESS_AFTER,
+use super::webhook;
+use crate::store::record::{
+    body_checksum, now_ms, retention_ms, Action, AttemptResult, Claimed, Flush, Insert, NewRecord,
+    Operator, Requeue, Settle, State, StoreError, FORGET_PROCESS_AFTER,
 };
+use crate::store::retention::Retention;
+use crate::store::rows;
+use crate::store::transition::{self, CancelFacts, Finish, FlushFacts, RequeueFacts};
 
 /// A claim that finds damaged bodies marks them and goes on to the next job, up to this many
 /// per claim (the next claim continues).
@@ -284,12 +286,39 @@ fn claim_details(
 /// A record whose body cannot be used is failed with the reason, in this commit, so that it
 /// never blocks the queue and is never forwarded; an open intent stays on record as UNKNOWN.
 fn mark_damaged(conn: &Connection, id: &str, reason: &str, now: i64) -> Result<(), StoreError> {
-    close_open_intents(conn, id, now)?;
+    finish_record(
+        conn,
+        id,
+        &transition::damaged(id, reason),
+        Some(reason),
+        now,
+    )
+}
+
+/// Writes a `Finish`: the record's terminal state and reply (and damage mark, if any), its
+/// job row gone.
+fn finish_record(
+    conn: &Connection,
+    id: &str,
+    finish: &Finish,
+    damage: Option<&str>,
+    now: i64,
+) -> Result<(), StoreError> {
+    if finish.close_open_intents {
+        close_open_intents(conn, id, now)?;
+    }
     conn.prepare_cached(
-        "UPDATE messages SET state = 'failed', damage = ?, upstream_reply = ?, finished_at = ?
+        "UPDATE messages SET state = ?, damage = COALESCE(?, damage), upstream_reply = ?,
+            finished_at = ?
          WHERE id = ?",
     )?
-    .execute(params![reason, report_damage(id, reason), now, id])?;
+    .execute(params![
+        finish.state.as_str(),
+        damage,
+        finish.upstream_reply,
+        now,
+        id
+    ])?;
     conn.prepare_cached("DELETE FROM delivery_jobs WHERE message_id = ?")?
         .execute([id])?;
     Ok(())
@@ -325,17 +354,18 @@ pub fn settle(
     settle: &Settle,
 ) -> Result<bool, StoreError> {
     let now = now_ms();
+    let settled = transition::settle(attempt.map(|(_, r)| r), settle);
     // The job's own statement goes first, fenced by the token: when it changes nothing, the
     // lease was taken over and nothing else is written.
-    let held = match settle {
-        Settle::Retry { after } => conn
+    let held = match settled.retry_after {
+        Some(after) => conn
             .prepare_cached(
                 "UPDATE delivery_jobs SET due_at = ?, attempts = attempts + 1,
                     lease_owner = NULL, lease_until = NULL
                  WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
             )?
-            .execute(params![now.saturating_add(retention_ms(*after)), id, token])?,
-        _ => conn
+            .execute(params![now.saturating_add(retention_ms(after)), id, token])?,
+        None => conn
             .prepare_cached(
                 "DELETE FROM delivery_jobs
                  WHERE message_id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
@@ -346,9 +376,7 @@ pub fn settle(
         // Our lease was taken over; the new holder owns the record now.
         return Ok(false);
     }
-    let mut upstream_id = None;
     if let Some((attempt, result)) = attempt {
-        upstream_id = super::accepted_upstream_id(result);
         conn.prepare_cached(
             "UPDATE attempts SET finished_at = ?, outcome = ?, phase = ?, code = ?, reply = ?,
                 upstream_id = ?
@@ -360,34 +388,23 @@ pub fn settle(
             result.phase,
             result.code.map(i64::from),
             result.reply,
-            upstream_id,
+            settled.upstream_id,
             id,
             i64::from(attempt),
         ])?;
     }
-    let finish = |state: State, reply: &str| -> Result<(), StoreError> {
+    if let Some((state, reply)) = settled.finish {
         conn.prepare_cached(
             "UPDATE messages SET state = ?, upstream_reply = ?, finished_at = ? WHERE id = ?",
         )?
         .execute(params![state.as_str(), reply, now, id])?;
-        Ok(())
-    };
-    match settle {
-        Settle::Retry { .. } => {}
-        Settle::Delivered { upstream_reply } => finish(State::Delivered, upstream_reply)?,
-        Settle::Unresolved { upstream_reply } => finish(State::Unresolved, upstream_reply)?,
-        Settle::Failed {
-            upstream_reply,
-            dsn,
-        } => {
-            finish(State::Failed, upstream_reply)?;
-            if let Some(dsn) = dsn {
-                // An existing DSN under the same key is left as it is.
-                insert_message(conn, spool, dsn, now)?;
-            }
-        }
     }
-    late_match_after_settle(conn, id, upstream_id.as_deref(), settle)?;
+    if let Some(dsn) = settled.dsn {
+        insert_message(conn, spool, dsn, now)?;
+    }
+    if settled.late_match() {
+        late_match_after_settle(conn, id, &settled)?;
+    }
     Ok(true)
 }
 
@@ -396,13 +413,9 @@ pub fn settle(
 fn late_match_after_settle(
     conn: &Connection,
     id: &str,
-    upstream_id: Option<&str>,
-    settle: &Settle,
+    settled: &transition::Settled,
 ) -> Result<(), StoreError> {
-    let unresolved = matches!(settle, Settle::Unresolved { .. });
-    if upstream_id.is_none() && !unresolved {
-        return Ok(());
-    }
+    let unresolved = settled.unresolved;
     let Some((upstream_key, message_id, rcpt_to)) = webhook::known_facts(conn, id)? else {
         return Ok(());
     };
@@ -412,7 +425,7 @@ fn late_match_after_settle(
             id,
             upstream_key: upstream_key.as_deref().filter(|_| unresolved),
             message_id: message_id.as_deref().filter(|_| unresolved),
-            upstream_id,
+            upstream_id: settled.upstream_id.as_deref(),
             rcpt_to: &rcpt_to,
             unresolved,
         },
@@ -509,16 +522,19 @@ pub fn requeue(
             ))
         })
         .optional()?;
-    let Some((state, has_content, scope, any_unknown, first_attempt)) = found else {
+    let Some((state, has_content, scope, any_unknown, first_attempt_at_ms)) = found else {
         return Ok(Requeue::NotFound);
     };
-    let state = State::parse(&state).ok_or(StoreError::Corrupt {
-        id: id.to_string(),
-        what: "state",
-    })?;
-    if let Some(refusal) = requeue_refusal(state, confirmed, has_content, any_unknown) {
-        return Ok(refusal);
-    }
+    let facts = RequeueFacts {
+        state: parse_state(id, &state)?,
+        has_content,
+        any_unknown,
+        first_attempt_at_ms,
+    };
+    let requeued = match transition::requeue(facts, confirmed) {
+        Ok(requeued) => requeued,
+        Err(refusal) => return Ok(refusal),
+    };
     conn.prepare_cached(
         "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL,
             damage = NULL
@@ -532,39 +548,44 @@ pub fn requeue(
         "INSERT INTO delivery_jobs (message_id, scope, due_at, first_attempt_at)
          VALUES (?, ?, ?, ?)",
     )?
-    .execute(params![
-        id,
-        scope,
+    .execute(params![id, scope, now_ms(), requeued.first_attempt_at_ms])?;
+    record_action(
+        conn,
+        Some(id),
+        Action::Retry,
+        by,
+        Some(&requeued.detail),
         now_ms(),
-        requeued_first_attempt(state, any_unknown, first_attempt)
-    ])?;
-    let detail = retry_detail(state, confirmed);
-    record_action(conn, Some(id), Action::Retry, by, Some(&detail), now_ms())?;
+    )?;
     Ok(Requeue::Requeued)
 }
 
 pub fn cancel(conn: &Connection, id: &str, by: &Operator) -> Result<bool, StoreError> {
     let now = now_ms();
-    let free = conn
+    let found = conn
         .prepare_cached(
-            "SELECT 1 FROM messages m JOIN delivery_jobs j ON j.message_id = m.id
-             WHERE m.id = ?1 AND m.state = 'queued'
-               AND (j.lease_until IS NULL OR j.lease_until <= ?2)",
+            "SELECT m.state, j.message_id IS NOT NULL, j.lease_until FROM messages m
+             LEFT JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?",
         )?
-        .query_row(params![id, now], |_| Ok(()))
+        .query_row([id], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, bool>(1)?,
+                row.get::<_, Option<i64>>(2)?,
+            ))
+        })
         .optional()?;
-    if free.is_none() {
+    let found = match found {
+        Some((state, has_job, lease_until)) => Some(CancelFacts {
+            state: parse_state(id, &state)?,
+            leased: has_job.then_some(lease_until.is_some_and(|until| until > now)),
+        }),
+        None => None,
+    };
+    let Some(finish) = transition::cancel(found) else {
         return Ok(false);
-    }
-    // An intent left open by a dead worker stays on record as unknown, as a claim would.
-    close_open_intents(conn, id, now)?;
-    conn.prepare_cached(
-        "UPDATE messages SET state = 'cancelled', finished_at = ?, upstream_reply = ?
-         WHERE id = ?",
-    )?
-    .execute(params![now, CANCELLED_REPLY, id])?;
-    conn.prepare_cached("DELETE FROM delivery_jobs WHERE message_id = ?")?
-        .execute([id])?;
+    };
+    finish_record(conn, id, &finish, None, now)?;
     record_action(conn, Some(id), Action::Cancel, by, None, now)?;
     Ok(true)
 }
@@ -584,25 +605,30 @@ pub fn flush(conn: &Connection, id: &str, by: &Operator) -> Result<Flush, StoreE
             ))
         })
         .optional()?;
-    let Some((state, due_at, lease_until)) = found else {
-        return Ok(Flush::NotFound);
+    let found = match found {
+        Some((state, due_at_ms, lease_until)) => Some(FlushFacts {
+            state: parse_state(id, &state)?,
+            due_at_ms,
+            leased: lease_until.is_some_and(|until| until > now),
+        }),
+        None => None,
     };
-    let state = State::parse(&state).ok_or(StoreError::Corrupt {
-        id: id.to_string(),
-        what: "state",
-    })?;
-    let Some(due_at) = due_at.filter(|_| state == State::Queued) else {
-        return Ok(Flush::NotQueued(state));
+    let flushed = match transition::flush(found, now) {
+        Ok(flushed) => flushed,
+        Err(refusal) => return Ok(refusal),
     };
-    if lease_until.is_some_and(|until| until > now) {
-        return Ok(Flush::Leased);
-    }
-    conn.prepare_cached("UPDATE delivery_jobs SET due_at = MIN(due_at, ?) WHERE message_id = ?")?
-        .execute(params![now, id])?;
-    let detail = flush_detail(due_at, now);
-    record_action(conn, Some(id), Action::Flush, by, Some(&detail), now)?;
+    conn.prepare_cached("UPDATE delivery_jobs SET due_at = ? WHERE message_id = ?")?
+        .execute(params![flushed.due_at_ms, id])?;
+    record_action(
+        conn,
+        Some(id),
+        Action::Flush,
+        by,
+        Some(&flushed.detail),
+        now,
+    )?;
     Ok(Flush::Flushed {
-        was_due_at_ms: due_at,
+        was_due_at_ms: flushed.was_due_at_ms,
     })
 }
 
@@ -622,7 +648,7 @@ pub fn flush_all(conn: &Connection, by: &Operator) -> Result<Vec<String>, StoreE
     for (id, due_at) in &flushed {
         conn.prepare_cached("UPDATE delivery_jobs SET due_at = ? WHERE message_id = ?")?
             .execute(params![now, id])?;
-        let detail = flush_detail(*due_at, now);
+        let detail = transition::flush_detail(*due_at, now);
         record_action(conn, Some(id), Action::Flush, by, Some(&detail), now)?;
     }
     Ok(flushed.into_iter().map(|(id, _)| id).collect())
@@ -679,4 +705,11 @@ pub fn record_replay(conn: &Connection, scope: &str, day: &str) -> Result<(), St
     )?
     .execute(params![scope, day])?;
     Ok(())
+}
+
+fn parse_state(id: &str, state: &str) -> Result<State, StoreError> {
+    State::parse(state).ok_or(StoreError::Corrupt {
+        id: id.to_string(),
+        what: "state",
+    })
 }

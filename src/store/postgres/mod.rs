@@ -11,73 +11,22 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, Row};
 
-use super::migrate::{Embedded, Steps};
-use super::postgres_intake::Intake;
-use super::postgres_webhook as webhook;
-use super::{
-    listing, retention_ms, rows, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed,
-    DailyCounts, EventRow, Flush, Insert, ListFilter, NewRecord, Operator, Page, Pause, QueueStats,
-    Requeue, Retention, Settle, State, Store, StoreError, StoredMessage, WebhookApplied,
-    WebhookReceipt,
+use self::intake::Intake;
+use crate::store::backend::Store;
+use crate::store::listing::{self, ListFilter, Page};
+use crate::store::migrate::{self, Embedded};
+use crate::store::record::{
+    queue_stats, retention_ms, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed,
+    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, Requeue, Settle,
+    State, StoreError, StoredMessage, FORGET_PROCESS_AFTER,
 };
+use crate::store::retention::Retention;
+use crate::store::rows;
+use crate::store::webhook::{EventRow, WebhookApplied, WebhookReceipt};
 
-const MIGRATIONS: Steps = &[
-    (
-        1,
-        "schema",
-        include_str!("../../migrations/postgres/0001_schema.sql"),
-    ),
-    (
-        2,
-        "daily_counts",
-        include_str!("../../migrations/postgres/0002_daily_counts.sql"),
-    ),
-    (
-        3,
-        "job_order",
-        include_str!("../../migrations/postgres/0003_job_order.sql"),
-    ),
-    (
-        4,
-        "claim_by_scope",
-        include_str!("../../migrations/postgres/0004_claim_by_scope.sql"),
-    ),
-    (
-        5,
-        "body_integrity",
-        include_str!("../../migrations/postgres/0005_body_integrity.sql"),
-    ),
-    (
-        6,
-        "liveness",
-        include_str!("../../migrations/postgres/0006_liveness.sql"),
-    ),
-    (
-        7,
-        "parts",
-        include_str!("../../migrations/postgres/0007_parts.sql"),
-    ),
-    (
-        8,
-        "webhooks",
-        include_str!("../../migrations/postgres/0008_webhooks.sql"),
-    ),
-    (
-        9,
-        "operator",
-        include_str!("../../migrations/postgres/0009_operator.sql"),
-    ),
-    (
-        10,
-        "batch_counts",
-        include_str!("../../migrations/postgres/0010_batch_counts.sql"),
-    ),
-    (
-        11,
-        "claim_in_one_call",
-        include_str!("../../migrations/postgres/0011_claim_in_one_call.sql"),
-    ),
-];
+mod intake;
+mod webhook;
+mod write;
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -93,7 +42,7 @@ impl PostgresStore {
         // Migrations run on a connection of their own, without the statement timeout: a
         // future migration of a big table may rightly take longer than a store write.
         let mut migrating = PgConnection::connect_with(&options).await?;
-        Migrator::new(Embedded(MIGRATIONS))
+        Migrator::new(Embedded(migrate::POSTGRES))
             .await?
             .run(&mut migrating)
             .await?;
@@ -138,240 +87,6 @@ fn durable_commit_statement(mode: &str) -> &'static str {
 /// A claim that finds damaged bodies marks them and goes on, up to this many per claim.
 const DAMAGED_PER_CLAIM: usize = 16;
 
-/// A record whose body cannot be used is failed with the reason, so that it is never
-/// forwarded; an open intent stays on record as UNKNOWN (closed by the claim before this).
-/// Fenced by the claim's lease token: the claim committed on its own.
-async fn mark_damaged(
-    pool: &PgPool,
-    id: &str,
-    token: i64,
-    reason: &str,
-    now: i64,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "WITH job AS (
-            DELETE FROM delivery_jobs
-            WHERE message_id = $4 AND lease_token = $5 AND lease_owner IS NOT NULL
-            RETURNING message_id)
-         UPDATE messages m SET state = 'failed', damage = $1, upstream_reply = $2,
-            finished_at = $3
-         FROM job WHERE m.id = job.message_id",
-    )
-    .bind(reason)
-    .bind(super::report_damage(id, reason))
-    .bind(now)
-    .bind(id)
-    .bind(token)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-async fn db_now(conn: &mut PgConnection) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar("SELECT idemrelay_now_ms()")
-        .fetch_one(&mut *conn)
-        .await?)
-}
-
-/// Binds a new record's columns as $1..$20, in the order of `messages`' insert statements
-/// (`insert_message` here, the batch's in postgres_intake.rs).
-pub(super) fn bind_new_record<'q>(
-    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    record: &'q NewRecord,
-    now: i64,
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    query
-        .bind(&record.id)
-        .bind(&record.scope)
-        .bind(&record.key)
-        .bind(record.key_source)
-        .bind(&record.fingerprint.as_bytes()[..])
-        .bind(&record.envelope.mail_from)
-        .bind(record.envelope.rcpt_to.join("\n"))
-        .bind(record.envelope.body.as_str())
-        .bind(record.envelope.smtputf8)
-        .bind(i64::try_from(record.size).unwrap_or(i64::MAX))
-        .bind(record.content.as_deref())
-        .bind(record.state.as_str())
-        .bind(&record.reply)
-        .bind(now)
-        .bind(&record.dsn_of)
-        .bind(
-            record
-                .content
-                .as_deref()
-                .map(|body| super::body_checksum(body).to_vec()),
-        )
-        .bind(i64::from(record.part))
-        .bind(&record.message_fp.as_bytes()[..])
-        .bind(&record.upstream_key)
-        .bind(&record.message_id)
-}
-
-/// Inserts a message row unless its (scope, key) is taken; returns the rows inserted.
-async fn insert_message(
-    conn: &mut PgConnection,
-    record: &NewRecord,
-    now: i64,
-) -> Result<u64, StoreError> {
-    Ok(bind_new_record(
-        sqlx::query(
-            "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
-            rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
-            content_hash, part, message_fp, upstream_key, header_message_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-            $18, $19, $20)
-         ON CONFLICT (scope, idem_key, part) DO NOTHING",
-        ),
-        record,
-        now,
-    )
-    .execute(&mut *conn)
-    .await?
-    .rows_affected())
-}
-
-/// An intent left open by a worker that lost its lease: whether the upstream got the message
-/// cannot be known, so it is recorded as UNKNOWN (DESIGN §2), never as not sent.
-async fn close_open_intents(
-    conn: &mut PgConnection,
-    id: &str,
-    now: i64,
-) -> Result<u64, StoreError> {
-    Ok(sqlx::query(
-        "UPDATE attempts SET outcome = 'unknown', finished_at = $1,
-            reply = 'worker stopped with this attempt open; outcome unknown'
-         WHERE message_id = $2 AND outcome IS NULL",
-    )
-    .bind(now)
-    .bind(id)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected())
-}
-
-/// A job due `now`, filed under its message's scope, which gets a turn row if it is new.
-async fn insert_job(conn: &mut PgConnection, id: &str, now: i64) -> Result<(), StoreError> {
-    sqlx::query(
-        "WITH job AS (
-            INSERT INTO delivery_jobs (message_id, scope, due_at)
-                SELECT id, scope, $2 FROM messages WHERE id = $1
-                RETURNING scope)
-         INSERT INTO scope_turns (scope, turn) SELECT scope, 0 FROM job
-             ON CONFLICT (scope) DO NOTHING",
-    )
-    .bind(id)
-    .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
-/// Writes one operator action (relay-wide when `record_id` is `None`).
-async fn record_action(
-    conn: &mut PgConnection,
-    record_id: Option<&str>,
-    action: Action,
-    by: &Operator,
-    detail: Option<&str>,
-    now: i64,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO operator_actions (at, record_id, action, actor, reason, detail)
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(now)
-    .bind(record_id)
-    .bind(action.as_str())
-    .bind(&by.actor)
-    .bind(&by.reason)
-    .bind(detail)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
-/// An outcome's writes in one statement, fenced by the lease token: `held` writes the job
-/// (due again, or gone) first, which holds off a concurrent claim until the commit; then the
-/// attempt's outcome and, for a final outcome, the record's state. `$3` is the transaction's
-/// clock when the caller read it already, else NULL (read here). Gives one row when the lease
-/// was still ours, none when it was taken over (the new holder owns the record then).
-macro_rules! settle_statement {
-    ($held:literal) => {
-        concat!(
-            "WITH clock AS MATERIALIZED (
-                SELECT COALESCE($3::BIGINT, idemrelay_now_ms()) AS now_ms),",
-            $held,
-            "attempt AS (
-                UPDATE attempts a SET finished_at = c.now_ms, outcome = $5, phase = $6,
-                    code = $7, reply = $8, upstream_id = $9
-                FROM held h, clock c WHERE a.message_id = h.message_id AND a.attempt = $4)
-             SELECT c.now_ms FROM held, clock c"
-        )
-    };
-}
-
-/// `$10`: milliseconds until the job is due again.
-const SETTLE_RETRY: &str = settle_statement!(
-    "held AS (
-        UPDATE delivery_jobs j
-        SET due_at = LEAST(c.now_ms::NUMERIC + $10, 9223372036854775807)::BIGINT,
-            attempts = j.attempts + 1, lease_owner = NULL, lease_until = NULL
-        FROM clock c
-        WHERE j.message_id = $1 AND j.lease_token = $2 AND j.lease_owner IS NOT NULL
-        RETURNING j.message_id),"
-);
-
-/// `$10`, `$11`: the record's final state and the upstream's reply.
-const SETTLE_FINAL: &str = settle_statement!(
-    "held AS (
-        DELETE FROM delivery_jobs j
-        WHERE j.message_id = $1 AND j.lease_token = $2 AND j.lease_owner IS NOT NULL
-        RETURNING j.message_id),
-     finished AS (
-        UPDATE messages m SET state = $10, upstream_reply = $11, finished_at = c.now_ms
-        FROM held h, clock c WHERE m.id = h.message_id),"
-);
-
-fn settle_writes<'q>(
-    id: &'q str,
-    token: i64,
-    now: Option<i64>,
-    attempt: Option<(u32, &'q AttemptResult)>,
-    upstream_id: Option<&'q str>,
-    settle: &'q Settle,
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    let sql = match settle {
-        Settle::Retry { .. } => SETTLE_RETRY,
-        _ => SETTLE_FINAL,
-    };
-    let query = sqlx::query(sql)
-        .bind(id)
-        .bind(token)
-        .bind(now)
-        .bind(attempt.map(|(n, _)| i64::from(n)))
-        .bind(attempt.map(|(_, r)| r.outcome))
-        .bind(attempt.and_then(|(_, r)| r.phase))
-        .bind(attempt.and_then(|(_, r)| r.code.map(i64::from)))
-        .bind(attempt.map(|(_, r)| r.reply.as_str()))
-        .bind(upstream_id);
-    let (state, reply) = match settle {
-        Settle::Retry { after } => return query.bind(retention_ms(*after)),
-        Settle::Delivered { upstream_reply } => (State::Delivered, upstream_reply),
-        Settle::Unresolved { upstream_reply } => (State::Unresolved, upstream_reply),
-        Settle::Failed { upstream_reply, .. } => (State::Failed, upstream_reply),
-    };
-    query.bind(state.as_str()).bind(reply.as_str())
-}
-
-async fn delete_job(conn: &mut PgConnection, id: &str) -> Result<(), StoreError> {
-    sqlx::query("DELETE FROM delivery_jobs WHERE message_id = $1")
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
-}
-
 #[async_trait]
 impl Store for PostgresStore {
     async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError> {
@@ -383,7 +98,7 @@ impl Store for PostgresStore {
         scope: &str,
         key: &str,
         retention: Retention,
-    ) -> Result<Vec<super::Existing>, StoreError> {
+    ) -> Result<Vec<Existing>, StoreError> {
         let [replay, parked, window] = retention.sql_params();
         let found = sqlx::query(&format!(
             "SELECT {} FROM messages m
@@ -447,7 +162,7 @@ impl Store for PostgresStore {
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        delete_job(&mut tx, id).await?;
+        write::delete_job(&mut tx, id).await?;
         tx.commit().await?;
         Ok(updated == 1)
     }
@@ -521,7 +236,7 @@ impl Store for PostgresStore {
             let token: i64 = m.try_get("lease_token")?;
             match rows::claimed(&m, id, scope, recovered, now) {
                 Err(StoreError::Damaged { id, reason }) => {
-                    mark_damaged(&self.pool, &id, token, &reason, now).await?;
+                    write::mark_damaged(&self.pool, &id, token, &reason, now).await?;
                 }
                 claimed => return claimed.map(Some),
             }
@@ -559,80 +274,7 @@ impl Store for PostgresStore {
         attempt: Option<(u32, &AttemptResult)>,
         settle: &Settle,
     ) -> Result<bool, StoreError> {
-        let upstream_id = attempt.and_then(|(_, r)| super::accepted_upstream_id(r));
-        let unresolved = matches!(settle, Settle::Unresolved { .. });
-        let dsn = match settle {
-            Settle::Failed { dsn, .. } => dsn.as_deref(),
-            _ => None,
-        };
-        if upstream_id.is_none() && !unresolved && dsn.is_none() {
-            // Nothing but the outcome to write: the fenced writes alone, one statement and
-            // one commit (their fence takes the job's row lock first, as below).
-            let wrote = settle_writes(id, token, None, attempt, upstream_id.as_deref(), settle)
-                .fetch_optional(&self.pool)
-                .await?;
-            return Ok(wrote.is_some());
-        }
-        let mut tx = self.pool.begin().await?;
-        // The row lock holds off a concurrent claim until this commit: the token checked
-        // here stays the token until the outcome is written. The record's identifiers come
-        // with it, for late matching.
-        let held = sqlx::query(
-            "SELECT idemrelay_now_ms() AS now_ms, m.upstream_key, m.header_message_id, m.rcpt_to
-             FROM delivery_jobs j JOIN messages m ON m.id = j.message_id
-             WHERE j.message_id = $1 AND j.lease_token = $2 AND j.lease_owner IS NOT NULL
-             FOR UPDATE OF j",
-        )
-        .bind(id)
-        .bind(token)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(held) = held else {
-            // Our lease was taken over; the new holder owns the record now.
-            tx.rollback().await?;
-            return Ok(false);
-        };
-        let now: i64 = held.try_get("now_ms")?;
-        // Late matching: the record is known by more now, its upstream id or its being
-        // unresolved. The locks come before the record's row is written (see the module).
-        let key: Option<String> = held.try_get("upstream_key")?;
-        let message_id: Option<String> = held.try_get("header_message_id")?;
-        let rcpt_to: Vec<String> = held
-            .try_get::<String, _>("rcpt_to")?
-            .split('\n')
-            .map(str::to_string)
-            .collect();
-        let known = (upstream_id.is_some() || unresolved).then(|| webhook::Known {
-            id,
-            upstream_key: key.as_deref().filter(|_| unresolved),
-            message_id: message_id.as_deref().filter(|_| unresolved),
-            upstream_id: upstream_id.as_deref(),
-            rcpt_to: &rcpt_to,
-            unresolved,
-        });
-        if let Some(known) = &known {
-            webhook::lock(&mut tx, known.lock_names()).await?;
-        }
-        settle_writes(
-            id,
-            token,
-            Some(now),
-            attempt,
-            upstream_id.as_deref(),
-            settle,
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-        if let Some(dsn) = dsn {
-            if insert_message(&mut tx, dsn, now).await? == 1 {
-                insert_job(&mut tx, &dsn.id, now).await?;
-            }
-        }
-        if let Some(known) = &known {
-            webhook::attach_unmatched(&mut tx, known, now).await?;
-        }
-        tx.commit().await?;
-        Ok(true)
+        write::settle(&self.pool, id, token, attempt, settle).await
     }
 
     async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
@@ -660,7 +302,7 @@ impl Store for PostgresStore {
         .execute(&self.pool)
         .await?;
         sqlx::query("DELETE FROM relay_processes WHERE heartbeat_at < idemrelay_now_ms() - $1")
-            .bind(retention_ms(super::FORGET_PROCESS_AFTER))
+            .bind(retention_ms(FORGET_PROCESS_AFTER))
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -722,150 +364,19 @@ impl Store for PostgresStore {
         confirmed: bool,
         by: &Operator,
     ) -> Result<Requeue, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(
-            "SELECT state, content IS NOT NULL AS has_content,
-                EXISTS (SELECT 1 FROM attempts a
-                        WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown,
-                (SELECT MIN(started_at) FROM attempts a WHERE a.message_id = m.id)
-                    AS first_attempt_at
-             FROM messages m WHERE id = $1 FOR UPDATE",
-        )
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            tx.rollback().await?;
-            return Ok(Requeue::NotFound);
-        };
-        let state: String = row.try_get("state")?;
-        let state = State::parse(&state).ok_or(StoreError::Corrupt {
-            id: id.to_string(),
-            what: "state",
-        })?;
-        let has_content = row.try_get::<bool, _>("has_content")?;
-        let any_unknown = row.try_get::<bool, _>("any_unknown")?;
-        let refusal = super::requeue_refusal(state, confirmed, has_content, any_unknown);
-        if let Some(refusal) = refusal {
-            tx.rollback().await?;
-            return Ok(refusal);
-        }
-        sqlx::query(
-            "UPDATE messages SET state = 'queued', finished_at = NULL, upstream_reply = NULL,
-                damage = NULL
-             WHERE id = $1",
-        )
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        // A terminal record has no job; a stray one would make the insert fail.
-        delete_job(&mut tx, id).await?;
-        let now = db_now(&mut tx).await?;
-        insert_job(&mut tx, id, now).await?;
-        let first_attempt =
-            super::requeued_first_attempt(state, any_unknown, row.try_get("first_attempt_at")?);
-        sqlx::query("UPDATE delivery_jobs SET first_attempt_at = $1 WHERE message_id = $2")
-            .bind(first_attempt)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        let detail = super::retry_detail(state, confirmed);
-        record_action(&mut tx, Some(id), Action::Retry, by, Some(&detail), now).await?;
-        tx.commit().await?;
-        Ok(Requeue::Requeued)
+        write::requeue(&self.pool, id, confirmed, by).await
     }
 
     async fn cancel(&self, id: &str, by: &Operator) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let now = db_now(&mut tx).await?;
-        // A job locked right now (being claimed or settled) counts as leased.
-        let free: Option<i64> = sqlx::query_scalar(
-            "SELECT 1::BIGINT FROM delivery_jobs j JOIN messages m ON m.id = j.message_id
-             WHERE m.id = $1 AND m.state = 'queued'
-               AND (j.lease_until IS NULL OR j.lease_until <= $2)
-             FOR UPDATE OF j SKIP LOCKED",
-        )
-        .bind(id)
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if free.is_none() {
-            tx.rollback().await?;
-            return Ok(false);
-        }
-        // An intent left open by a dead worker stays on record as unknown, as a claim would.
-        close_open_intents(&mut tx, id, now).await?;
-        sqlx::query(
-            "UPDATE messages SET state = 'cancelled', finished_at = $1, upstream_reply = $2
-             WHERE id = $3",
-        )
-        .bind(now)
-        .bind(super::CANCELLED_REPLY)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        delete_job(&mut tx, id).await?;
-        record_action(&mut tx, Some(id), Action::Cancel, by, None, now).await?;
-        tx.commit().await?;
-        Ok(true)
+        write::cancel(&self.pool, id, by).await
     }
 
     async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let now = db_now(&mut tx).await?;
-        // A job locked right now (being claimed or settled) counts as leased.
-        let free: Option<i64> = sqlx::query_scalar(
-            "SELECT j.due_at FROM delivery_jobs j
-             WHERE j.message_id = $1 AND (j.lease_until IS NULL OR j.lease_until <= $2)
-             FOR UPDATE SKIP LOCKED",
-        )
-        .bind(id)
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(due_at) = free else {
-            tx.rollback().await?;
-            return Ok(match self.message(id).await? {
-                None => Flush::NotFound,
-                Some(m) if m.state == State::Queued => Flush::Leased,
-                Some(m) => Flush::NotQueued(m.state),
-            });
-        };
-        sqlx::query("UPDATE delivery_jobs SET due_at = LEAST(due_at, $1) WHERE message_id = $2")
-            .bind(now)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        let detail = super::flush_detail(due_at, now);
-        record_action(&mut tx, Some(id), Action::Flush, by, Some(&detail), now).await?;
-        tx.commit().await?;
-        Ok(Flush::Flushed {
-            was_due_at_ms: due_at,
-        })
+        write::flush(&self.pool, id, by).await
     }
 
     async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let now = db_now(&mut tx).await?;
-        let waiting: Vec<(String, i64)> = sqlx::query_as(
-            "WITH picked AS (
-                SELECT message_id, due_at FROM delivery_jobs
-                WHERE due_at > $1 AND (lease_until IS NULL OR lease_until <= $1)
-                FOR UPDATE SKIP LOCKED),
-             flushed AS (
-                UPDATE delivery_jobs j SET due_at = $1 FROM picked p
-                WHERE j.message_id = p.message_id RETURNING j.message_id)
-             SELECT message_id, due_at FROM picked",
-        )
-        .bind(now)
-        .fetch_all(&mut *tx)
-        .await?;
-        for (id, due_at) in &waiting {
-            let detail = super::flush_detail(*due_at, now);
-            record_action(&mut tx, Some(id), Action::Flush, by, Some(&detail), now).await?;
-        }
-        tx.commit().await?;
-        Ok(waiting.into_iter().map(|(id, _)| id).collect())
+        write::flush_all(&self.pool, by).await
     }
 
     async fn record_action(
@@ -875,8 +386,8 @@ impl Store for PostgresStore {
         detail: Option<&str>,
     ) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
-        let now = db_now(&mut conn).await?;
-        record_action(&mut conn, None, action, by, detail, now).await
+        let now = write::db_now(&mut conn).await?;
+        write::record_action(&mut conn, None, action, by, detail, now).await
     }
 
     async fn relay_actions(&self, limit: usize) -> Result<Vec<ActionRow>, StoreError> {
@@ -984,9 +495,7 @@ impl Store for PostgresStore {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(super::queue_stats(
-            counts, oldest, damaged, unmatched, by_scope,
-        ))
+        Ok(queue_stats(counts, oldest, damaged, unmatched, by_scope))
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
@@ -1002,7 +511,7 @@ impl Store for PostgresStore {
 
     async fn apply_webhook(&self, receipt: &WebhookReceipt) -> Result<WebhookApplied, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let now = db_now(&mut tx).await?;
+        let now = write::db_now(&mut tx).await?;
         let applied = webhook::apply(&mut tx, receipt, now).await?;
         if applied == WebhookApplied::Duplicate {
             tx.rollback().await?;

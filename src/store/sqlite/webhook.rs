@@ -5,14 +5,14 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::store::record::{now_ms, StoreError};
 /// The shared description of a record becoming known, for the callers of this backend.
-pub(crate) use super::webhook::Known;
-use super::webhook::{
+pub(crate) use crate::store::webhook::Known;
+use crate::store::webhook::{
     choose_record, evidence, is_applied, late_match_fits, match_order, resolution_reply, tally,
     Candidate, MatchBy, RecordIdentifiers, Resolution, UpstreamEvent, WebhookApplied,
     WebhookOutcome, WebhookReceipt,
 };
-use super::{now_ms, StoreError};
 
 pub fn apply(conn: &Connection, receipt: &WebhookReceipt) -> Result<WebhookApplied, StoreError> {
     let now = now_ms();
@@ -254,7 +254,7 @@ fn resolve_from_attached(conn: &Connection, id: &str) -> Result<(), StoreError> 
     };
     let named = evidence(&source, &webhook_id, index as u32, &event_type);
     if resolve(conn, id, seq, &named, event_time, now_ms())? {
-        super::webhook::log_resolution(id, &named);
+        crate::store::webhook::log_resolution(id, &named);
     }
     Ok(())
 }

@@ -22,8 +22,11 @@ use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Row;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use super::postgres_webhook as webhook;
-use super::{rows, Insert, NewRecord, Retention, State, StoreError};
+use super::webhook;
+use super::write::bind_new_record;
+use crate::store::record::{body_checksum, Insert, NewRecord, State, StoreError};
+use crate::store::retention::Retention;
+use crate::store::rows;
 
 /// Two writers, so that one batch is written while the other waits for its commit's flush.
 const WRITERS: usize = 2;
@@ -298,7 +301,7 @@ async fn insert_queued(
     queued: bool,
     now: i64,
 ) -> Result<(bool, bool), StoreError> {
-    let row = super::postgres::bind_new_record(
+    let row = bind_new_record(
         sqlx::query(
             "WITH m AS (
             INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
@@ -403,7 +406,7 @@ async fn insert_all(
             .map(|r| {
                 r.content
                     .as_deref()
-                    .map(|body| super::body_checksum(body).to_vec())
+                    .map(|body| body_checksum(body).to_vec())
             })
             .collect::<Vec<_>>(),
     )

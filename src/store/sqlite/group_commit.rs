@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use super::StoreError;
+use crate::store::record::StoreError;
 
 /// Operations that wait longer than this join the next batch: it bounds the time one
 /// transaction holds the write lock.

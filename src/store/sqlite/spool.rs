@@ -26,8 +26,8 @@ use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use super::rows::Columns;
-use super::StoreError;
+use crate::store::record::StoreError;
+use crate::store::rows::Columns;
 
 /// Bodies at least this large are spooled; smaller ones stay inline, where they cost less
 /// than a second fsync per batch.

@@ -8,14 +8,14 @@
 use sqlx::postgres::PgConnection;
 use sqlx::Row;
 
+use crate::store::record::StoreError;
 /// The shared description of a record becoming known, for the callers of this backend.
-pub(crate) use super::webhook::Known;
-use super::webhook::{
+pub(crate) use crate::store::webhook::Known;
+use crate::store::webhook::{
     choose_record, evidence, is_applied, late_match_fits, lock_names, match_order,
     resolution_reply, tally, Candidate, MatchBy, Resolution, UpstreamEvent, WebhookApplied,
     WebhookOutcome, WebhookReceipt,
 };
-use super::StoreError;
 
 /// The advisory lock space of event matching (the first key of the two-key form).
 pub(super) const MATCH_LOCKS: i32 = 0x1d3e;
@@ -315,7 +315,7 @@ async fn resolve_from_attached(
     let seq: i64 = row.try_get("seq")?;
     let event_time: i64 = row.try_get("event_time")?;
     if resolve(conn, id, seq, &named, event_time, now).await? {
-        super::webhook::log_resolution(id, &named);
+        crate::store::webhook::log_resolution(id, &named);
     }
     Ok(())
 }
