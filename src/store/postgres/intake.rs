@@ -205,7 +205,7 @@ async fn insert_alone(
     Ok(result)
 }
 
-/// The advisory locks a queued record takes before it is written (see `postgres_webhook`).
+/// The advisory locks a queued record takes before it is written (see `postgres::webhook`).
 fn lock_names(record: &NewRecord) -> Vec<String> {
     if record.state == State::Queued {
         webhook::Known::inserted(record).lock_names()

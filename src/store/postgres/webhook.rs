@@ -1,4 +1,4 @@
-//! Upstream events on Postgres: the same steps as SQLite's (`sqlite_webhook`), inside the
+//! Upstream events on Postgres: the same steps as SQLite's (`sqlite::webhook`), inside the
 //! caller's transaction. Several instances write at once, so two transactions that could
 //! match an event to a record (an event looking for its record, a record becoming known by
 //! an identifier) first take an advisory lock per identifier: the later one waits for the
@@ -245,7 +245,7 @@ impl Known<'_> {
     }
 }
 
-/// Late matching (see `sqlite_webhook::attach_unmatched`); the caller holds `lock_names`.
+/// Late matching (see `sqlite::webhook::attach_unmatched`); the caller holds `lock_names`.
 pub async fn attach_unmatched(
     conn: &mut PgConnection,
     known: &Known<'_>,
