@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
@@ -19,6 +19,7 @@ use crate::delivery::upstream::UpstreamTarget;
 use crate::delivery::worker::{self, DeliverySettings};
 use crate::intake::{Intake, IntakeSettings};
 use crate::metrics::Metrics;
+use crate::shutdown::{Shutdown, Stop};
 use crate::smtp::server::{
     serve, AuthThrottle, ConnectionLimits, ListenerKind, ListenerPolicy, ServerContext,
     SessionTimeouts,
@@ -28,18 +29,16 @@ use crate::smtp::tls::TlsCerts;
 use crate::store::{self, Store};
 use crate::webhook::{self, WebhookState};
 
-/// A relay that is running; dropping it does not stop it, `shutdown` does.
+/// A relay that is running. `shutdown` stops it in order; dropping it only tells every task
+/// to stop, with no drain and no wait.
 pub struct Relay {
     addrs: Vec<SocketAddr>,
     intake: Arc<Intake>,
-    stop: watch::Sender<bool>,
-    alive_rx: mpsc::Receiver<()>,
+    shutdown: Shutdown,
     tasks: Vec<JoinHandle<()>>,
     workers: Vec<JoinHandle<()>>,
     grace: Duration,
     admin_addr: Option<SocketAddr>,
-    /// Stops the admin listener, which outlives the drain so health checks see it.
-    admin_stop: watch::Sender<bool>,
     admin_task: Option<JoinHandle<()>>,
     webhook_addr: Option<SocketAddr>,
 }
@@ -215,8 +214,7 @@ impl Relay {
                 auth_throttle: auth_throttle.clone(),
             })
         };
-        let (stop, stop_rx) = watch::channel(false);
-        let (alive, alive_rx) = mpsc::channel(1);
+        let shutdown = Shutdown::new();
         // Installed before the "listening on" lines: from then on SIGHUP reloads, it never
         // takes the default action (ending the process).
         let hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -248,7 +246,7 @@ impl Relay {
                 listener,
                 tls.clone(),
                 state,
-                stop_rx.clone(),
+                shutdown.stop_signal(),
             )));
         }
         for (kind, listener) in listeners {
@@ -259,8 +257,8 @@ impl Relay {
             tasks.push(tokio::spawn(serve(
                 listener,
                 context(kind),
-                stop_rx.clone(),
-                alive.clone(),
+                shutdown.stop_signal(),
+                shutdown.sessions(),
             )));
         }
         tasks.push(tokio::spawn(reload_loop(
@@ -273,12 +271,12 @@ impl Relay {
             },
             hup,
             settings.tls_reload_interval,
-            stop_rx.clone(),
+            shutdown.stop_signal(),
         )));
         tasks.push(tokio::spawn(store_health_loop(
             intake.clone(),
             settings.store_probe_interval,
-            stop_rx.clone(),
+            shutdown.stop_signal(),
         )));
         let mut workers = Vec::new();
         match &settings.upstream {
@@ -312,7 +310,12 @@ impl Relay {
                     metrics: metrics.clone(),
                 };
                 tracing::info!(upstream = %url.redacted(), "delivering upstream");
-                workers = worker::start(store.clone(), delivery, hint.clone(), stop_rx.clone())?;
+                workers = worker::start(
+                    store.clone(),
+                    delivery,
+                    hint.clone(),
+                    shutdown.stop_signal(),
+                )?;
             }
             None => tracing::warn!("no upstream configured: accepted messages stay queued"),
         }
@@ -320,9 +323,8 @@ impl Relay {
             store.clone(),
             settings.retention_policy(),
             settings.purge_interval,
-            stop_rx.clone(),
+            shutdown.stop_signal(),
         )));
-        let (admin_stop, admin_stop_rx) = watch::channel(false);
         let mut admin_addr = None;
         let mut admin_task = None;
         if let Some(listener) = admin {
@@ -332,7 +334,7 @@ impl Relay {
                 intake: intake.clone(),
                 metrics,
                 limits: limits.clone(),
-                stopping: stop_rx,
+                stopping: shutdown.stop_signal(),
                 token: settings
                     .admin_token
                     .as_ref()
@@ -345,18 +347,20 @@ impl Relay {
                 stats: admin::stats_cache::StatsCache::new(admin::stats_cache::STATS_MAX_AGE),
             });
             admin_addr = Some(addr);
-            admin_task = Some(tokio::spawn(admin::serve(listener, state, admin_stop_rx)));
+            admin_task = Some(tokio::spawn(admin::serve(
+                listener,
+                state,
+                shutdown.last_signal(),
+            )));
         }
         Ok(Relay {
             addrs,
             intake,
-            stop,
-            alive_rx,
+            shutdown,
             tasks,
             workers,
             grace: settings.shutdown_grace,
             admin_addr,
-            admin_stop,
             admin_task,
             webhook_addr,
         })
@@ -383,15 +387,14 @@ impl Relay {
     /// Stops accepting, tells idle sessions 421, lets sessions inside a message finish within
     /// the grace period, then returns.
     pub async fn shutdown(mut self) {
-        let _ = self.stop.send(true);
+        self.shutdown.begin();
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }
         let workers = std::mem::take(&mut self.workers);
         let aborts: Vec<_> = workers.iter().map(JoinHandle::abort_handle).collect();
         let drained = async {
-            // Every connection task holds a sender clone; recv() is None once all have ended.
-            self.alive_rx.recv().await;
+            self.shutdown.sessions_ended().await;
             for worker in workers {
                 let _ = worker.await;
             }
@@ -406,7 +409,7 @@ impl Relay {
                 abort.abort();
             }
         }
-        let _ = self.admin_stop.send(true);
+        self.shutdown.finish();
         if let Some(task) = self.admin_task.take() {
             let _ = task.await;
         }
@@ -470,7 +473,7 @@ async fn reload_loop(
     what: Reloadable,
     mut hup: Option<tokio::signal::unix::Signal>,
     every: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: Stop,
 ) {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -484,7 +487,7 @@ async fn reload_loop(
                 what.reload_tls(true);
                 what.reload_users();
             }
-            _ = stopped(&mut stop) => return,
+            _ = stop.stopped() => return,
         }
     }
 }
@@ -527,13 +530,13 @@ fn admit_users(
 
 /// Probes the store so that an outage is noticed (and its end too) without waiting for a
 /// submission to fail.
-async fn store_health_loop(intake: Arc<Intake>, every: Duration, mut stop: watch::Receiver<bool>) {
+async fn store_health_loop(intake: Arc<Intake>, every: Duration, stop: Stop) {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticker.tick() => { intake.check_store().await; }
-            _ = stopped(&mut stop) => return,
+            _ = stop.stopped() => return,
         }
     }
 }
@@ -560,7 +563,7 @@ async fn purge_loop(
     store: Arc<dyn Store>,
     retention: crate::store::Retention,
     every: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: Stop,
 ) {
     let mut ticker = tokio::time::interval(every);
     loop {
@@ -570,27 +573,9 @@ async fn purge_loop(
                 Ok(n) => tracing::info!(purged = n, "expired records purged"),
                 Err(err) => tracing::warn!(error = %err, "retention purge failed; will retry"),
             },
-            _ = stopped(&mut stop) => return,
+            _ = stop.stopped() => return,
         }
     }
-}
-
-/// Resolves once the stop flag is set (the watch guard is not held across awaits).
-pub async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
-/// Installs the SIGTERM/SIGINT handlers now; the returned future resolves on either signal.
-pub fn termination_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    })
 }
 
 /// Every label value the relay's metrics can take, from the types that produce them.

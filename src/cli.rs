@@ -8,12 +8,13 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 mod queue;
 mod table;
 
-use crate::app::{termination_signal, Relay};
+use crate::app::Relay;
 use crate::config::{ConfigArgs, Settings};
 use crate::intake::fingerprint::fingerprint;
 use crate::intake::key::{derive_key, read_key_header, KeyHeader};
 use crate::intake::message::scan_headers;
 use crate::mail::{BodyType, Envelope};
+use crate::shutdown::termination_signal;
 pub use queue::QueueCommand;
 use table::table;
 

@@ -19,6 +19,7 @@ pub mod intake;
 pub mod mail;
 pub mod metrics;
 pub mod sendmail;
+pub mod shutdown;
 pub mod sink;
 pub mod smtp;
 pub mod store;

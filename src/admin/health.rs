@@ -12,7 +12,7 @@ use super::AdminState;
 use crate::metrics::{Format, PauseReason, Snapshot};
 
 pub async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
-    if *state.stopping.borrow() {
+    if state.stopping.is_stopping() {
         let body = serde_json::json!({ "status": "shutting down" });
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
@@ -20,7 +20,7 @@ pub async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
 }
 
 pub async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
-    let stopping = *state.stopping.borrow();
+    let stopping = state.stopping.is_stopping();
     let writable = state.intake.check_store().await;
     let paused = state.store.paused().await.ok().flatten();
     let delivery = match state.wedged_after {

@@ -25,11 +25,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
-use crate::app::stopped;
 use crate::intake::Intake;
 use crate::metrics::Metrics;
+use crate::shutdown::Stop;
 use crate::smtp::server::ConnectionLimits;
 use crate::store::{Retention, Store};
 
@@ -39,8 +39,8 @@ pub struct AdminState {
     pub intake: Arc<Intake>,
     pub metrics: Arc<Metrics>,
     pub limits: Arc<ConnectionLimits>,
-    /// The relay's stop flag: true once shutdown has begun (health turns 503).
-    pub stopping: watch::Receiver<bool>,
+    /// The relay's stop signal: given once shutdown has begun (health turns 503).
+    pub stopping: Stop,
     pub token: Option<String>,
     /// With an upstream: how long the delivery workers may go without making progress before
     /// the relay is reported not ready. None without an upstream (nothing to wedge).
@@ -80,11 +80,11 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until `stop` flips. The relay flips it only after its own shutdown has drained, so
-/// `/healthz` can answer 503 during the drain.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>, mut stop: watch::Receiver<bool>) {
+/// Serves until `stop` is given. The relay gives it only after its own shutdown has drained,
+/// so `/healthz` can answer 503 during the drain.
+pub async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: Stop) {
     let app = router(state);
-    let shutdown = async move { stopped(&mut stop).await };
+    let shutdown = async move { stop.stopped().await };
     if let Err(err) = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

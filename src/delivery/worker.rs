@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::breaker::{Breaker, BreakerState};
@@ -18,8 +18,8 @@ use super::retry::{Next, RetryPolicy};
 use super::upstream::{
     PhaseTimeouts, ReplyClass, UpstreamClient, UpstreamEnvelope, UpstreamTarget,
 };
-use crate::app::stopped;
 use crate::mail::new_queue_id;
+use crate::shutdown::Stop;
 use crate::store::{AttemptResult, Claimed, Settle, Store};
 
 #[derive(Debug, Clone)]
@@ -68,12 +68,12 @@ const ALIVE_MARGIN: Duration = Duration::from_secs(2);
 /// How often leases of dead processes are looked for.
 const DEAD_OWNER_CHECK: Duration = Duration::from_secs(2);
 
-/// Starts the workers; they stop when `stop` flips. `hint` wakes them when intake commits.
+/// Starts the workers; they stop when `stop` is given. `hint` wakes them when intake commits.
 pub fn start(
     store: Arc<dyn Store>,
     settings: DeliverySettings,
     hint: Arc<Notify>,
-    stop: watch::Receiver<bool>,
+    stop: Stop,
 ) -> anyhow::Result<Vec<JoinHandle<()>>> {
     let lease = settings.timeouts.worst_case() + Duration::from_secs(10);
     let shared = Arc::new(Shared {
@@ -147,7 +147,7 @@ struct Worker {
 }
 
 impl Worker {
-    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+    async fn run(mut self, stop: Stop) {
         let hint = self.shared.hint.clone();
         loop {
             let notified = hint.notified();
@@ -164,7 +164,7 @@ impl Worker {
                 }
             };
             if busy {
-                if *stop.borrow() {
+                if stop.is_stopping() {
                     return;
                 }
                 continue;
@@ -172,7 +172,7 @@ impl Worker {
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep(self.shared.settings.scan_interval) => {}
-                _ = stopped(&mut stop) => return,
+                _ = stop.stopped() => return,
             }
             self.client.close_idle().await;
             for client in self.scoped.values_mut() {
@@ -645,7 +645,7 @@ fn host_name() -> String {
 /// Writes this process's heartbeat every second and, every few seconds, takes over the
 /// leases of processes whose heartbeat went stale: instances sharing one database take over
 /// a sibling that died within seconds, wherever it ran, instead of at lease expiry.
-async fn keep_alive(shared: Arc<Shared>, me: ProcessId, mut stop: watch::Receiver<bool>) {
+async fn keep_alive(shared: Arc<Shared>, me: ProcessId, stop: Stop) {
     let mut last_check: Option<Instant> = None;
     loop {
         let asked = Instant::now();
@@ -664,9 +664,9 @@ async fn keep_alive(shared: Arc<Shared>, me: ProcessId, mut stop: watch::Receive
         }
         tokio::select! {
             _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
-            _ = stop.changed() => return,
+            _ = stop.stopped() => return,
         }
-        if *stop.borrow() {
+        if stop.is_stopping() {
             return;
         }
     }

@@ -10,16 +10,15 @@ use std::time::{Duration, Instant};
 use ipnet::IpNet;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
 
 use super::limits::{lockout_reason, DataRate};
 use super::proxy_header::{self, Framing, Refusal};
 use super::reply::Reply;
 use super::session::{Output, RefusalReason, Session, SessionConfig};
 use super::tls::TlsCerts;
-use crate::app::stopped;
 use crate::auth::LiveUsers;
 use crate::intake::{Intake, Origin};
+use crate::shutdown::{Sessions, Stop};
 
 // The listeners' shared limits, under the path the app and the admin listener name them by.
 pub use super::limits::{AuthThrottle, ConnectionLimits};
@@ -86,13 +85,13 @@ pub struct ServerContext {
     pub auth_throttle: Arc<AuthThrottle>,
 }
 
-/// Accepts until `shutdown` flips; each connection holds a clone of `alive` so the owner can
-/// wait for all of them to end.
+/// Accepts until `shutdown` is given; connections are spawned through `sessions` so the
+/// owner can wait for all of them to end.
 pub async fn serve(
     listener: TcpListener,
     ctx: Arc<ServerContext>,
-    mut shutdown: watch::Receiver<bool>,
-    alive: mpsc::Sender<()>,
+    shutdown: Stop,
+    sessions: Sessions,
 ) {
     loop {
         tokio::select! {
@@ -100,12 +99,10 @@ pub async fn serve(
                 Ok((stream, peer)) => {
                     let ctx = ctx.clone();
                     let shutdown = shutdown.clone();
-                    let alive = alive.clone();
                     // Boxed here: the connection's future is kilobytes (every state of the
                     // session), and spawn would move it by value several times.
-                    tokio::spawn(Box::pin(async move {
-                        let _alive = alive;
-                        connection(stream, peer, &ctx, shutdown).await;
+                    sessions.spawn(Box::pin(async move {
+                        connection(stream, peer, &ctx, &shutdown).await;
                     }));
                 }
                 Err(err) => {
@@ -114,7 +111,7 @@ pub async fn serve(
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
-            _ = stopped(&mut shutdown) => break,
+            _ = shutdown.stopped() => break,
         }
     }
 }
@@ -166,12 +163,7 @@ async fn linger<S: AsyncRead + Unpin>(stream: &mut S) {
 /// TCP retransmit); a proxy sends it at once, so only a broken one waits this long.
 const PROXY_HEADER_WAIT: Duration = Duration::from_secs(10);
 
-async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    ctx: &ServerContext,
-    shutdown: watch::Receiver<bool>,
-) {
+async fn connection(stream: TcpStream, peer: SocketAddr, ctx: &ServerContext, shutdown: &Stop) {
     if let Err((client, err)) = admit(stream, peer, ctx, shutdown).await {
         tracing::debug!(%client, %peer, error = %err, "connection ended with an I/O error");
     }
@@ -183,7 +175,7 @@ async fn admit(
     mut stream: TcpStream,
     peer: SocketAddr,
     ctx: &ServerContext,
-    shutdown: watch::Receiver<bool>,
+    shutdown: &Stop,
 ) -> Result<(), (SocketAddr, std::io::Error)> {
     let _ = stream.set_nodelay(true);
     let proxied = ctx.policy.expects_proxy_header(peer.ip());
@@ -204,7 +196,7 @@ async fn admit(
         .await
         .map_err(|e| (peer, e));
     };
-    if *shutdown.borrow() {
+    if shutdown.is_stopping() {
         return refuse_connection(
             ctx,
             stream,
@@ -275,7 +267,7 @@ async fn converse(
     peer: SocketAddr,
     client: SocketAddr,
     ctx: &ServerContext,
-    shutdown: watch::Receiver<bool>,
+    shutdown: &Stop,
 ) -> std::io::Result<()> {
     // On implicit TLS the client rightly speaks first (its ClientHello).
     let implicit = ctx.policy.kind == ListenerKind::ImplicitTls;
@@ -325,7 +317,7 @@ async fn converse(
         }
         ListenerKind::Plain | ListenerKind::StartTls => {
             let session = Session::new(ctx.session.clone(), may_submit);
-            match conv.run(stream, session, true, shutdown.clone()).await? {
+            match conv.run(stream, session, true, shutdown).await? {
                 Ended::Closed => Ok(()),
                 Ended::StartTls(stream, mut session) => {
                     let session = {
@@ -502,7 +494,7 @@ impl Conversation<'_> {
         mut stream: S,
         mut session: Session,
         greet: bool,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: &Stop,
     ) -> std::io::Result<Ended<S>> {
         let t = self.ctx.timeouts;
         if greet {
@@ -550,7 +542,7 @@ impl Conversation<'_> {
                     }
                     Ok(Err(err)) => return Err(err),
                 },
-                _ = stopped(&mut shutdown), if !told_shutdown => {
+                _ = shutdown.stopped(), if !told_shutdown => {
                     told_shutdown = true;
                     session.begin_shutdown()
                 }

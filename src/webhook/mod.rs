@@ -19,11 +19,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
-use crate::app::stopped;
 use crate::config::WebhookSource;
 use crate::metrics::{Metrics, WebhookRefusal};
+use crate::shutdown::Stop;
 use crate::smtp::tls::TlsCerts;
 use crate::store::webhook::log_resolution;
 use crate::store::{Store, WebhookApplied, WebhookReceipt};
@@ -81,16 +80,16 @@ pub fn router(state: Arc<WebhookState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until `stop` flips, then lets the requests in flight finish (their commits decide
+/// Serves until `stop` is given, then lets the requests in flight finish (their commits decide
 /// their answers). With `tls`, every connection is TLS (HTTPS).
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<TlsCerts>>,
     state: Arc<WebhookState>,
-    mut stop: watch::Receiver<bool>,
+    stop: Stop,
 ) {
     let app = router(state);
-    let shutdown = async move { stopped(&mut stop).await };
+    let shutdown = async move { stop.stopped().await };
     let served = match tls {
         Some(certs) => {
             axum::serve(tls::TlsListener::new(listener, certs), app)
