@@ -508,17 +508,21 @@ impl Conversation<'_> {
         let mut told_shutdown = false;
         let mut rate: Option<DataRate> = None;
         loop {
-            let left = t.session.saturating_sub(self.started.elapsed());
-            if left.is_zero() {
-                // Checked here too: with input always waiting, a read never times out.
-                let outputs = session.close_now(Reply::session_too_long());
-                self.drive(outputs, &mut session, &mut stream).await?;
-                return Ok(Ended::Closed);
-            }
-            let wait = t.read.min(left);
+            let (wait, session_ends) = match next_read(t.session, t.read, self.started.elapsed()) {
+                NextRead::SessionOver => {
+                    // Checked here too: with input always waiting, a read never times out.
+                    let outputs = session.close_now(Reply::session_too_long());
+                    self.drive(outputs, &mut session, &mut stream).await?;
+                    return Ok(Ended::Closed);
+                }
+                NextRead::Wait {
+                    limit,
+                    session_ends,
+                } => (limit, session_ends),
+            };
             let outputs = tokio::select! {
                 read = tokio::time::timeout(wait, { buf.clear(); stream.read_buf(&mut buf) }) => match read {
-                    Err(_) if left <= t.read => session.close_now(Reply::session_too_long()),
+                    Err(_) if session_ends => session.close_now(Reply::session_too_long()),
                     Err(_) => session.timed_out(),
                     Ok(Ok(0)) => return Ok(Ended::Closed),
                     Ok(Ok(n)) if std::mem::take(&mut first_read)
@@ -703,6 +707,28 @@ enum Step {
     StartTls,
 }
 
+/// How long the next read may wait, from the session's limit, the read timeout and the time
+/// the session has had so far.
+#[derive(Debug, PartialEq, Eq)]
+enum NextRead {
+    /// The session's time is up.
+    SessionOver,
+    /// A read that waits `limit` in vain ends the session when `session_ends` (the session's
+    /// limit came first), else it is an ordinary read timeout.
+    Wait { limit: Duration, session_ends: bool },
+}
+
+fn next_read(session: Duration, read: Duration, elapsed: Duration) -> NextRead {
+    let left = session.saturating_sub(elapsed);
+    if left.is_zero() {
+        return NextRead::SessionOver;
+    }
+    NextRead::Wait {
+        limit: read.min(left),
+        session_ends: left <= read,
+    }
+}
+
 /// A client that stops reading its replies must not pin the connection forever.
 async fn write_all<S: AsyncWrite + Unpin>(
     stream: &mut S,
@@ -717,5 +743,49 @@ async fn write_all<S: AsyncWrite + Unpin>(
     {
         Ok(result) => result,
         Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_limit_shortens_the_last_read() {
+        let secs = Duration::from_secs;
+        // Plenty of session left: an ordinary read timeout.
+        assert_eq!(
+            next_read(secs(600), secs(60), secs(10)),
+            NextRead::Wait {
+                limit: secs(60),
+                session_ends: false
+            }
+        );
+        // Less session left than a read timeout: the read waits only for what is left, and
+        // its timing out is the session's end.
+        assert_eq!(
+            next_read(secs(600), secs(60), secs(570)),
+            NextRead::Wait {
+                limit: secs(30),
+                session_ends: true
+            }
+        );
+        // Exactly a read timeout left: the session's end too.
+        assert_eq!(
+            next_read(secs(600), secs(60), secs(540)),
+            NextRead::Wait {
+                limit: secs(60),
+                session_ends: true
+            }
+        );
+        // At the limit or past it: over, without another read.
+        assert_eq!(
+            next_read(secs(600), secs(60), secs(600)),
+            NextRead::SessionOver
+        );
+        assert_eq!(
+            next_read(secs(600), secs(60), secs(900)),
+            NextRead::SessionOver
+        );
     }
 }
