@@ -12,9 +12,9 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::ops::{self, OpError, OpResult};
+use super::state::{error, AdminState};
 use super::waiting::RelayFacts;
 use super::wire::{ListQuery, OPERATOR_HEADER};
-use super::{error, AdminState};
 use crate::store::Operator;
 
 fn respond(result: OpResult) -> Response {

@@ -8,7 +8,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::AdminState;
+use super::state::AdminState;
 use crate::metrics::{Format, PauseReason, Snapshot};
 
 pub async fn healthz(State(state): State<Arc<AdminState>>) -> Response {

@@ -23,9 +23,9 @@ use serde::Deserialize;
 
 use super::api::{reason_or_default, token_actor, wake_workers_if_ok};
 use super::ops::{self, OpError};
+use super::state::AdminState;
 use super::waiting::{why_waiting, RecordFacts, RelayFacts, Waiting};
 use super::wire::ListQuery;
-use super::AdminState;
 use crate::store::{
     AttemptRow, ListFilter, Operator, State as RecordState, StateFilter, StoreError, StoredMessage,
 };
@@ -106,7 +106,7 @@ async fn authenticate(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     if let (Some(token), Some(given)) = (&state.token, bearer) {
-        if super::constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        if crate::admin::state::constant_time_eq(given.as_bytes(), token.as_bytes()) {
             request.extensions_mut().insert(Access {
                 session: None,
                 csrf: String::new(),
@@ -211,7 +211,7 @@ async fn login(State(state): State<Arc<AdminState>>, Form(form): Form<LoginForm>
     let Some(token) = &state.token else {
         return see_other("/console");
     };
-    if !super::constant_time_eq(form.token.as_bytes(), token.as_bytes()) {
+    if !crate::admin::state::constant_time_eq(form.token.as_bytes(), token.as_bytes()) {
         tracing::warn!(target: "idemrelay::admin", "console login refused: wrong admin token");
         return html(
             StatusCode::UNAUTHORIZED,

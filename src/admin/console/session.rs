@@ -105,7 +105,7 @@ impl ConsoleLogin {
         }
         let issued_ms: i64 = issued.parse().ok()?;
         let expected = tag(key, "session", issued_ms, nonce);
-        if !super::super::constant_time_eq(expected.as_bytes(), mac.as_bytes()) {
+        if !crate::admin::state::constant_time_eq(expected.as_bytes(), mac.as_bytes()) {
             return None;
         }
         let age = now_ms - issued_ms;
@@ -127,7 +127,7 @@ impl ConsoleLogin {
     }
 
     pub fn csrf_matches(&self, key: &hmac::Key, presented: &str) -> bool {
-        super::super::constant_time_eq(self.csrf(key).as_bytes(), presented.as_bytes())
+        crate::admin::state::constant_time_eq(self.csrf(key).as_bytes(), presented.as_bytes())
     }
 }
 

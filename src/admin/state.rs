@@ -1,0 +1,55 @@
+//! What every admin handler shares: the relay's state they read, the JSON error body, the
+//! token comparison. A leaf of `admin`, so the API, health and console files need not import
+//! the router that imports them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use tokio::sync::Notify;
+
+use super::stats_cache;
+use crate::intake::Intake;
+use crate::metrics::Metrics;
+use crate::shutdown::Stop;
+use crate::smtp::server::ConnectionLimits;
+use crate::store::{Retention, Store};
+
+/// What the admin handlers read; owned by the relay.
+pub struct AdminState {
+    pub store: Arc<dyn Store>,
+    pub intake: Arc<Intake>,
+    pub metrics: Arc<Metrics>,
+    pub limits: Arc<ConnectionLimits>,
+    /// The relay's stop signal: given once shutdown has begun (health turns 503).
+    pub stopping: Stop,
+    pub token: Option<String>,
+    /// With an upstream: how long the delivery workers may go without making progress before
+    /// the relay is reported not ready. None without an upstream (nothing to wedge).
+    pub wedged_after: Option<Duration>,
+    pub started: Instant,
+    pub delivery_hint: Arc<Notify>,
+    /// For `POST /api/v1/queue/purge`: the relay's retention settings.
+    pub retention: Retention,
+    /// The store this relay serves, password redacted (in `/api/v1/queue/status`, so that
+    /// `idemrelay queue --store URL` can tell when it would be reading another one).
+    pub store_url: String,
+    /// The queue counts `/metrics` shows.
+    pub stats: stats_cache::StatsCache,
+}
+
+/// A JSON error body: `{"error": "...", "code": "..."}`.
+pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "error": message.into(), "code": code });
+    (status, Json(body)).into_response()
+}
+
+/// Compares without stopping at the first difference, so response time does not reveal how
+/// much of a guessed token was right. `subtle` keeps the optimizer from turning the loop back
+/// into an early exit; only the length is compared in the open, and it is no secret.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    bool::from(a.ct_eq(b))
+}
