@@ -7,13 +7,16 @@
 # sends 100 warm-up messages, zeroes the counters, sends N messages at concurrency C (1 KB, a new
 # connection each, tools/profile/smtp_load.py), dumps, prints instructions per message for the
 # whole process. Then: callgrind_annotate --inclusive=yes /tmp/callgrind-TAG/cg.out.1
+# STORE=postgresql://... runs the relay on that store instead; COPY=some.db starts it on a copy
+# of that SQLite store (a backlog, say) instead of a new one.
 set -euo pipefail
 BIN=$1; KIND=$2; N=$3; C=$4; TAG=$5
 LOAD="$(dirname "$0")/smtp_load.py"
 D=/tmp/callgrind-$TAG; rm -rf "$D"; mkdir -p "$D"
 PORT=$((20000 + RANDOM % 20000)); API=$((PORT+1))
+if [ -n "${COPY:-}" ]; then cp "$COPY" "$D/relay.db"; sync "$D/relay.db"; fi
 if [ "$KIND" = relay ]; then
-  ARGS="serve --listen 127.0.0.1:$PORT --hostname bench.test --admin 127.0.0.1:0 --store sqlite://$D/relay.db"
+  ARGS="serve --listen 127.0.0.1:$PORT --hostname bench.test --admin 127.0.0.1:0 --store ${STORE:-sqlite://$D/relay.db}"
 else
   ARGS="sink --listen 127.0.0.1:$PORT --api 127.0.0.1:$API"
   export IDEMRELAY_LOG=warn
