@@ -472,16 +472,18 @@ pub fn heartbeat(conn: &Connection, process: &str) -> Result<Vec<(String, i64)>,
     Ok(others)
 }
 
+/// Ends the leases of relays whose heartbeat stopped. It runs every two seconds in the one
+/// writer, so it must walk the leased jobs only (`delivery_jobs_leased`), never the queue.
+pub(super) const RECLAIM_DEAD_LEASES: &str = "UPDATE delivery_jobs SET lease_until = ?1
+     WHERE lease_owner IS NOT NULL AND lease_until > ?1
+       AND EXISTS (SELECT 1 FROM relay_processes p
+                   WHERE substr(delivery_jobs.lease_owner, 1, length(p.id) + 1) = p.id || '-'
+                     AND p.heartbeat_at <= ?2)";
+
 pub fn reclaim_dead_leases(conn: &Connection, stale_after: Duration) -> Result<u64, StoreError> {
     let now = now_ms();
     Ok(conn
-        .prepare_cached(
-            "UPDATE delivery_jobs SET lease_until = ?1
-             WHERE lease_owner IS NOT NULL AND lease_until > ?1
-               AND EXISTS (SELECT 1 FROM relay_processes p
-                           WHERE substr(delivery_jobs.lease_owner, 1, length(p.id) + 1) = p.id || '-'
-                             AND p.heartbeat_at <= ?2)",
-        )?
+        .prepare_cached(RECLAIM_DEAD_LEASES)?
         .execute(params![now, now.saturating_sub(retention_ms(stale_after))])? as u64)
 }
 
