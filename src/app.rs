@@ -100,7 +100,7 @@ impl Relay {
     }
 
     /// `with_parts` plus the admin HTTP listener, if one is given.
-    pub fn with_admin_parts(
+    pub(crate) fn with_admin_parts(
         settings: &Settings,
         store: Arc<dyn Store>,
         listeners: Vec<(ListenerKind, TcpListener)>,
@@ -579,7 +579,7 @@ async fn purge_loop(
 }
 
 /// Every label value the relay's metrics can take, from the types that produce them.
-pub fn relay_label_values() -> crate::metrics::LabelValues {
+pub(crate) fn relay_label_values() -> crate::metrics::LabelValues {
     use crate::delivery::{outcome, retry::Next, upstream::ReplyClass};
     use crate::intake::SubmissionResult;
     use crate::smtp::session::RefusalReason;

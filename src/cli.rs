@@ -15,7 +15,7 @@ use crate::intake::key::{derive_key, read_key_header, KeyHeader};
 use crate::intake::message::scan_headers;
 use crate::mail::{BodyType, Envelope};
 use crate::shutdown::termination_signal;
-pub use queue::QueueCommand;
+pub(crate) use queue::QueueCommand;
 use table::table;
 
 #[derive(Debug, Parser)]
@@ -35,9 +35,9 @@ pub struct Cli {
     )]
     pub log_format: LogFormat,
     #[command(flatten)]
-    pub config: ConfigArgs,
+    pub(crate) config: ConfigArgs,
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -47,7 +47,7 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the relay.
     Serve,
     /// Validate the configuration and print the effective settings (secrets redacted).
@@ -120,7 +120,7 @@ pub enum Command {
 
 /// The shells `completions` writes for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CompletionShell {
+pub(crate) enum CompletionShell {
     Bash,
     Zsh,
     Fish,
@@ -131,7 +131,7 @@ fn parse_since(s: &str) -> Result<String, String> {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum CertsCommand {
+pub(crate) enum CertsCommand {
     /// Write a self-signed certificate and key (cert.pem, key.pem) for local use.
     Generate {
         #[arg(long, default_value = "certs")]
@@ -144,7 +144,7 @@ pub enum CertsCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum UserCommand {
+pub(crate) enum UserCommand {
     /// Add or replace a user; the password is read from the first line of standard input.
     Add {
         name: String,
@@ -161,13 +161,13 @@ pub enum UserCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum KeyCommand {
+pub(crate) enum KeyCommand {
     /// Print the key (read from the header or derived) and the fingerprint of a message file.
     Derive(DeriveArgs),
 }
 
 #[derive(Debug, clap::Args)]
-pub struct DeriveArgs {
+pub(crate) struct DeriveArgs {
     /// Message file; bare LF line endings are read as CRLF, as an SMTP client would send them.
     pub file: PathBuf,
     /// Envelope sender (MAIL FROM); empty for the null sender.

@@ -36,8 +36,8 @@ mod armed {
         "delivery.after_upstream_ok",
     ];
 
-    pub const SPEC_ENV: &str = "IDEMRELAY_FAILPOINTS";
-    pub const SEED_ENV: &str = "IDEMRELAY_FAILPOINT_SEED";
+    pub(crate) const SPEC_ENV: &str = "IDEMRELAY_FAILPOINTS";
+    pub(crate) const SEED_ENV: &str = "IDEMRELAY_FAILPOINT_SEED";
 
     struct Armed {
         odds: HashMap<&'static str, f64>,

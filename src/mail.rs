@@ -5,14 +5,14 @@
 
 use serde::{Deserialize, Serialize};
 
-pub const KEY_HEADER: &str = "X-Bird-Idempotency-Key";
-pub const MAX_KEY_CHARS: usize = 255;
+pub(crate) const KEY_HEADER: &str = "X-Bird-Idempotency-Key";
+pub(crate) const MAX_KEY_CHARS: usize = 255;
 
 /// 1-255 characters, none of them invisible: control characters, format characters (Unicode
 /// category Cf: bidi overrides, zero-width spaces and joiners, the BOM) and the line and
 /// paragraph separators (Zl, Zp). Those let two keys that differ look the same to a person
 /// reading a log or the admin API, or reorder what is shown around them.
-pub fn is_valid_key(key: &str) -> bool {
+pub(crate) fn is_valid_key(key: &str) -> bool {
     let count = key.chars().count();
     (1..=MAX_KEY_CHARS).contains(&count) && !key.chars().any(is_invisible)
 }
@@ -48,7 +48,7 @@ pub enum BodyType {
 }
 
 impl BodyType {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             BodyType::SevenBit => "7BIT",
             BodyType::EightBitMime => "8BITMIME",
@@ -73,15 +73,15 @@ impl Fingerprint {
         Fingerprint(bytes)
     }
 
-    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+    pub(crate) fn from_slice(bytes: &[u8]) -> Option<Self> {
         bytes.try_into().ok().map(Fingerprint)
     }
 
-    pub fn as_bytes(&self) -> &[u8; 32] {
+    pub(crate) fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
 
-    pub fn to_hex(&self) -> String {
+    pub(crate) fn to_hex(self) -> String {
         blake3::Hash::from_bytes(self.0).to_hex().to_string()
     }
 }
@@ -103,6 +103,6 @@ pub struct Submission {
 
 /// A record's queue id: the time in hex, then 52 random bits. Ids sort by acceptance time,
 /// which the store's listings rely on (`store::listing`) to bound a time range by an id range.
-pub fn new_queue_id(now_ms: i64) -> String {
+pub(crate) fn new_queue_id(now_ms: i64) -> String {
     format!("{:011X}{:013X}", now_ms, fastrand::u64(..1 << 52))
 }

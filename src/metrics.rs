@@ -22,11 +22,11 @@ type OwnedLabels = Vec<(&'static str, String)>;
 
 /// Scopes shown by name in `idemrelay_queued_by_scope`; the rest are summed as `other`, so a
 /// relay with thousands of users does not become thousands of series.
-pub const TOP_SCOPES: usize = 10;
+pub(crate) const TOP_SCOPES: usize = 10;
 
 /// Why delivery is paused, as the `reason` label of `idemrelay_delivery_paused`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PauseReason {
+pub(crate) enum PauseReason {
     /// `queue pause` or the API: a person stopped it and a person resumes it.
     Operator,
     /// The upstream refused the account; the relay probes and resumes by itself.
@@ -34,9 +34,9 @@ pub enum PauseReason {
 }
 
 impl PauseReason {
-    pub const ALL: [PauseReason; 2] = [PauseReason::Operator, PauseReason::Account];
+    pub(crate) const ALL: [PauseReason; 2] = [PauseReason::Operator, PauseReason::Account];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             PauseReason::Operator => "operator",
             PauseReason::Account => "account",
@@ -46,7 +46,7 @@ impl PauseReason {
 
 /// The two exposition formats `/metrics` speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// `application/openmetrics-text; version=1.0.0`, the default.
     OpenMetrics,
     /// `text/plain; version=0.0.4`, the Prometheus text format (`promtool check metrics`).
@@ -56,7 +56,7 @@ pub enum Format {
 impl Format {
     /// The format an `Accept` header prefers: the media range with the highest `q` of the two
     /// we speak; OpenMetrics when both tie, neither is named, or there is no header.
-    pub fn negotiate(accept: Option<&str>) -> Format {
+    pub(crate) fn negotiate(accept: Option<&str>) -> Format {
         let Some(accept) = accept else {
             return Format::OpenMetrics;
         };
@@ -84,7 +84,7 @@ impl Format {
         }
     }
 
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
             Format::Text004 => "text/plain; version=0.0.4; charset=utf-8",
@@ -94,7 +94,7 @@ impl Format {
 
 /// What `/metrics` reads besides the registry, at scrape time.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// None when the store could not be read in time: the store-derived gauges keep the
     /// values of the last scrape that could.
     pub stats: Option<QueueStats>,
@@ -109,7 +109,7 @@ pub struct Snapshot {
 /// counter that has not moved yet is 0, not absent. The relay fills it from its own types'
 /// label lists (`app`), so this module names no intake or delivery type.
 #[derive(Debug, Clone, Default)]
-pub struct LabelValues {
+pub(crate) struct LabelValues {
     /// `submissions_total{result}`.
     pub submission_results: Vec<&'static str>,
     /// `delivery_decisions_total{decision}`.
@@ -126,7 +126,7 @@ pub struct LabelValues {
 
 /// Why a webhook request was refused (nothing of it stored), as the metric's `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WebhookRefusal {
+pub(crate) enum WebhookRefusal {
     /// 401: no valid signature under a configured secret.
     Signature,
     /// 400: signed, but the timestamp is more than 5 minutes off.
@@ -142,7 +142,7 @@ pub enum WebhookRefusal {
 }
 
 impl WebhookRefusal {
-    pub const ALL: [WebhookRefusal; 6] = [
+    pub(crate) const ALL: [WebhookRefusal; 6] = [
         WebhookRefusal::Signature,
         WebhookRefusal::Timestamp,
         WebhookRefusal::TooLarge,
@@ -151,7 +151,7 @@ impl WebhookRefusal {
         WebhookRefusal::Store,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             WebhookRefusal::Signature => "signature",
             WebhookRefusal::Timestamp => "timestamp",
@@ -180,7 +180,7 @@ const DELIVERY_BUCKETS: [f64; 16] = [
     86400.0,
 ];
 
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     submissions: Family<Labels, Counter>,
     attempts: Family<Labels, Counter>,
@@ -231,7 +231,7 @@ fn label(name: &'static str, value: &'static str) -> Labels {
 }
 
 impl Metrics {
-    pub fn new(labels: &LabelValues) -> Self {
+    pub(crate) fn new(labels: &LabelValues) -> Self {
         let mut registry = Registry::with_prefix("idemrelay");
         let submissions = Family::<Labels, Counter>::default();
         let attempts = Family::<Labels, Counter>::default();
@@ -471,22 +471,22 @@ impl Metrics {
     }
 
     /// `result` is a `SubmissionResult::label()`.
-    pub fn submission(&self, result: &'static str) {
+    pub(crate) fn submission(&self, result: &'static str) {
         self.submissions
             .get_or_create(&label("result", result))
             .inc();
     }
 
-    pub fn replay_count_failed(&self) {
+    pub(crate) fn replay_count_failed(&self) {
         self.replay_count_failures.inc();
     }
 
-    pub fn intake_commit(&self, took: Duration) {
+    pub(crate) fn intake_commit(&self, took: Duration) {
         self.intake_commit.observe(took.as_secs_f64());
     }
 
     /// One finished upstream attempt and the decision that followed it.
-    pub fn attempt(
+    pub(crate) fn attempt(
         &self,
         outcome: &'static str,
         phase: Option<&'static str>,
@@ -506,23 +506,23 @@ impl Metrics {
     }
 
     /// A decision taken without an attempt (an UNKNOWN past the upstream's window).
-    pub fn decision(&self, decision: &'static str) {
+    pub(crate) fn decision(&self, decision: &'static str) {
         self.decisions
             .get_or_create(&label("decision", decision))
             .inc();
     }
 
-    pub fn webhook_refused(&self, reason: WebhookRefusal) {
+    pub(crate) fn webhook_refused(&self, reason: WebhookRefusal) {
         self.webhook_refused
             .get_or_create(&label("reason", reason.as_str()))
             .inc();
     }
 
-    pub fn webhook_duplicate(&self) {
+    pub(crate) fn webhook_duplicate(&self) {
         self.webhook_duplicates.inc();
     }
 
-    pub fn webhook_applied(&self, outcome: &WebhookOutcome) {
+    pub(crate) fn webhook_applied(&self, outcome: &WebhookOutcome) {
         self.webhook_requests.inc();
         self.webhook_events_unmatched
             .inc_by(u64::from(outcome.unmatched));
@@ -530,7 +530,7 @@ impl Metrics {
         self.webhook_bounces.inc_by(u64::from(outcome.bounced));
     }
 
-    pub fn breaker_state(&self, state: BreakerState) {
+    pub(crate) fn breaker_state(&self, state: BreakerState) {
         for s in BREAKER_STATES {
             self.breaker
                 .get_or_create(&label("state", s.as_str()))
@@ -540,7 +540,7 @@ impl Metrics {
     }
 
     /// The breaker entered `to` (the state gauge follows through `breaker_state`).
-    pub fn breaker_transition(&self, to: BreakerState) {
+    pub(crate) fn breaker_transition(&self, to: BreakerState) {
         self.breaker_transitions
             .get_or_create(&label("to", to.as_str()))
             .inc();
@@ -548,39 +548,39 @@ impl Metrics {
     }
 
     /// The breaker's state as the delivery workers last saw it.
-    pub fn breaker_now(&self) -> BreakerState {
+    pub(crate) fn breaker_now(&self) -> BreakerState {
         *self.breaker_now.lock().expect("breaker state lock")
     }
 
-    pub fn connection_refused(&self, reason: &'static str) {
+    pub(crate) fn connection_refused(&self, reason: &'static str) {
         self.connections_refused
             .get_or_create(&label("reason", reason))
             .inc();
     }
 
-    pub fn command_refused(&self, reason: &'static str) {
+    pub(crate) fn command_refused(&self, reason: &'static str) {
         self.commands_refused
             .get_or_create(&label("reason", reason))
             .inc();
     }
 
     /// A record delivered `took` after the client's 250.
-    pub fn delivered_after(&self, took: Duration) {
+    pub(crate) fn delivered_after(&self, took: Duration) {
         self.delivery_latency.observe(took.as_secs_f64());
     }
 
-    pub fn upstream_reply(&self, class: &'static str) {
+    pub(crate) fn upstream_reply(&self, class: &'static str) {
         self.upstream_replies
             .get_or_create(&label("class", class))
             .inc();
     }
 
     /// A delivery worker is alive and not stuck (see `admin` readiness).
-    pub fn delivery_heartbeat(&self) {
+    pub(crate) fn delivery_heartbeat(&self) {
         *self.heartbeat.lock().expect("heartbeat lock") = Some(Instant::now());
     }
 
-    pub fn since_delivery_heartbeat(&self) -> Option<Duration> {
+    pub(crate) fn since_delivery_heartbeat(&self) -> Option<Duration> {
         self.heartbeat
             .lock()
             .expect("heartbeat lock")
@@ -588,7 +588,7 @@ impl Metrics {
     }
 
     /// The exposition in `format`, with the scrape-time gauges set from `snapshot` first.
-    pub fn render(&self, snapshot: &Snapshot, format: Format) -> String {
+    pub(crate) fn render(&self, snapshot: &Snapshot, format: Format) -> String {
         if let Some(stats) = &snapshot.stats {
             self.set_store_gauges(stats, snapshot.now_ms);
         }
@@ -662,7 +662,7 @@ const BREAKER_STATES: [BreakerState; 3] = [
 /// no `# EOF`, and a counter's HELP and TYPE name the sample (`x_total`), where OpenMetrics
 /// names the family (`x`). The registry uses no type 0.0.4 lacks (info, stateset,
 /// gaugehistogram), no exemplars and no `_created` samples; a test holds it to that.
-pub fn text_format_004(openmetrics: &str) -> String {
+pub(crate) fn text_format_004(openmetrics: &str) -> String {
     let counters: std::collections::HashSet<&str> = openmetrics
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))

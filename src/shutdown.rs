@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// Owned by the running relay; hands out the signals and the session tracker.
-pub struct Shutdown {
+pub(crate) struct Shutdown {
     /// Cancelled by `finish`; `stop` is its child, so it covers both.
     last: CancellationToken,
     stop: CancellationToken,
@@ -30,7 +30,7 @@ impl Default for Shutdown {
 }
 
 impl Shutdown {
-    pub fn new() -> Shutdown {
+    pub(crate) fn new() -> Shutdown {
         let last = CancellationToken::new();
         let stop = last.child_token();
         // Nothing is ever sent: the channel only counts its senders.
@@ -45,66 +45,66 @@ impl Shutdown {
     }
 
     /// For everything that stops when shutdown begins.
-    pub fn stop_signal(&self) -> Stop {
+    pub(crate) fn stop_signal(&self) -> Stop {
         Stop(self.stop.clone())
     }
 
     /// For the admin listener: it stops at `finish`, after the drain.
-    pub fn last_signal(&self) -> Stop {
+    pub(crate) fn last_signal(&self) -> Stop {
         Stop(self.last.clone())
     }
 
     /// For the SMTP listeners: `sessions_ended` waits for what they spawn through it.
-    pub fn sessions(&self) -> Sessions {
+    pub(crate) fn sessions(&self) -> Sessions {
         self.sessions
             .clone()
             .expect("sessions are handed out before the drain")
     }
 
     /// Listeners stop accepting, idle sessions are told 421, loops and workers return.
-    pub fn begin(&self) {
+    pub(crate) fn begin(&self) {
         self.stop.cancel();
     }
 
     /// Resolves once every listener holding a `Sessions` and every session it spawned has
     /// ended. Only meaningful after `begin`: listeners hold theirs until then.
-    pub async fn sessions_ended(&mut self) {
+    pub(crate) async fn sessions_ended(&mut self) {
         self.sessions = None;
         self.sessions_gone.recv().await;
     }
 
     /// Stops the admin listener.
-    pub fn finish(&self) {
+    pub(crate) fn finish(&self) {
         self.last.cancel();
     }
 }
 
 /// A stop signal: cheap to clone, one per task that watches it.
 #[derive(Clone, Debug)]
-pub struct Stop(CancellationToken);
+pub(crate) struct Stop(CancellationToken);
 
 impl Stop {
     /// Whether the signal has been given (health turns 503, a new connection gets 421).
-    pub fn is_stopping(&self) -> bool {
+    pub(crate) fn is_stopping(&self) -> bool {
         self.0.is_cancelled()
     }
 
     /// Resolves once the signal is given, at once if it already was.
-    pub async fn stopped(&self) {
+    pub(crate) async fn stopped(&self) {
         self.0.cancelled().await
     }
 }
 
 /// Held by each task the drain waits for.
 #[derive(Clone, Debug)]
-pub struct Sessions {
+pub(crate) struct Sessions {
     /// Never sent on: only dropped, which is what the drain counts.
     _held: mpsc::Sender<()>,
 }
 
 impl Sessions {
     /// Spawns `task`; the drain waits for it to end.
-    pub fn spawn<F>(&self, task: F)
+    pub(crate) fn spawn<F>(&self, task: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
@@ -117,7 +117,7 @@ impl Sessions {
 }
 
 /// Installs the SIGTERM/SIGINT handlers now; the returned future resolves on either signal.
-pub fn termination_signal() -> std::io::Result<impl Future<Output = ()>> {
+pub(crate) fn termination_signal() -> std::io::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

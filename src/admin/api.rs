@@ -33,7 +33,7 @@ async fn relay_facts(state: &AdminState) -> Result<RelayFacts, OpError> {
     ops::relay_facts(state.store.as_ref(), Some(state.metrics.breaker_now())).await
 }
 
-pub async fn show(State(state): State<Arc<AdminState>>, Path(id): Path<String>) -> Response {
+pub(crate) async fn show(State(state): State<Arc<AdminState>>, Path(id): Path<String>) -> Response {
     respond(show_id(&state, &id).await)
 }
 
@@ -42,7 +42,7 @@ async fn show_id(state: &AdminState, id: &str) -> OpResult {
     ops::show(state.store.as_ref(), id, &relay).await
 }
 
-pub async fn show_key(
+pub(crate) async fn show_key(
     State(state): State<Arc<AdminState>>,
     Path((scope, key)): Path<(String, String)>,
 ) -> Response {
@@ -55,7 +55,7 @@ pub async fn show_key(
 
 /// `{"messages": [...], "next_cursor": CURSOR|null}`: pass `next_cursor` as `cursor` (with
 /// the same filters) for the next page; null means this was the last one.
-pub async fn list(
+pub(crate) async fn list(
     State(state): State<Arc<AdminState>>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
@@ -77,7 +77,7 @@ pub async fn list(
 /// The parameters of an action, in the query string or a JSON body.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ActionParams {
+pub(crate) struct ActionParams {
     reason: Option<String>,
     /// `duplicate-risk`, for a retry that may send a second copy.
     confirm: Option<String>,
@@ -108,7 +108,7 @@ fn action_params(
 /// token, the person the client names, the reason) and the confirmation, from the query string
 /// or a JSON body. A bad query or body is refused with 400 before the handler runs. It reads the
 /// body, so it is the handler's last argument.
-pub struct Action {
+pub(crate) struct Action {
     by: Operator,
     confirm: Option<String>,
 }
@@ -157,7 +157,7 @@ fn operator(state: &AdminState, headers: &HeaderMap, reason: Option<String>) -> 
 }
 
 /// What an action records when no reason was given.
-pub fn reason_or_default(reason: Option<String>) -> String {
+pub(crate) fn reason_or_default(reason: Option<String>) -> String {
     reason
         .map(|r| r.trim().to_string())
         .filter(|r| !r.is_empty())
@@ -172,7 +172,7 @@ pub(super) fn wake_workers_if_ok(state: &AdminState, result: OpResult) -> OpResu
     result
 }
 
-pub async fn retry(
+pub(crate) async fn retry(
     State(state): State<Arc<AdminState>>,
     Path(id): Path<String>,
     action: Action,
@@ -197,7 +197,7 @@ pub async fn retry(
     }))
 }
 
-pub async fn cancel(
+pub(crate) async fn cancel(
     State(state): State<Arc<AdminState>>,
     Path(id): Path<String>,
     action: Action,
@@ -208,7 +208,7 @@ pub async fn cancel(
     respond(ops::cancel(state.store.as_ref(), &id, &action.by).await)
 }
 
-pub async fn flush(
+pub(crate) async fn flush(
     State(state): State<Arc<AdminState>>,
     Path(id): Path<String>,
     action: Action,
@@ -217,27 +217,27 @@ pub async fn flush(
     respond(wake_workers_if_ok(&state, result))
 }
 
-pub async fn flush_all(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+pub(crate) async fn flush_all(State(state): State<Arc<AdminState>>, action: Action) -> Response {
     let result = ops::flush_all(state.store.as_ref(), &action.by).await;
     respond(wake_workers_if_ok(&state, result))
 }
 
-pub async fn pause(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+pub(crate) async fn pause(State(state): State<Arc<AdminState>>, action: Action) -> Response {
     respond(ops::pause(state.store.as_ref(), &action.by).await)
 }
 
-pub async fn resume(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+pub(crate) async fn resume(State(state): State<Arc<AdminState>>, action: Action) -> Response {
     let result = ops::resume(state.store.as_ref(), &action.by).await;
     respond(wake_workers_if_ok(&state, result))
 }
 
-pub async fn status(State(state): State<Arc<AdminState>>) -> Response {
+pub(crate) async fn status(State(state): State<Arc<AdminState>>) -> Response {
     respond(ops::status(state.store.as_ref()).await.map(|mut status| {
         status["store"] = state.store_url.clone().into();
         status
     }))
 }
 
-pub async fn purge(State(state): State<Arc<AdminState>>, action: Action) -> Response {
+pub(crate) async fn purge(State(state): State<Arc<AdminState>>, action: Action) -> Response {
     respond(ops::purge(state.store.as_ref(), state.retention, &action.by).await)
 }

@@ -18,7 +18,7 @@ use super::wire::OPERATOR_HEADER;
 const MAX_ANSWER: usize = 64 * 1024 * 1024;
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-pub struct AdminClient {
+pub(crate) struct AdminClient {
     addr: SocketAddr,
     token: Option<String>,
     /// The local user, sent as the person behind the token.
@@ -26,7 +26,7 @@ pub struct AdminClient {
 }
 
 impl AdminClient {
-    pub fn new(addr: SocketAddr, token: Option<String>, operator: String) -> Self {
+    pub(crate) fn new(addr: SocketAddr, token: Option<String>, operator: String) -> Self {
         AdminClient {
             addr: probe_addr(addr),
             token,
@@ -34,15 +34,15 @@ impl AdminClient {
         }
     }
 
-    pub fn base(&self) -> String {
+    pub(crate) fn base(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    pub async fn get(&self, path: &str) -> OpResult {
+    pub(crate) async fn get(&self, path: &str) -> OpResult {
         self.request("GET", path, None).await
     }
 
-    pub async fn post(&self, path: &str, body: serde_json::Value) -> OpResult {
+    pub(crate) async fn post(&self, path: &str, body: serde_json::Value) -> OpResult {
         self.request("POST", path, Some(body)).await
     }
 

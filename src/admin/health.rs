@@ -11,7 +11,7 @@ use axum::Json;
 use super::state::AdminState;
 use crate::metrics::{Format, PauseReason, Snapshot};
 
-pub async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
+pub(crate) async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
     if state.stopping.is_stopping() {
         let body = serde_json::json!({ "status": "shutting down" });
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
@@ -19,7 +19,7 @@ pub async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
     Json(serde_json::json!({ "status": "ok" })).into_response()
 }
 
-pub async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
+pub(crate) async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
     let stopping = state.stopping.is_stopping();
     let writable = state.intake.check_store().await;
     let paused = state.store.paused().await.ok().flatten();
@@ -73,7 +73,7 @@ pub async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
 /// gauges keep their last values and `idemrelay_store_writable` says the rest.
 const STATS_WAIT: Duration = Duration::from_secs(2);
 
-pub async fn metrics(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+pub(crate) async fn metrics(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let stats = match tokio::time::timeout(STATS_WAIT, state.stats.get(state.store.as_ref())).await
     {

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 /// The address to probe: a wildcard listen address (0.0.0.0, ::) is reached over loopback.
-pub fn probe_addr(listen: SocketAddr) -> SocketAddr {
+pub(crate) fn probe_addr(listen: SocketAddr) -> SocketAddr {
     match listen.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => {
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), listen.port())
@@ -19,7 +19,7 @@ pub fn probe_addr(listen: SocketAddr) -> SocketAddr {
 }
 
 /// The status code of `GET path`, within `timeout` for connect and for each read/write.
-pub fn get_status(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<u16> {
+pub(crate) fn get_status(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<u16> {
     let mut stream = TcpStream::connect_timeout(&probe_addr(addr), timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;

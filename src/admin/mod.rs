@@ -4,17 +4,17 @@
 //! credentials); `/metrics` and `/api/` need `Authorization: Bearer <admin_token>` when a
 //! token is configured. `/console` is the web console for a browser (see `console`).
 
-pub mod api;
-pub mod client;
-pub mod console;
-pub mod health;
-pub mod healthcheck;
-pub mod ops;
-pub mod state;
-pub mod stats_cache;
-pub mod view;
-pub mod waiting;
-pub mod wire;
+pub(crate) mod api;
+pub(crate) mod client;
+pub(crate) mod console;
+pub(crate) mod health;
+pub(crate) mod healthcheck;
+pub(crate) mod ops;
+pub(crate) mod state;
+pub(crate) mod stats_cache;
+pub(crate) mod view;
+pub(crate) mod waiting;
+pub(crate) mod wire;
 
 use std::sync::Arc;
 
@@ -28,9 +28,9 @@ use tokio::net::TcpListener;
 
 use crate::shutdown::Stop;
 use state::constant_time_eq;
-pub use state::{error, AdminState};
+pub(crate) use state::{error, AdminState};
 
-pub fn router(state: Arc<AdminState>) -> Router {
+pub(crate) fn router(state: Arc<AdminState>) -> Router {
     let protected = Router::new()
         .route("/metrics", get(health::metrics))
         .route("/api/v1/messages", get(api::list))
@@ -56,7 +56,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
 
 /// Serves until `stop` is given. The relay gives it only after its own shutdown has drained,
 /// so `/healthz` can answer 503 during the drain.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: Stop) {
+pub(crate) async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: Stop) {
     let app = router(state);
     let shutdown = async move { stop.stopped().await };
     if let Err(err) = axum::serve(listener, app)

@@ -15,14 +15,14 @@ use crate::store::{
 
 /// A refusal or failure, with the status the API answers it with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpError {
+pub(crate) struct OpError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
 }
 
 impl OpError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         OpError {
             status,
             code,
@@ -30,7 +30,7 @@ impl OpError {
         }
     }
 
-    pub fn not_found(id: &str) -> Self {
+    pub(crate) fn not_found(id: &str) -> Self {
         OpError::new(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -62,7 +62,7 @@ impl From<StoreError> for OpError {
     }
 }
 
-pub type OpResult = Result<Value, OpError>;
+pub(crate) type OpResult = Result<Value, OpError>;
 
 /// The one log line of an operator action: `grep id=ID` finds it with the record's others.
 fn log_action(action: Action, id: Option<&str>, by: &Operator, detail: Option<&str>) {
@@ -79,7 +79,7 @@ fn log_action(action: Action, id: Option<&str>, by: &Operator, detail: Option<&s
 }
 
 /// What the relay knows beyond the store: `breaker` is `None` without the running relay.
-pub async fn relay_facts(
+pub(crate) async fn relay_facts(
     store: &dyn Store,
     breaker: Option<BreakerState>,
 ) -> Result<RelayFacts, OpError> {
@@ -90,7 +90,7 @@ pub async fn relay_facts(
 }
 
 /// `{"messages": [...], "next_cursor": CURSOR|null}`.
-pub async fn list(store: &dyn Store, filter: &ListFilter, relay: &RelayFacts) -> OpResult {
+pub(crate) async fn list(store: &dyn Store, filter: &ListFilter, relay: &RelayFacts) -> OpResult {
     let page = store.list_page(filter).await?;
     let messages: Vec<Value> = page
         .records
@@ -117,7 +117,7 @@ pub async fn list(store: &dyn Store, filter: &ListFilter, relay: &RelayFacts) ->
 
 /// The record with its replies, attempts, events, DSN links, operator history and, while
 /// queued, why it waits.
-pub async fn show(store: &dyn Store, id: &str, relay: &RelayFacts) -> OpResult {
+pub(crate) async fn show(store: &dyn Store, id: &str, relay: &RelayFacts) -> OpResult {
     let Some(message) = store.message(id).await? else {
         return Err(OpError::not_found(id));
     };
@@ -137,7 +137,11 @@ pub async fn show(store: &dyn Store, id: &str, relay: &RelayFacts) -> OpResult {
 }
 
 /// The id of the record under (scope, key), expired or not (part 1 of a split message).
-pub async fn resolve_key(store: &dyn Store, scope: &str, key: &str) -> Result<String, OpError> {
+pub(crate) async fn resolve_key(
+    store: &dyn Store,
+    scope: &str,
+    key: &str,
+) -> Result<String, OpError> {
     store.lookup_id_by_key(scope, key).await?.ok_or_else(|| {
         OpError::new(
             StatusCode::NOT_FOUND,
@@ -147,7 +151,7 @@ pub async fn resolve_key(store: &dyn Store, scope: &str, key: &str) -> Result<St
     })
 }
 
-pub async fn retry(store: &dyn Store, id: &str, confirmed: bool, by: &Operator) -> OpResult {
+pub(crate) async fn retry(store: &dyn Store, id: &str, confirmed: bool, by: &Operator) -> OpResult {
     match store.requeue(id, confirmed, by).await? {
         Requeue::Requeued => {
             let detail = if confirmed {
@@ -180,7 +184,7 @@ pub async fn retry(store: &dyn Store, id: &str, confirmed: bool, by: &Operator) 
     }
 }
 
-pub async fn cancel(store: &dyn Store, id: &str, by: &Operator) -> OpResult {
+pub(crate) async fn cancel(store: &dyn Store, id: &str, by: &Operator) -> OpResult {
     if store.cancel(id, by).await? {
         log_action(Action::Cancel, Some(id), by, None);
         return Ok(json!({ "id": id, "state": "cancelled", "cancelled": true }));
@@ -206,7 +210,7 @@ pub async fn cancel(store: &dyn Store, id: &str, by: &Operator) -> OpResult {
     })
 }
 
-pub async fn flush(store: &dyn Store, id: &str, by: &Operator) -> OpResult {
+pub(crate) async fn flush(store: &dyn Store, id: &str, by: &Operator) -> OpResult {
     match store.flush(id, by).await? {
         Flush::Flushed { was_due_at_ms } => {
             log_action(Action::Flush, Some(id), by, None);
@@ -234,7 +238,7 @@ pub async fn flush(store: &dyn Store, id: &str, by: &Operator) -> OpResult {
     }
 }
 
-pub async fn flush_all(store: &dyn Store, by: &Operator) -> OpResult {
+pub(crate) async fn flush_all(store: &dyn Store, by: &Operator) -> OpResult {
     let ids = store.flush_all(by).await?;
     for id in &ids {
         log_action(Action::Flush, Some(id), by, Some("all"));
@@ -246,14 +250,14 @@ pub async fn flush_all(store: &dyn Store, by: &Operator) -> OpResult {
     }))
 }
 
-pub async fn pause(store: &dyn Store, by: &Operator) -> OpResult {
+pub(crate) async fn pause(store: &dyn Store, by: &Operator) -> OpResult {
     store.pause(&by.reason, false).await?;
     store.record_action(Action::Pause, by, None).await?;
     log_action(Action::Pause, None, by, None);
     status(store).await
 }
 
-pub async fn resume(store: &dyn Store, by: &Operator) -> OpResult {
+pub(crate) async fn resume(store: &dyn Store, by: &Operator) -> OpResult {
     store.resume().await?;
     store.record_action(Action::Resume, by, None).await?;
     log_action(Action::Resume, None, by, None);
@@ -264,7 +268,7 @@ pub async fn resume(store: &dyn Store, by: &Operator) -> OpResult {
 const RECENT_ACTIONS: usize = 10;
 
 /// `{"paused": bool, "reason", "since", "by_relay": bool, "recent_actions": [...]}`.
-pub async fn status(store: &dyn Store) -> OpResult {
+pub(crate) async fn status(store: &dyn Store) -> OpResult {
     let pause = store.paused().await?;
     let recent = store.relay_actions(RECENT_ACTIONS).await?;
     Ok(json!({
@@ -277,7 +281,7 @@ pub async fn status(store: &dyn Store) -> OpResult {
     }))
 }
 
-pub async fn purge(store: &dyn Store, retention: Retention, by: &Operator) -> OpResult {
+pub(crate) async fn purge(store: &dyn Store, retention: Retention, by: &Operator) -> OpResult {
     let purged = store.purge_expired(retention).await?;
     let detail = format!("purged {purged} expired record(s)");
     store

@@ -18,7 +18,7 @@ use crate::smtp::server::ConnectionLimits;
 use crate::store::{Retention, Store};
 
 /// What the admin handlers read; owned by the relay.
-pub struct AdminState {
+pub(crate) struct AdminState {
     pub store: Arc<dyn Store>,
     pub intake: Arc<Intake>,
     pub metrics: Arc<Metrics>,
@@ -41,7 +41,7 @@ pub struct AdminState {
 }
 
 /// A JSON error body: `{"error": "...", "code": "..."}`.
-pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     let body = serde_json::json!({ "error": message.into(), "code": code });
     (status, Json(body)).into_response()
 }

@@ -15,9 +15,9 @@ use tokio::sync::Mutex;
 use crate::store::{QueueStats, Store, StoreError};
 
 /// How old the counts shown may be.
-pub const STATS_MAX_AGE: Duration = Duration::from_secs(10);
+pub(crate) const STATS_MAX_AGE: Duration = Duration::from_secs(10);
 
-pub struct StatsCache {
+pub(crate) struct StatsCache {
     max_age: Duration,
     /// Held while the counts are read: scrapes that arrive meanwhile wait for that read
     /// instead of starting their own.
@@ -25,7 +25,7 @@ pub struct StatsCache {
 }
 
 impl StatsCache {
-    pub fn new(max_age: Duration) -> Self {
+    pub(crate) fn new(max_age: Duration) -> Self {
         StatsCache {
             max_age,
             last: Mutex::new(None),
@@ -33,7 +33,7 @@ impl StatsCache {
     }
 
     /// The counts read at most `max_age` ago; a failed read is not cached.
-    pub async fn get(&self, store: &dyn Store) -> Result<QueueStats, StoreError> {
+    pub(crate) async fn get(&self, store: &dyn Store) -> Result<QueueStats, StoreError> {
         let mut last = self.last.lock().await;
         if let Some((at, stats)) = last.as_ref() {
             if at.elapsed() < self.max_age {

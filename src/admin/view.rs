@@ -7,13 +7,13 @@ use super::waiting::Waiting;
 use crate::store::{ActionRow, AttemptRow, DailyCounts, EventRow, MessageSummary, StoredMessage};
 
 /// RFC 3339 UTC with milliseconds, from Unix milliseconds.
-pub fn time_ms(ms: i64) -> String {
+pub(crate) fn time_ms(ms: i64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
     humantime::format_rfc3339_millis(t).to_string()
 }
 
 /// One listed record; `waiting` says why a queued one has not gone yet.
-pub fn summary_json(s: &MessageSummary, waiting: Option<&Waiting>) -> serde_json::Value {
+pub(crate) fn summary_json(s: &MessageSummary, waiting: Option<&Waiting>) -> serde_json::Value {
     serde_json::json!({
         "id": s.id,
         "scope": s.scope,
@@ -37,7 +37,7 @@ pub fn summary_json(s: &MessageSummary, waiting: Option<&Waiting>) -> serde_json
     })
 }
 
-pub fn waiting_json(waiting: Option<&Waiting>) -> serde_json::Value {
+pub(crate) fn waiting_json(waiting: Option<&Waiting>) -> serde_json::Value {
     match waiting {
         Some(w) => serde_json::json!({ "reason": w.reason, "detail": w.detail }),
         None => serde_json::Value::Null,
@@ -45,7 +45,7 @@ pub fn waiting_json(waiting: Option<&Waiting>) -> serde_json::Value {
 }
 
 /// One operator action (who, why, when).
-pub fn action_json(a: &ActionRow) -> serde_json::Value {
+pub(crate) fn action_json(a: &ActionRow) -> serde_json::Value {
     serde_json::json!({
         "at": time_ms(a.at_ms),
         "at_ms": a.at_ms,
@@ -57,7 +57,7 @@ pub fn action_json(a: &ActionRow) -> serde_json::Value {
     })
 }
 
-pub fn attempt_json(a: &AttemptRow) -> serde_json::Value {
+pub(crate) fn attempt_json(a: &AttemptRow) -> serde_json::Value {
     serde_json::json!({
         "attempt": a.attempt,
         "owner": a.owner,
@@ -74,7 +74,7 @@ pub fn attempt_json(a: &AttemptRow) -> serde_json::Value {
     })
 }
 
-pub fn event_json(e: &EventRow) -> serde_json::Value {
+pub(crate) fn event_json(e: &EventRow) -> serde_json::Value {
     serde_json::json!({
         "recipient": e.recipient,
         "type": e.event_type,
@@ -97,7 +97,7 @@ pub fn event_json(e: &EventRow) -> serde_json::Value {
 
 /// Per recipient (`*` for events about the whole message), the type of the newest applied
 /// event: what the upstream last said about it.
-pub fn recipient_status(events: &[EventRow]) -> BTreeMap<String, String> {
+pub(crate) fn recipient_status(events: &[EventRow]) -> BTreeMap<String, String> {
     let mut newest: BTreeMap<String, &EventRow> = BTreeMap::new();
     for e in events.iter().filter(|e| e.applied) {
         let who = e.recipient.clone().unwrap_or_else(|| "*".into());
@@ -112,7 +112,7 @@ pub fn recipient_status(events: &[EventRow]) -> BTreeMap<String, String> {
         .collect()
 }
 
-pub fn show_json(
+pub(crate) fn show_json(
     m: &StoredMessage,
     attempts: &[AttemptRow],
     events: &[EventRow],
@@ -152,7 +152,7 @@ pub fn show_json(
     })
 }
 
-pub fn daily_json(r: &DailyCounts) -> serde_json::Value {
+pub(crate) fn daily_json(r: &DailyCounts) -> serde_json::Value {
     serde_json::json!({
         "day": r.day,
         "scope": r.scope,

@@ -7,7 +7,7 @@ use crate::store::{Pause, State};
 
 /// Relay-wide facts that decide whether anything is sent now.
 #[derive(Debug, Clone, Default)]
-pub struct RelayFacts {
+pub(crate) struct RelayFacts {
     pub pause: Option<Pause>,
     /// `None` when not known: read from the store directly, without the running relay.
     pub breaker: Option<BreakerState>,
@@ -15,7 +15,7 @@ pub struct RelayFacts {
 
 /// What one queued record's facts are.
 #[derive(Debug, Clone, Copy)]
-pub struct RecordFacts<'a> {
+pub(crate) struct RecordFacts<'a> {
     pub state: State,
     pub next_attempt_at_ms: Option<i64>,
     pub leased: bool,
@@ -25,7 +25,7 @@ pub struct RecordFacts<'a> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Waiting {
+pub(crate) struct Waiting {
     /// delivering, paused, account_paused, breaker_open, backoff, held_by_breaker, due.
     pub reason: &'static str,
     pub detail: String,
@@ -46,7 +46,7 @@ fn seconds(ms: i64) -> String {
 }
 
 /// `None` for a record that does not wait (not queued).
-pub fn why_waiting(record: &RecordFacts, relay: &RelayFacts) -> Option<Waiting> {
+pub(crate) fn why_waiting(record: &RecordFacts, relay: &RelayFacts) -> Option<Waiting> {
     let mut waiting = store_reason(record, relay)?;
     if relay.breaker.is_none() && matches!(waiting.reason, "due" | "held_by_breaker") {
         waiting

@@ -11,10 +11,10 @@ const MAX_PAGE: usize = 1000;
 
 /// The header a client may name its person with (`idemrelay queue` sends the local user): it
 /// is recorded beside the token's name, as the caller's claim.
-pub const OPERATOR_HEADER: &str = "x-idemrelay-operator";
+pub(crate) const OPERATOR_HEADER: &str = "x-idemrelay-operator";
 
 /// Percent-encodes one path segment or query value.
-pub fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     let mut out = String::new();
     for b in text.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -30,7 +30,7 @@ pub fn encode(text: &str) -> String {
 /// never returns an unrelated listing.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     pub state: Option<String>,
     pub scope: Option<String>,
     pub key: Option<String>,
@@ -48,7 +48,7 @@ pub struct ListQuery {
 
 impl ListQuery {
     /// The query string this listing is asked for with (without the `?`).
-    pub fn to_query_string(&self) -> String {
+    pub(crate) fn to_query_string(&self) -> String {
         let limit = self.limit.map(|l| l.to_string());
         [
             ("state", &self.state),
@@ -69,7 +69,7 @@ impl ListQuery {
         .join("&")
     }
 
-    pub fn into_filter(self, now_ms: i64) -> Result<ListFilter, (&'static str, String)> {
+    pub(crate) fn into_filter(self, now_ms: i64) -> Result<ListFilter, (&'static str, String)> {
         let state = match self.state.as_deref() {
             None => None,
             Some(name) => Some(StateFilter::parse(name).ok_or_else(|| {
@@ -120,7 +120,7 @@ impl ListQuery {
 }
 
 /// An RFC 3339 time, or a duration before `now_ms` (`90m`, `2h`, `1d`), as Unix milliseconds.
-pub fn parse_time(text: &str, now_ms: i64) -> Result<i64, String> {
+pub(crate) fn parse_time(text: &str, now_ms: i64) -> Result<i64, String> {
     if let Ok(t) = humantime::parse_rfc3339_weak(text) {
         let since_epoch = t
             .duration_since(std::time::UNIX_EPOCH)

@@ -33,14 +33,14 @@ const HEADER: &str = "# idemrelay users file, written by `idemrelay user add`.\n
 /// The users file's side of `Users`: reading it and writing one user into it.
 impl Users {
     /// Reads and validates a users file; errors name the file and line, never a hash.
-    pub fn load(path: &Path) -> anyhow::Result<Users> {
+    pub(crate) fn load(path: &Path) -> anyhow::Result<Users> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading users file {}", path.display()))?;
         Users::parse(&text).with_context(|| format!("users file {}", path.display()))
     }
 
     /// Parses and validates the text of a users file.
-    pub fn parse(text: &str) -> anyhow::Result<Users> {
+    pub(crate) fn parse(text: &str) -> anyhow::Result<Users> {
         parse(text)
     }
 

@@ -7,14 +7,14 @@ use std::sync::{Arc, RwLock};
 
 use super::users::Users;
 
-pub struct LiveUsers {
+pub(crate) struct LiveUsers {
     path: PathBuf,
     current: RwLock<Arc<Users>>,
 }
 
 /// What a reload changed, by user name (names only: nothing else of a user is logged).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UsersChange {
+pub(crate) struct UsersChange {
     pub added: Vec<String>,
     pub removed: Vec<String>,
     /// Password, scope, allowed senders or upstream differ.
@@ -68,19 +68,19 @@ impl fmt::Display for UsersChange {
 }
 
 impl LiveUsers {
-    pub fn load(path: &Path) -> anyhow::Result<LiveUsers> {
+    pub(crate) fn load(path: &Path) -> anyhow::Result<LiveUsers> {
         Ok(LiveUsers {
             current: RwLock::new(Arc::new(Users::load(path)?)),
             path: path.to_path_buf(),
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The users in service now; a session keeps what it got for one AUTH.
-    pub fn current(&self) -> Arc<Users> {
+    pub(crate) fn current(&self) -> Arc<Users> {
         self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -90,7 +90,7 @@ impl LiveUsers {
     /// Reads the file again and puts it in service once `admit` agrees (it sees the new users
     /// before any session can, so it can prepare for them or refuse them). On any error the
     /// users in service stay as they were.
-    pub fn reload(
+    pub(crate) fn reload(
         &self,
         admit: impl FnOnce(&Users) -> anyhow::Result<()>,
     ) -> anyhow::Result<UsersChange> {

@@ -5,11 +5,11 @@
 
 mod file;
 mod live;
-pub mod throttle;
+pub(crate) mod throttle;
 mod users;
-pub mod verify;
+pub(crate) mod verify;
 
-pub use live::{LiveUsers, UsersChange};
+pub(crate) use live::LiveUsers;
 pub use users::{
     hash_password, Authenticated, User, Users, MAX_NAME_LEN, MAX_PATTERN_LEN, MAX_SCOPE_LEN,
     MIN_PASSWORD_CHARS,

@@ -30,10 +30,10 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 /// Entries each table holds at most, by default.
-pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+pub(crate) const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ThrottleLimits {
+pub(crate) struct ThrottleLimits {
     /// Failures of one (client, name) pair before that name is refused from that client.
     pub per_user: u32,
     /// Failures of one client across all names before every AUTH from it is refused.
@@ -46,7 +46,7 @@ pub struct ThrottleLimits {
 
 /// What [`AuthFailures::check`] decides for an AUTH attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Check the password.
     Allowed,
     /// This name has failed too often from this client.
@@ -79,14 +79,14 @@ impl Count {
 
 /// The failure counts; see the module documentation for the rules.
 #[derive(Debug)]
-pub struct AuthFailures {
+pub(crate) struct AuthFailures {
     limits: ThrottleLimits,
     pairs: HashMap<(IpAddr, NameKey), Count>,
     addresses: HashMap<IpAddr, Count>,
 }
 
 impl AuthFailures {
-    pub fn new(limits: ThrottleLimits) -> AuthFailures {
+    pub(crate) fn new(limits: ThrottleLimits) -> AuthFailures {
         AuthFailures {
             limits: ThrottleLimits {
                 max_entries: limits.max_entries.max(1),
@@ -98,7 +98,7 @@ impl AuthFailures {
     }
 
     /// Whether `client` may try a password for `user` now.
-    pub fn check(&self, client: IpAddr, user: &str, now: Instant) -> Verdict {
+    pub(crate) fn check(&self, client: IpAddr, user: &str, now: Instant) -> Verdict {
         let window = self.limits.window;
         let failures = |count: Option<&Count>| {
             count
@@ -115,7 +115,7 @@ impl AuthFailures {
     }
 
     /// A password check for `user` from `client` failed (unknown users included).
-    pub fn record_failure(&mut self, client: IpAddr, user: &str, now: Instant) {
+    pub(crate) fn record_failure(&mut self, client: IpAddr, user: &str, now: Instant) {
         let limits = self.limits;
         bump(&mut self.pairs, (client, NameKey::of(user)), now, limits);
         bump(&mut self.addresses, client, now, limits);
@@ -123,7 +123,7 @@ impl AuthFailures {
 
     /// `user` authenticated from `client`: its pair starts over, and the client's count loses
     /// the pair's failures.
-    pub fn record_success(&mut self, client: IpAddr, user: &str, now: Instant) {
+    pub(crate) fn record_success(&mut self, client: IpAddr, user: &str, now: Instant) {
         let window = self.limits.window;
         let Some(pair) = self.pairs.remove(&(client, NameKey::of(user))) else {
             return;
@@ -139,8 +139,9 @@ impl AuthFailures {
         }
     }
 
+    #[cfg(test)]
     /// Entries held now: (pairs, clients).
-    pub fn tracked(&self) -> (usize, usize) {
+    pub(crate) fn tracked(&self) -> (usize, usize) {
         (self.pairs.len(), self.addresses.len())
     }
 }

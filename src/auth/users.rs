@@ -77,7 +77,7 @@ impl Authenticated {
     /// `address` is the reverse-path without angle brackets (`""` is the null sender).
     /// Case is folded for ASCII only: a non-ASCII address must match byte for byte, so
     /// Unicode case mapping can never widen what a pattern admits.
-    pub fn may_send_as(&self, address: &str) -> bool {
+    pub(crate) fn may_send_as(&self, address: &str) -> bool {
         if self.allowed_senders.is_empty() {
             return true;
         }
@@ -101,33 +101,34 @@ impl Authenticated {
 }
 
 impl Users {
-    pub fn get(&self, name: &str) -> Option<&User> {
+    pub(crate) fn get(&self, name: &str) -> Option<&User> {
         self.users.get(name)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.users.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.users.is_empty()
     }
 
     /// Every user's scope with the upstream of its own, if it has one.
-    pub fn scopes(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
+    pub(crate) fn scopes(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
         self.users
             .values()
             .map(|u| (u.scope.as_str(), u.upstream.as_deref()))
     }
 
     /// User names in sorted order.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.users.keys().map(String::as_str)
     }
 
     /// Adds or replaces a user in memory after the same checks the file gets; returns the
     /// user it replaced.
-    pub fn insert(&mut self, name: &str, user: User) -> anyhow::Result<Option<User>> {
+    pub(crate) fn insert(&mut self, name: &str, user: User) -> anyhow::Result<Option<User>> {
         validate_name(name)?;
         validate_scope(&user.scope)?;
         for pattern in &user.allowed_senders {
@@ -154,7 +155,7 @@ impl Users {
     /// callers run it in spawn_blocking. Unknown
     /// users still spend one verification against a fixed dummy hash so that timing does not
     /// reveal which names exist.
-    pub fn verify(&self, user: &str, password: &str) -> Option<Authenticated> {
+    pub(crate) fn verify(&self, user: &str, password: &str) -> Option<Authenticated> {
         let Some(entry) = self.users.get(user) else {
             std::hint::black_box(password_matches(DUMMY_HASH, password));
             return None;

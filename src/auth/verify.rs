@@ -14,18 +14,18 @@ use argon2::{Algorithm, Argon2, Block, Params, PasswordHash, Version};
 
 /// How many password checks may run at once: one per CPU (argon2 is CPU-bound), which is
 /// also how many memory blocks the pool ever holds.
-pub fn concurrent_checks() -> usize {
+pub(crate) fn concurrent_checks() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 /// The process's pool: every users file loaded shares it, so the bound holds across reloads.
-pub fn pool() -> &'static MemoryPool {
+pub(crate) fn pool() -> &'static MemoryPool {
     static POOL: std::sync::OnceLock<MemoryPool> = std::sync::OnceLock::new();
     POOL.get_or_init(|| MemoryPool::new(concurrent_checks()))
 }
 
 /// The memory blocks, handed to one check at a time.
-pub struct MemoryPool {
+pub(crate) struct MemoryPool {
     slots: usize,
     state: Mutex<PoolState>,
     returned: Condvar,
@@ -48,7 +48,7 @@ impl std::fmt::Debug for MemoryPool {
 }
 
 impl MemoryPool {
-    pub fn new(slots: usize) -> Self {
+    pub(crate) fn new(slots: usize) -> Self {
         MemoryPool {
             slots: slots.max(1),
             state: Mutex::new(PoolState {
@@ -96,15 +96,16 @@ impl MemoryPool {
         work(&mut memory[..blocks])
     }
 
+    #[cfg(test)]
     /// How many blocks exist now (free or in use), for tests.
-    pub fn created(&self) -> usize {
+    pub(crate) fn created(&self) -> usize {
         self.state.lock().expect("argon2 pool").created
     }
 
     /// Whether `password` hashes to what `phc` holds. The comparison of the two outputs is
     /// constant-time (`Output`'s equality); the parameters, salt and algorithm come from
     /// the PHC string, as `PasswordVerifier` would take them.
-    pub fn password_matches(&self, phc: &str, password: &str) -> bool {
+    pub(crate) fn password_matches(&self, phc: &str, password: &str) -> bool {
         let Ok(hash) = PasswordHash::new(phc) else {
             return false;
         };

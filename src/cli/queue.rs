@@ -18,7 +18,7 @@ use crate::config::Settings;
 use crate::store::{Operator, Retention, Store};
 
 #[derive(Debug, Subcommand)]
-pub enum QueueCommand {
+pub(crate) enum QueueCommand {
     /// Resume delivery after a pause (the relay notices within a second).
     Resume {
         /// Why (recorded with who did it).
@@ -100,7 +100,7 @@ pub enum QueueCommand {
 
 /// The filters of `queue list` (those of `GET /api/v1/messages`).
 #[derive(Debug, clap::Args)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     /// Only records in this state (queued, delivered, failed, unresolved, rejected,
     /// cancelled), or `deferred`: queued after at least one failed attempt.
     #[arg(long)]
@@ -159,7 +159,7 @@ impl ListArgs {
 
 /// A record named by id, or by key in `--scope`.
 #[derive(Debug, clap::Args)]
-pub struct RecordArg {
+pub(crate) struct RecordArg {
     /// The record's id.
     #[arg(required_unless_present = "key")]
     id: Option<String>,
@@ -392,7 +392,7 @@ impl Queue {
     }
 }
 
-pub fn run(
+pub(crate) fn run(
     settings: &Settings,
     store_given: Option<String>,
     direct: bool,

@@ -77,7 +77,7 @@ impl Default for DeliveryConfig {
 }
 
 impl DeliveryConfig {
-    pub fn retry_policy(&self) -> RetryPolicy {
+    pub(crate) fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy {
             base: self.retry_base,
             cap: self.retry_cap,

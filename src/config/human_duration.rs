@@ -3,11 +3,11 @@
 use serde::{Deserialize, Deserializer, Serializer};
 use std::time::Duration;
 
-pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&humantime::format_duration(*d).to_string())
 }
 
-pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     humantime::parse_duration(&text).map_err(|e| {
         serde::de::Error::custom(format!(

@@ -2,7 +2,7 @@
 
 mod delivery;
 pub(crate) mod human_duration;
-pub mod secret;
+pub(crate) mod secret;
 mod webhooks;
 
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::mail::{is_valid_key, MissingKey};
 
-pub use delivery::DeliveryConfig;
+pub(crate) use delivery::DeliveryConfig;
 pub use secret::{Secret, SecretUrl};
 pub use webhooks::{WebhookFields, WebhookSource, WebhookTypes};
 
@@ -175,7 +175,7 @@ pub struct Settings {
 }
 
 /// This host's name, as the system has it (the default `hostname`, a certificate's SAN).
-pub fn system_hostname() -> String {
+pub(crate) fn system_hostname() -> String {
     gethostname::gethostname()
         .into_string()
         .ok()
@@ -239,7 +239,7 @@ impl Default for Settings {
 /// reads its `IDEMRELAY_*` variable; `idemrelay sink` has settings of its own and shares only
 /// the ids of `--listen`, `--hostname`, `--tls-cert`, `--tls-key` and `--max-message-size`.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     /// TOML configuration file.
     #[arg(global = true, long, env = "IDEMRELAY_CONFIG")]
     pub config: Option<PathBuf>,
@@ -378,7 +378,7 @@ impl Settings {
     }
 
     /// File first, then environment and flags (clap already ranks a flag over its variable).
-    pub fn load(args: &ConfigArgs) -> anyhow::Result<Settings> {
+    pub(crate) fn load(args: &ConfigArgs) -> anyhow::Result<Settings> {
         let mut s = match &args.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -564,7 +564,7 @@ impl Settings {
     }
 
     /// How long records keep their keys, for the store.
-    pub fn retention_policy(&self) -> crate::store::Retention {
+    pub(crate) fn retention_policy(&self) -> crate::store::Retention {
         crate::store::Retention {
             replay: self.retention,
             upstream_window: self.delivery.upstream_window,
@@ -573,7 +573,7 @@ impl Settings {
     }
 
     /// The effective settings as TOML, secrets redacted.
-    pub fn to_redacted_toml(&self) -> String {
+    pub(crate) fn to_redacted_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
     }
 

@@ -51,7 +51,7 @@ pub struct WebhookTypes {
 
 impl WebhookSource {
     /// The signing keys: the bytes of each secret after `whsec_`.
-    pub fn keys(&self) -> anyhow::Result<Vec<Vec<u8>>> {
+    pub(crate) fn keys(&self) -> anyhow::Result<Vec<Vec<u8>>> {
         use base64::Engine;
         self.secrets
             .iter()

@@ -6,14 +6,14 @@
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerState {
+pub(crate) enum BreakerState {
     Closed,
     Open,
     HalfOpen,
 }
 
 impl BreakerState {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             BreakerState::Closed => "closed",
             BreakerState::Open => "open",
@@ -38,7 +38,7 @@ enum Inner {
 }
 
 #[derive(Debug, Clone)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     threshold: u32,
     cooldown: Duration,
     inner: Inner,
@@ -49,7 +49,7 @@ pub struct Breaker {
 impl Breaker {
     /// `threshold` consecutive transient/unknown failures open the breaker (0 is read as 1:
     /// a breaker that never closes would stop all mail); `cooldown` is how long it stays open.
-    pub fn new(threshold: u32, cooldown: Duration) -> Self {
+    pub(crate) fn new(threshold: u32, cooldown: Duration) -> Self {
         Breaker {
             threshold: threshold.max(1),
             cooldown,
@@ -61,7 +61,7 @@ impl Breaker {
     /// The state at `now` when it differs from the one this returned last (or from closed, the
     /// first time): call it after every `allow` and `on_*`, and each change is seen once, for
     /// the log and the transition counter.
-    pub fn transition(&mut self, now: Instant) -> Option<BreakerState> {
+    pub(crate) fn transition(&mut self, now: Instant) -> Option<BreakerState> {
         let state = self.state(now);
         (state != self.reported).then(|| {
             self.reported = state;
@@ -74,7 +74,7 @@ impl Breaker {
     ///
     /// A probe whose result never comes back (its worker died) would hold the breaker half-open
     /// forever, so a probe slot is given up after one cooldown and the next caller probes.
-    pub fn allow(&mut self, now: Instant) -> bool {
+    pub(crate) fn allow(&mut self, now: Instant) -> bool {
         match self.inner {
             Inner::Closed { .. } => true,
             Inner::Open { until } if now < until => false,
@@ -96,14 +96,14 @@ impl Breaker {
 
     /// Closes and resets the count. A success reported while open (an attempt that began before
     /// the breaker opened) also closes it: the upstream has just shown it is up.
-    pub fn on_success(&mut self) {
+    pub(crate) fn on_success(&mut self) {
         self.inner = Inner::Closed { failures: 0 };
     }
 
     /// A transient or unknown failure. In HalfOpen the probe failed: reopen with a fresh
     /// cooldown. While already Open the cooldown is not extended, so late reports from attempts
     /// that started before the breaker opened cannot keep it shut.
-    pub fn on_failure(&mut self, now: Instant) {
+    pub(crate) fn on_failure(&mut self, now: Instant) {
         match self.inner {
             Inner::Closed { failures } => {
                 let failures = failures.saturating_add(1);
@@ -128,12 +128,12 @@ impl Breaker {
 
     /// E.g. a permanent per-message 5xx: the upstream is up and answering, so for the breaker it
     /// counts as a success.
-    pub fn on_neutral(&mut self) {
+    pub(crate) fn on_neutral(&mut self) {
         self.on_success();
     }
 
     /// The state as [`Breaker::allow`] would see it at `now` (an elapsed Open reads HalfOpen).
-    pub fn state(&self, now: Instant) -> BreakerState {
+    pub(crate) fn state(&self, now: Instant) -> BreakerState {
         match self.inner {
             Inner::Closed { .. } => BreakerState::Closed,
             Inner::Open { until } if now < until => BreakerState::Open,
@@ -141,8 +141,9 @@ impl Breaker {
         }
     }
 
+    #[cfg(test)]
     /// Consecutive failures counted while closed, or the threshold once open (for metrics).
-    pub fn consecutive_failures(&self) -> u32 {
+    pub(crate) fn consecutive_failures(&self) -> u32 {
         match self.inner {
             Inner::Closed { failures } => failures,
             Inner::Open { .. } | Inner::HalfOpen { .. } => self.threshold,

@@ -15,7 +15,7 @@ use crate::store::{AttemptResult, Claimed, NewRecord, Settle};
 
 /// What the claim tells about a message's past, in the store's clock (milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JobFacts {
+pub(crate) struct JobFacts {
     /// Finished attempts so far (a recovered one included).
     pub attempts: u32,
     pub accepted_at_ms: i64,
@@ -29,7 +29,7 @@ pub struct JobFacts {
 }
 
 impl JobFacts {
-    pub fn of(job: &Claimed) -> Self {
+    pub(crate) fn of(job: &Claimed) -> Self {
         JobFacts {
             attempts: job.attempts,
             accepted_at_ms: job.accepted_at_ms,
@@ -41,7 +41,7 @@ impl JobFacts {
     }
 
     /// How long the message has been with us at `now_ms`.
-    pub fn since_accepted(&self, now_ms: i64) -> Duration {
+    pub(crate) fn since_accepted(&self, now_ms: i64) -> Duration {
         ms(now_ms.saturating_sub(self.accepted_at_ms))
     }
 
@@ -59,11 +59,12 @@ impl JobFacts {
 }
 
 /// The ledger's reply for a message parked without an attempt.
-pub const WINDOW_OVER: &str = "earlier attempt outcome unknown; upstream idempotency window over";
+pub(crate) const WINDOW_OVER: &str =
+    "earlier attempt outcome unknown; upstream idempotency window over";
 
 /// Whether the claimed message is sent now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Start {
+pub(crate) enum Start {
     /// Send it. After an earlier UNKNOWN, `body_within` (counted from the decision) is when the
     /// upstream's window closes: no body byte may leave after it.
     Send { body_within: Option<Duration> },
@@ -76,7 +77,7 @@ pub enum Start {
 
 /// Decided at the moment of sending, not when the retry was planned: the queue may have held
 /// the message past the planned time.
-pub fn before_attempt(policy: &RetryPolicy, job: &JobFacts, now_ms: i64) -> Start {
+pub(crate) fn before_attempt(policy: &RetryPolicy, job: &JobFacts, now_ms: i64) -> Start {
     let unknown_before = job.any_unknown || job.recovered;
     if !unknown_before {
         return Start::Send { body_within: None };
@@ -93,7 +94,7 @@ pub fn before_attempt(policy: &RetryPolicy, job: &JobFacts, now_ms: i64) -> Star
 
 /// What the attempt tells the relay-wide circuit breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerInput {
+pub(crate) enum BreakerInput {
     /// The upstream took the message.
     Success,
     /// The upstream judged this message, which says nothing about its health.
@@ -104,7 +105,7 @@ pub enum BreakerInput {
 
 /// What the attempt tells the relay-wide sending pace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PaceInput {
+pub(crate) enum PaceInput {
     /// The upstream asked the relay to slow down.
     SlowDown,
     /// The upstream took the message at this pace.
@@ -114,7 +115,7 @@ pub enum PaceInput {
 
 /// Everything that follows one finished attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// The attempt's row in the ledger.
     pub row: AttemptResult,
     /// What becomes of the message; [`Next::label`] names it in metrics and logs.
@@ -128,7 +129,7 @@ pub struct Decision {
 impl Decision {
     /// The store's write for this decision. `dsn` is the sender's notice, queued in the same
     /// commit as a failure (and ignored otherwise).
-    pub fn settle(&self, dsn: Option<NewRecord>) -> Settle {
+    pub(crate) fn settle(&self, dsn: Option<NewRecord>) -> Settle {
         let upstream_reply = self.row.reply.clone();
         match self.next {
             Next::Delivered => Settle::Delivered { upstream_reply },
@@ -144,7 +145,7 @@ impl Decision {
 
 /// From an attempt's outcome to everything that follows it. `now_ms` is the store's time when
 /// the attempt ended; `jitter` is the retry delay's random unit in [0,1).
-pub fn decide(
+pub(crate) fn decide(
     policy: &RetryPolicy,
     job: &JobFacts,
     outcome: &Outcome,

@@ -15,7 +15,7 @@ use mail_parser::DateTime;
 
 use super::outcome::{leading_code, reply_line, EnhancedCode};
 
-pub struct DsnInput<'a> {
+pub(crate) struct DsnInput<'a> {
     pub reporting_mta: &'a str,
     pub original_id: &'a str,
     pub original_envelope_from: &'a str,
@@ -47,7 +47,7 @@ const QP_WIDTH: usize = 75;
 /// The complete DSN message (CRLF line endings): headers, then a multipart/report with a
 /// human-readable explanation (never quoting the body), the message/delivery-status report and
 /// the original's header section as text/rfc822-headers.
-pub fn build_dsn(input: &DsnInput<'_>) -> Vec<u8> {
+pub(crate) fn build_dsn(input: &DsnInput<'_>) -> Vec<u8> {
     let human = human_part(input);
     let report = delivery_status_part(input);
     let original = OriginalHeaders::from_message(input.original_message);
@@ -121,7 +121,7 @@ fn leaf<'a>(
 /// The idempotency key of the DSN for a message key: deterministic, so the DSN is itself sent
 /// once. Length-prefixed fields under a derive-key context keep ("a", "bc") and ("ab", "c")
 /// apart, and keep these keys apart from every other blake3 use in the relay.
-pub fn dsn_key(scope: &str, original_key: &str) -> String {
+pub(crate) fn dsn_key(scope: &str, original_key: &str) -> String {
     let mut h = blake3::Hasher::new_derive_key("idemrelay 2025 dsn idempotency key v1");
     for field in [scope, original_key] {
         h.update(&(field.len() as u64).to_le_bytes());
@@ -133,7 +133,7 @@ pub fn dsn_key(scope: &str, original_key: &str) -> String {
 /// The RFC 3464 status for the report: the reply's own 5.x.x enhanced code when it has one;
 /// else 5.0.0 for a 5xx; else 5.4.7 ("delivery time expired"), since a message that failed on
 /// anything but a 5xx failed because the relay stopped retrying.
-pub fn status_code(remote_code: u16, remote_reply: &str) -> String {
+pub(crate) fn status_code(remote_code: u16, remote_reply: &str) -> String {
     match EnhancedCode::from_reply(remote_reply) {
         Some(e) if e.class == 5 => e.to_string(),
         _ if (500..=599).contains(&remote_code) => "5.0.0".to_string(),
@@ -515,7 +515,7 @@ fn quoted_printable(data: &[u8]) -> Vec<u8> {
 /// commit, keyed from the original so that it is itself sent once. None for the null sender
 /// (never notify a notification). Its queue id and the time of the failure come in from the
 /// caller, as everything else here does.
-pub fn dsn_for(
+pub(crate) fn dsn_for(
     job: &crate::store::Claimed,
     outcome: &super::outcome::Outcome,
     reporting_mta: &str,

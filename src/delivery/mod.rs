@@ -1,11 +1,11 @@
 //! Delivery: claim → attempt → classify → schedule, with the attempt ledger in the store.
 
-pub mod breaker;
-pub mod decide;
-pub mod dsn;
-pub mod outcome;
-pub mod ratelimit;
-pub mod retry;
-pub mod upstream;
-pub mod upstream_id;
-pub mod worker;
+pub(crate) mod breaker;
+pub(crate) mod decide;
+pub(crate) mod dsn;
+pub(crate) mod outcome;
+pub(crate) mod ratelimit;
+pub(crate) mod retry;
+pub(crate) mod upstream;
+pub(crate) mod upstream_id;
+pub(crate) mod worker;

@@ -16,7 +16,7 @@ use std::fmt;
 /// cannot be told from one after the dot, and either is UNKNOWN (the upstream may have accepted
 /// the message), never a failure. There is therefore no separate body phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Phase {
+pub(crate) enum Phase {
     Connect,
     Greeting,
     Ehlo,
@@ -29,7 +29,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 9] = [
+    pub(crate) const ALL: [Phase; 9] = [
         Phase::Connect,
         Phase::Greeting,
         Phase::Ehlo,
@@ -41,7 +41,7 @@ impl Phase {
         Phase::Dot,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Phase::Connect => "connect",
             Phase::Greeting => "greeting",
@@ -55,7 +55,8 @@ impl Phase {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Phase> {
+    #[cfg(test)]
+    pub(crate) fn parse(s: &str) -> Option<Phase> {
         Phase::ALL.into_iter().find(|p| p.as_str() == s)
     }
 
@@ -77,7 +78,7 @@ impl fmt::Display for Phase {
 
 /// How a phase failed, as seen by the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// `text` is the reply text; a leading copy of the code (`"550 5.1.1 ..."`) is tolerated.
     Reply {
         code: u16,
@@ -90,7 +91,7 @@ pub enum Failure {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// 250 after the final dot; `reply` is the full line, e.g. `"250 2.0.0 OK id=1"`.
     Accepted { reply: String },
     /// Definitely not accepted; retry with backoff.
@@ -111,7 +112,7 @@ pub enum Outcome {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutcomeKind {
+pub(crate) enum OutcomeKind {
     Accepted,
     Transient,
     Permanent,
@@ -119,14 +120,14 @@ pub enum OutcomeKind {
 }
 
 impl OutcomeKind {
-    pub const ALL: [OutcomeKind; 4] = [
+    pub(crate) const ALL: [OutcomeKind; 4] = [
         OutcomeKind::Accepted,
         OutcomeKind::Transient,
         OutcomeKind::Permanent,
         OutcomeKind::Unknown,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             OutcomeKind::Accepted => "accepted",
             OutcomeKind::Transient => "transient",
@@ -135,7 +136,8 @@ impl OutcomeKind {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    #[cfg(test)]
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         OutcomeKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
 }
@@ -147,7 +149,7 @@ impl fmt::Display for OutcomeKind {
 }
 
 impl Outcome {
-    pub fn kind(&self) -> OutcomeKind {
+    pub(crate) fn kind(&self) -> OutcomeKind {
         match self {
             Outcome::Accepted { .. } => OutcomeKind::Accepted,
             Outcome::Transient { .. } => OutcomeKind::Transient,
@@ -158,7 +160,7 @@ impl Outcome {
 
     /// The phase the attempt ended in. Always `Some`: an accepted message ended at
     /// [`Phase::Dot`], which keeps the ledger's phase column filled for every attempt.
-    pub fn phase(&self) -> Option<Phase> {
+    pub(crate) fn phase(&self) -> Option<Phase> {
         match self {
             Outcome::Accepted { .. } => Some(Phase::Dot),
             Outcome::Transient { phase, .. }
@@ -168,7 +170,7 @@ impl Outcome {
     }
 
     /// The upstream's reply code, when there was a reply.
-    pub fn code(&self) -> Option<u16> {
+    pub(crate) fn code(&self) -> Option<u16> {
         match self {
             Outcome::Accepted { reply } => Some(leading_code(reply).unwrap_or(250)),
             Outcome::Transient { code, .. } => *code,
@@ -178,7 +180,7 @@ impl Outcome {
     }
 
     /// The text for the ledger: the reply line, or what went wrong when there was none.
-    pub fn reply_text(&self) -> String {
+    pub(crate) fn reply_text(&self) -> String {
         match self {
             Outcome::Accepted { reply }
             | Outcome::Transient { reply, .. }
@@ -190,7 +192,7 @@ impl Outcome {
 
 /// An RFC 3463 enhanced status code, `class.subject.detail`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct EnhancedCode {
+pub(crate) struct EnhancedCode {
     pub class: u8,
     pub subject: u16,
     pub detail: u16,
@@ -199,7 +201,7 @@ pub struct EnhancedCode {
 impl EnhancedCode {
     /// Reads the enhanced code at the start of a reply's text. A leading basic code
     /// (`"550 5.1.1 ..."` or `"550-5.1.1 ..."`) is skipped, so both reply lines and bare texts work.
-    pub fn from_reply(reply: &str) -> Option<EnhancedCode> {
+    pub(crate) fn from_reply(reply: &str) -> Option<EnhancedCode> {
         let text = strip_code(reply.trim_start());
         let token = text.split_ascii_whitespace().next()?;
         let mut it = token.splitn(3, '.');
@@ -235,7 +237,7 @@ fn small_number(s: &str) -> Option<u16> {
 }
 
 /// The three-digit code a reply line starts with, if it is followed by nothing, a space or `-`.
-pub fn leading_code(line: &str) -> Option<u16> {
+pub(crate) fn leading_code(line: &str) -> Option<u16> {
     let b = line.as_bytes();
     if b.len() < 3 || !b[..3].iter().all(u8::is_ascii_digit) {
         return None;
@@ -254,7 +256,7 @@ fn strip_code(line: &str) -> &str {
 }
 
 /// `"<code> <text>"`, without doubling a code the text already starts with.
-pub fn reply_line(code: u16, text: &str) -> String {
+pub(crate) fn reply_line(code: u16, text: &str) -> String {
     let text = text.trim();
     if leading_code(text) == Some(code) {
         return text.to_string();
@@ -271,7 +273,7 @@ pub fn reply_line(code: u16, text: &str) -> String {
 /// Only 250 means accepted. Any other 2xx/3xx is not a documented answer to the dot, so the
 /// upstream may or may not have taken the message: UNKNOWN (a generic client would call it
 /// success; we must not, or a retry could not be reasoned about).
-pub fn after_dot(code: u16, text: &str) -> Outcome {
+pub(crate) fn after_dot(code: u16, text: &str) -> Outcome {
     let reply = reply_line(code, text);
     match code {
         250 => Outcome::Accepted { reply },
@@ -298,7 +300,7 @@ pub fn after_dot(code: u16, text: &str) -> Outcome {
 /// transient; a 5xx is permanent only once the upstream has judged this message (MAIL onward).
 /// A 5xx while connecting, at TLS or AUTH says something about the connection or our account,
 /// which a person or time can fix, so the message waits instead of bouncing.
-pub fn classify(phase: Phase, failure: Failure) -> Outcome {
+pub(crate) fn classify(phase: Phase, failure: Failure) -> Outcome {
     match failure {
         Failure::Reply { code, text } if phase == Phase::Dot => after_dot(code, &text),
         Failure::Reply { code, text } => {
@@ -396,7 +398,7 @@ fn mentions_account(lower: &str) -> bool {
 /// 4. at RCPT or later: only an X.7.x policy code with account words and no word pointing at
 ///    the recipient ("mailbox", "recipient", "tried to reach", …). A 5.2.2 at RCPT is the
 ///    recipient's full mailbox and a 5.1.1 is an unknown user: per-message, never account.
-pub fn is_account_problem(outcome: &Outcome) -> bool {
+pub(crate) fn is_account_problem(outcome: &Outcome) -> bool {
     let Some((phase, code, reply)) = reply_of(outcome) else {
         return false;
     };
@@ -421,7 +423,7 @@ pub fn is_account_problem(outcome: &Outcome) -> bool {
 /// Only the transient codes servers use for rate limiting (421, 450, 451, 452) count, and
 /// only with an X.7.x policy code or words about rate ("rate", "throttled", "slow down",
 /// "too many …"), except "too many recipients", which is about one message.
-pub fn is_slow_down(outcome: &Outcome) -> bool {
+pub(crate) fn is_slow_down(outcome: &Outcome) -> bool {
     let Outcome::Transient {
         code: Some(code),
         reply,
@@ -456,7 +458,7 @@ fn mentions_slow_down(lower: &str) -> bool {
 /// The (outcome, phase) pairs an attempt can end in, as metric labels: accepted and unknown
 /// only at the dot, permanent only once the upstream judged the message (MAIL onward),
 /// transient anywhere.
-pub fn attempt_endings() -> Vec<(&'static str, &'static str)> {
+pub(crate) fn attempt_endings() -> Vec<(&'static str, &'static str)> {
     let mut pairs = Vec::new();
     for outcome in OutcomeKind::ALL {
         for phase in Phase::ALL {

@@ -16,7 +16,7 @@ const RECOVERY_STEP: f64 = 0.05;
 const EPSILON: f64 = 1e-9;
 
 #[derive(Debug, Clone)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     configured: f64,
     rate: f64,
     burst: f64,
@@ -29,7 +29,7 @@ impl TokenBucket {
     /// "no limit": every take succeeds and slow-downs are ignored. `burst` is at least one
     /// token, since a bucket that can never hold a whole token never lets anything through.
     /// The bucket starts full.
-    pub fn new(rate_per_sec: f64, burst: f64, now: Instant) -> Self {
+    pub(crate) fn new(rate_per_sec: f64, burst: f64, now: Instant) -> Self {
         let burst = if burst.is_finite() {
             burst.max(1.0)
         } else {
@@ -62,7 +62,7 @@ impl TokenBucket {
     }
 
     /// Takes a token, or says how long to wait for one.
-    pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
+    pub(crate) fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
         if self.unlimited() {
             return Ok(());
         }
@@ -82,7 +82,7 @@ impl TokenBucket {
     /// A slow-down reply: halve the current rate (not below min_rate = configured/16) and drop
     /// accumulated tokens, so the lower rate applies from the next message on, not after a
     /// burst.
-    pub fn slow_down(&mut self, now: Instant) {
+    pub(crate) fn slow_down(&mut self, now: Instant) {
         if self.unlimited() {
             return;
         }
@@ -93,7 +93,7 @@ impl TokenBucket {
 
     /// An accepted message: recover the rate additively toward the configured one
     /// (+5% of configured per success).
-    pub fn on_success(&mut self) {
+    pub(crate) fn on_success(&mut self) {
         if self.unlimited() {
             return;
         }
@@ -101,18 +101,19 @@ impl TokenBucket {
     }
 
     /// Returns a token taken for work that did not happen (nothing was due).
-    pub fn give_back(&mut self) {
+    pub(crate) fn give_back(&mut self) {
         if self.unlimited() {
             return;
         }
         self.tokens = (self.tokens + 1.0).min(self.burst);
     }
 
-    pub fn current_rate(&self) -> f64 {
+    pub(crate) fn current_rate(&self) -> f64 {
         self.rate
     }
 
-    pub fn configured_rate(&self) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn configured_rate(&self) -> f64 {
         self.configured
     }
 }

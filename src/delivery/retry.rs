@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::outcome::OutcomeKind;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
+pub(crate) struct RetryPolicy {
     pub base: Duration,
     pub cap: Duration,
     pub max_attempts: u32,
@@ -39,13 +39,13 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// The last moment, counted from the first attempt, at which a message whose outcome may
     /// already be accepted can be retried without risking a second copy.
-    pub fn unknown_retry_limit(&self) -> Duration {
+    pub(crate) fn unknown_retry_limit(&self) -> Duration {
         self.window.saturating_sub(self.window_margin)
     }
 }
 
 /// min(cap, base * 2^attempt), saturating; attempt 0 is the first retry.
-pub fn backoff_ceiling(policy: &RetryPolicy, attempt: u32) -> Duration {
+pub(crate) fn backoff_ceiling(policy: &RetryPolicy, attempt: u32) -> Duration {
     let grown = 2u32
         .checked_pow(attempt)
         .and_then(|factor| policy.base.checked_mul(factor));
@@ -58,7 +58,7 @@ pub fn backoff_ceiling(policy: &RetryPolicy, attempt: u32) -> Duration {
 /// Full jitter: uniform in [0, ceiling], `unit` in [0,1) supplied by the caller
 /// (fastrand::f64() in production). Out-of-range units are clamped and NaN counts as 0, so a
 /// bad random source can shorten a delay but never exceed the ceiling or panic.
-pub fn full_jitter(policy: &RetryPolicy, attempt: u32, unit: f64) -> Duration {
+pub(crate) fn full_jitter(policy: &RetryPolicy, attempt: u32, unit: f64) -> Duration {
     let ceiling = backoff_ceiling(policy, attempt);
     let unit = if unit.is_nan() {
         0.0
@@ -74,7 +74,7 @@ pub fn full_jitter(policy: &RetryPolicy, attempt: u32, unit: f64) -> Duration {
 
 /// Facts about one message's ledger, from the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     /// Finished attempts, including the last.
     pub attempts: u32,
     pub since_accepted: Duration,
@@ -86,7 +86,7 @@ pub struct Ledger {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     Delivered,
     RetryAfter(Duration),
     Failed,
@@ -95,10 +95,10 @@ pub enum Next {
 
 impl Next {
     /// Every value of [`Next::label`], so that metrics can show each from the start.
-    pub const LABELS: [&'static str; 4] = ["delivered", "retry", "failed", "unresolved"];
+    pub(crate) const LABELS: [&'static str; 4] = ["delivered", "retry", "failed", "unresolved"];
 
     /// The decision's name in the `idemrelay_delivery_decisions` metric and the attempt log.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Next::Delivered => "delivered",
             Next::RetryAfter(_) => "retry",
@@ -116,7 +116,12 @@ impl Next {
 ///
 /// A last outcome of `Unknown` counts as `any_unknown` even if the ledger says otherwise: the
 /// safe reading of a stale ledger is the one that cannot send a second copy.
-pub fn next_step(policy: &RetryPolicy, last: OutcomeKind, ledger: &Ledger, unit: f64) -> Next {
+pub(crate) fn next_step(
+    policy: &RetryPolicy,
+    last: OutcomeKind,
+    ledger: &Ledger,
+    unit: f64,
+) -> Next {
     let any_unknown = ledger.any_unknown || last == OutcomeKind::Unknown;
     match last {
         OutcomeKind::Accepted => return Next::Delivered,

@@ -14,7 +14,7 @@ use super::outcome::{after_dot, classify, Failure, Outcome, Phase};
 
 /// How the connection is secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsMode {
+pub(crate) enum TlsMode {
     /// `smtp://` (default): STARTTLS, and refuse to go on without it.
     StartTls,
     /// `smtps://`: TLS from the first byte.
@@ -26,7 +26,7 @@ pub enum TlsMode {
 /// How an upstream attempt ended, coarsely, for the replies counter an operator alerts on: a
 /// run of `connect` or `auth` says something different from a run of `4xx`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplyClass {
+pub(crate) enum ReplyClass {
     /// 2xx: the message was taken (only 250 after the dot is; another 2xx there is `unknown`).
     Positive,
     /// A 4xx reply in a message phase (MAIL onward), or at connect/greeting/EHLO.
@@ -46,7 +46,7 @@ pub enum ReplyClass {
 }
 
 impl ReplyClass {
-    pub const ALL: [ReplyClass; 8] = [
+    pub(crate) const ALL: [ReplyClass; 8] = [
         ReplyClass::Positive,
         ReplyClass::Transient,
         ReplyClass::Permanent,
@@ -57,7 +57,7 @@ impl ReplyClass {
         ReplyClass::Unknown,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ReplyClass::Positive => "2xx",
             ReplyClass::Transient => "4xx",
@@ -70,7 +70,7 @@ impl ReplyClass {
         }
     }
 
-    pub fn of(outcome: &Outcome) -> ReplyClass {
+    pub(crate) fn of(outcome: &Outcome) -> ReplyClass {
         match outcome {
             Outcome::Accepted { .. } => ReplyClass::Positive,
             Outcome::Unknown { .. } => ReplyClass::Unknown,
@@ -97,7 +97,7 @@ fn by_phase(phase: Phase, code: Option<u16>, reason: &str) -> ReplyClass {
 
 /// A parsed upstream URL.
 #[derive(Clone)]
-pub struct UpstreamTarget {
+pub(crate) struct UpstreamTarget {
     pub host: String,
     pub port: u16,
     pub tls: TlsMode,
@@ -122,7 +122,7 @@ impl std::fmt::Debug for UpstreamTarget {
 impl UpstreamTarget {
     /// Parses `smtp://user:pass@host:587`, `smtps://host:465`, `smtp://host:2525?tls=none`.
     /// `password_override` (from `IDEMRELAY_UPSTREAM_PASSWORD`) wins over the URL's.
-    pub fn parse(url: &str, password_override: Option<String>) -> anyhow::Result<Self> {
+    pub(crate) fn parse(url: &str, password_override: Option<String>) -> anyhow::Result<Self> {
         let parsed = url::Url::parse(url).map_err(|e| anyhow::anyhow!("upstream URL: {e}"))?;
         let (mut tls, default_port) = match parsed.scheme() {
             "smtp" => (TlsMode::StartTls, 587),
@@ -212,7 +212,7 @@ impl Default for PhaseTimeouts {
 
 impl PhaseTimeouts {
     /// The longest one attempt can take; the delivery lease must outlast it.
-    pub fn worst_case(&self) -> Duration {
+    pub(crate) fn worst_case(&self) -> Duration {
         self.connect
             + self.greeting
             + self.starttls
@@ -226,14 +226,14 @@ impl PhaseTimeouts {
 }
 
 /// What to send: the envelope and the stored bytes, exactly.
-pub struct UpstreamEnvelope<'a> {
+pub(crate) struct UpstreamEnvelope<'a> {
     pub mail_from: &'a str,
     pub rcpt_to: &'a [String],
     pub eight_bit: bool,
     pub smtputf8: bool,
 }
 
-pub struct UpstreamClient {
+pub(crate) struct UpstreamClient {
     target: UpstreamTarget,
     hello: ClientId,
     timeouts: PhaseTimeouts,
@@ -326,7 +326,7 @@ impl std::fmt::Display for Line {
 }
 
 impl UpstreamClient {
-    pub fn new(
+    pub(crate) fn new(
         target: UpstreamTarget,
         hello: &str,
         timeouts: PhaseTimeouts,
@@ -360,7 +360,7 @@ impl UpstreamClient {
     /// sent if DATA would start, or its body would begin, after that instant (the upstream's
     /// idempotency window for an earlier UNKNOWN attempt is closing): the attempt ends
     /// transient, before the dot.
-    pub async fn send(
+    pub(crate) async fn send(
         &mut self,
         envelope: &UpstreamEnvelope<'_>,
         message: &[u8],
@@ -399,7 +399,7 @@ impl UpstreamClient {
 
     /// A probe of the account: connect, greeting/EHLO, STARTTLS, AUTH, then a MAIL FROM:<>
     /// (quota and suspension refusals often come only there) that is reset, never sent.
-    pub async fn probe(&mut self) -> Result<(), Outcome> {
+    pub(crate) async fn probe(&mut self) -> Result<(), Outcome> {
         self.conn = None;
         let mut conn = self
             .open()
@@ -423,7 +423,7 @@ impl UpstreamClient {
     }
 
     /// Closes an idle connection that is too old (call from an idle timer).
-    pub async fn close_idle(&mut self) {
+    pub(crate) async fn close_idle(&mut self) {
         if let Some(idle) = &self.conn {
             if idle.idle_since.elapsed() >= self.idle_close {
                 if let Some(mut idle) = self.conn.take() {

@@ -14,7 +14,7 @@ const MAX_ID: usize = 255;
 /// The upstream's message id in a reply line such as `250 2.0.0 Ok: queued as 4F2C81234`,
 /// `250 2.0.0 OK S000001 (idempotent replay)`, `250 OK id=1abc-2def` or
 /// `250 Ok 0100018c...-000000`; `None` when the reply names none.
-pub fn parse(reply: &str) -> Option<String> {
+pub(crate) fn parse(reply: &str) -> Option<String> {
     let text = strip_codes(reply.lines().last().unwrap_or(""));
     let lower = text.to_ascii_lowercase();
     // Explicit markers first: whatever follows them is the id.

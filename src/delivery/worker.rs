@@ -23,7 +23,7 @@ use crate::shutdown::Stop;
 use crate::store::{AttemptResult, Claimed, Settle, Store};
 
 #[derive(Debug, Clone)]
-pub struct DeliverySettings {
+pub(crate) struct DeliverySettings {
     pub target: UpstreamTarget,
     /// Scopes whose users have an upstream of their own (the users file), and that upstream.
     pub scope_targets: std::collections::HashMap<String, UpstreamTarget>,
@@ -61,7 +61,7 @@ struct Shared {
 /// How often each relay process writes its heartbeat (DESIGN §2 "Liveness").
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 /// A process whose heartbeat is older than this is dead: its leases are taken over.
-pub const STALE_AFTER: Duration = Duration::from_secs(10);
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(10);
 /// A process stops acting under its leases this long before its own heartbeat could be
 /// judged stale (clock rates differ a little, and a write may be in flight).
 const ALIVE_MARGIN: Duration = Duration::from_secs(2);
@@ -69,7 +69,7 @@ const ALIVE_MARGIN: Duration = Duration::from_secs(2);
 const DEAD_OWNER_CHECK: Duration = Duration::from_secs(2);
 
 /// Starts the workers; they stop when `stop` is given. `hint` wakes them when intake commits.
-pub fn start(
+pub(crate) fn start(
     store: Arc<dyn Store>,
     settings: DeliverySettings,
     hint: Arc<Notify>,

@@ -12,7 +12,7 @@ use crate::mail::KEY_HEADER;
 
 /// The key fields of a header section, as an RFC 5322 reader finds them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KeyFields {
+pub(crate) struct KeyFields {
     /// Raw values (the bytes after the colon, folding intact) of every key field, in order.
     pub values: Vec<Vec<u8>>,
     /// Where each of those fields is, name to final CRLF, in order.
@@ -25,7 +25,7 @@ pub struct KeyFields {
 }
 
 /// Reads `section` (the header section, its empty line included or not).
-pub fn read_key_fields(section: &[u8]) -> KeyFields {
+pub(crate) fn read_key_fields(section: &[u8]) -> KeyFields {
     let mut out = KeyFields::default();
     let mut malformed = false;
     // The field being read: its start, where its value starts, and whether it is a key field.

@@ -6,22 +6,22 @@ use crate::mail::{Envelope, Fingerprint};
 use super::message::trace_prefix_len;
 
 /// Domain-separated, length-prefixed hashing so that no two field lists encode alike.
-pub struct Hasher(blake3::Hasher);
+pub(crate) struct Hasher(blake3::Hasher);
 
 impl Hasher {
-    pub fn new(domain: &str) -> Self {
+    pub(crate) fn new(domain: &str) -> Self {
         let mut h = Hasher(blake3::Hasher::new());
         h.field(domain.as_bytes());
         h
     }
 
-    pub fn field(&mut self, bytes: &[u8]) {
+    pub(crate) fn field(&mut self, bytes: &[u8]) {
         self.0.update(&(bytes.len() as u64).to_le_bytes());
         self.0.update(bytes);
     }
 
     /// The recipient set: sorted and de-duplicated, so order and repeats do not matter.
-    pub fn recipients(&mut self, rcpts: &[String]) {
+    pub(crate) fn recipients(&mut self, rcpts: &[String]) {
         let mut set: Vec<&str> = rcpts.iter().map(String::as_str).collect();
         set.sort_unstable();
         set.dedup();
@@ -31,12 +31,12 @@ impl Hasher {
         }
     }
 
-    pub fn finish(&self) -> Fingerprint {
+    pub(crate) fn finish(&self) -> Fingerprint {
         Fingerprint::from_bytes(*self.0.finalize().as_bytes())
     }
 }
 
-pub fn fingerprint(scope: &str, envelope: &Envelope, message: &[u8]) -> Fingerprint {
+pub(crate) fn fingerprint(scope: &str, envelope: &Envelope, message: &[u8]) -> Fingerprint {
     let mut h = Hasher::new("idemrelay fingerprint v1");
     h.field(scope.as_bytes());
     h.field(envelope.mail_from.as_bytes());
@@ -49,7 +49,7 @@ pub fn fingerprint(scope: &str, envelope: &Envelope, message: &[u8]) -> Fingerpr
 
 /// The fingerprint without the recipient set: the parts of one message split across
 /// transactions (DESIGN §1 "Split transactions") share it.
-pub fn message_fingerprint(scope: &str, envelope: &Envelope, message: &[u8]) -> Fingerprint {
+pub(crate) fn message_fingerprint(scope: &str, envelope: &Envelope, message: &[u8]) -> Fingerprint {
     let mut h = Hasher::new("idemrelay message fingerprint v1");
     h.field(scope.as_bytes());
     h.field(envelope.mail_from.as_bytes());

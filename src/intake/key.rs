@@ -4,14 +4,14 @@ use super::fingerprint::Hasher;
 use crate::mail::{is_valid_key, Envelope, Fingerprint, MAX_KEY_CHARS};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeySource {
+pub(crate) enum KeySource {
     Header,
     MessageId,
     Content,
 }
 
 impl KeySource {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             KeySource::Header => "header",
             KeySource::MessageId => "message-id",
@@ -21,7 +21,7 @@ impl KeySource {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdemKey {
+pub(crate) struct IdemKey {
     pub value: String,
     pub source: KeySource,
 }
@@ -61,7 +61,7 @@ pub fn read_key_header(raw_values: &[Vec<u8>]) -> KeyHeader {
 
 /// A derived key: `d1-` + hex(blake3(...)). With a Message-ID the envelope is bound in, since
 /// one Message-ID is legitimately sent in separate transactions to different recipients.
-pub fn derive_key(
+pub(crate) fn derive_key(
     scope: &str,
     message_id: Option<&str>,
     envelope: &Envelope,
@@ -97,7 +97,7 @@ pub fn derive_key(
 /// digest of the scope, or, when that would pass 255 characters, `u1-<64 hex digits>` of a
 /// digest of all three. Derived keys are already unique per scope and never split (their
 /// recipients are part of them), so they go unchanged.
-pub fn upstream_key(scope: &str, key: &IdemKey, part: u32, shared_upstream: bool) -> String {
+pub(crate) fn upstream_key(scope: &str, key: &IdemKey, part: u32, shared_upstream: bool) -> String {
     if key.source != KeySource::Header || (part == 1 && !shared_upstream) {
         return key.value.clone();
     }

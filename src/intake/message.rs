@@ -7,12 +7,12 @@ use crate::mail::KEY_HEADER;
 
 /// Bounds on the header section, checked before it is parsed: mail-parser allocates per
 /// field, so a body-sized header section of tiny fields would cost hundreds of MB.
-pub const MAX_HEADER_BYTES: usize = 256 * 1024;
-pub const MAX_HEADER_FIELDS: usize = 1000;
+pub(crate) const MAX_HEADER_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_HEADER_FIELDS: usize = 1000;
 
 /// Length of the header section (up to and including the empty line, or the whole message
 /// when there is no body), or `None` when it exceeds the bounds.
-pub fn bounded_header_section(message: &[u8]) -> Option<usize> {
+pub(crate) fn bounded_header_section(message: &[u8]) -> Option<usize> {
     let mut pos = 0;
     let mut fields = 0;
     while pos < message.len() {
@@ -88,7 +88,7 @@ pub fn scan_headers(message: &[u8]) -> HeaderScan {
 
 /// Length of the leading trace fields (`Received:`, `Return-Path:`, continuation lines
 /// included). They change from hop to hop, so the fingerprint leaves them out.
-pub fn trace_prefix_len(message: &[u8]) -> usize {
+pub(crate) fn trace_prefix_len(message: &[u8]) -> usize {
     let mut pos = 0;
     let mut in_trace = false;
     while pos < message.len() {
@@ -120,7 +120,7 @@ fn starts_with_field(line: &[u8], name: &[u8]) -> bool {
 }
 
 /// The trace line this relay adds, in RFC 5321 §4.4 form.
-pub struct ReceivedLine<'a> {
+pub(crate) struct ReceivedLine<'a> {
     pub helo: &'a str,
     pub peer: std::net::IpAddr,
     pub hostname: &'a str,
@@ -146,7 +146,7 @@ fn truncated(text: &str, max: usize) -> &str {
 }
 
 impl ReceivedLine<'_> {
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let date = mail_parser::DateTime::from_timestamp(self.unix_time).to_rfc822();
         // RFC 5321 §4.1.3 address literals: IPv6 ones carry a tag.
         let literal = match self.peer {
@@ -168,7 +168,7 @@ impl ReceivedLine<'_> {
 /// The stored message: the relay's lines, then the submitted bytes, untouched but for the
 /// client's key fields in `replaced` (when the upstream is to see another key than the
 /// client's: `key_line` is then that key).
-pub fn with_relay_headers(
+pub(crate) fn with_relay_headers(
     message: &[u8],
     received: &str,
     key_line: Option<&str>,

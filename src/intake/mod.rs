@@ -1,7 +1,7 @@
 //! Intake: a finished message becomes exactly one durable record, or a replay of one.
 
-pub mod fields;
-pub mod fingerprint;
+pub(crate) mod fields;
+pub(crate) mod fingerprint;
 pub mod key;
 pub mod message;
 pub mod parts;
@@ -27,7 +27,7 @@ use message::{
 use parts::{choose_part, PartChoice};
 
 #[derive(Debug, Clone)]
-pub struct IntakeSettings {
+pub(crate) struct IntakeSettings {
     pub hostname: String,
     pub missing_key: MissingKey,
     pub retention: crate::store::Retention,
@@ -41,14 +41,14 @@ pub struct IntakeSettings {
 
 /// Who submitted: decides the scope and the trace line.
 #[derive(Debug, Clone)]
-pub struct Origin {
+pub(crate) struct Origin {
     pub scope: String,
     pub peer: IpAddr,
 }
 
 /// What happened to a submission, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SubmissionResult {
+pub(crate) enum SubmissionResult {
     Accepted,
     Replayed,
     Conflict,
@@ -59,7 +59,7 @@ pub enum SubmissionResult {
 }
 
 impl SubmissionResult {
-    pub const ALL: [SubmissionResult; 7] = [
+    pub(crate) const ALL: [SubmissionResult; 7] = [
         SubmissionResult::Accepted,
         SubmissionResult::Replayed,
         SubmissionResult::Conflict,
@@ -71,7 +71,7 @@ impl SubmissionResult {
 
     /// The metric's `result` label: underscores, as Prometheus label values conventionally
     /// use (the log's `as_str` has hyphens).
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             SubmissionResult::Accepted => "accepted",
             SubmissionResult::Replayed => "replayed",
@@ -83,7 +83,7 @@ impl SubmissionResult {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SubmissionResult::Accepted => "accepted",
             SubmissionResult::Replayed => "replayed",
@@ -139,7 +139,7 @@ enum Resolved {
 }
 
 impl Intake {
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<dyn Store>,
         settings: IntakeSettings,
         delivery_hint: Arc<Notify>,
@@ -156,13 +156,13 @@ impl Intake {
     }
 
     /// Counts submissions into the relay's registry instead of a private one.
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
         self
     }
 
     /// The relay's registry: the SMTP listeners count their refusals in it too.
-    pub fn metrics(&self) -> &Arc<Metrics> {
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
@@ -170,26 +170,22 @@ impl Intake {
         &self.store
     }
 
-    pub fn settings(&self) -> &IntakeSettings {
-        &self.settings
-    }
-
     /// Marks more scopes as sharing their upstream (a reloaded users file added a scope). The
     /// set only grows until a restart: a session authenticated before the reload may still
     /// submit under a scope the new file dropped, and its keys must stay apart too.
-    pub fn share_scopes(&self, scopes: impl IntoIterator<Item = String>) {
+    pub(crate) fn share_scopes(&self, scopes: impl IntoIterator<Item = String>) {
         self.shared_scopes
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .extend(scopes);
     }
 
-    pub fn store_healthy(&self) -> bool {
+    pub(crate) fn store_healthy(&self) -> bool {
         self.store_healthy.load(Ordering::Relaxed)
     }
 
     /// Probes the store and records the result; returns whether it is writable.
-    pub async fn check_store(&self) -> bool {
+    pub(crate) async fn check_store(&self) -> bool {
         let ok = match self.store.probe().await {
             Ok(()) => true,
             Err(err) => {
@@ -206,7 +202,11 @@ impl Intake {
 
     /// Decides the reply to the end of DATA. A positive reply is returned only after the
     /// record is committed.
-    pub async fn submit(&self, origin: &Origin, sub: &Submission) -> (Reply, SubmissionResult) {
+    pub(crate) async fn submit(
+        &self,
+        origin: &Origin,
+        sub: &Submission,
+    ) -> (Reply, SubmissionResult) {
         let mut scanned = None;
         let (decision, key) = self.submit_inner(origin, sub, &mut scanned).await;
         let Decision { reply, outcome, id } = decision;

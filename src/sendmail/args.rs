@@ -19,7 +19,7 @@ const WITHOUT_VALUE: &str = "GIUcimntvx";
 
 /// How the SMTP connection to the relay is secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsChoice {
+pub(crate) enum TlsChoice {
     /// `--starttls`: plaintext greeting, then STARTTLS, required.
     StartTls,
     /// `--smtps`: TLS from the first byte (a `submissions_listen` listener).
@@ -28,7 +28,7 @@ pub enum TlsChoice {
 
 /// What to submit and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Options {
+pub(crate) struct Options {
     /// `-t`: recipients from To/Cc/Bcc, added to those on the command line.
     pub extract_recipients: bool,
     /// Without `-i`/`-oi`, a line holding a lone `.` ends the message.
@@ -77,7 +77,7 @@ impl Default for Options {
 
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Invocation {
+pub(crate) enum Invocation {
     /// `-bm` (the default): read a message and submit it.
     Send(Options),
     /// Modes with nothing to do here (`-bi`, `-I`, `-q`): exit 0 after saying why.
@@ -88,7 +88,7 @@ pub enum Invocation {
 
 /// A command line sendmail cannot run (EX_USAGE).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageError(pub String);
+pub(crate) struct UsageError(pub String);
 
 impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -108,7 +108,7 @@ fn single_line(what: &str, value: &str) -> Result<(), UsageError> {
     Ok(())
 }
 
-pub fn parse(args: &[String]) -> Result<Invocation, UsageError> {
+pub(crate) fn parse(args: &[String]) -> Result<Invocation, UsageError> {
     let mut o = Options::default();
     let mut nothing: Option<&'static str> = None;
     let mut i = 0;

@@ -14,7 +14,7 @@ use mail_parser::{Address, HeaderName, MessageParser};
 /// - every line ends in CRLF, whatever it ended in (LF, CRLF, or nothing at the end of the
 ///   input); a CR inside a line also ends it, because the relay refuses bare CRs (SMTP
 ///   smuggling) and a program's progress output is full of them.
-pub struct Input {
+pub(crate) struct Input {
     dot_ends_input: bool,
     limit: usize,
     leading: bool,
@@ -22,7 +22,7 @@ pub struct Input {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fed {
+pub(crate) enum Fed {
     More,
     /// A lone dot: the message is complete (the rest of the input is not read).
     End,
@@ -31,7 +31,7 @@ pub enum Fed {
 }
 
 impl Input {
-    pub fn new(dot_ends_input: bool, limit: usize) -> Input {
+    pub(crate) fn new(dot_ends_input: bool, limit: usize) -> Input {
         Input {
             dot_ends_input,
             limit,
@@ -41,7 +41,7 @@ impl Input {
     }
 
     /// One line as read, with its LF if it had one.
-    pub fn feed_line(&mut self, line: &[u8]) -> Fed {
+    pub(crate) fn feed_line(&mut self, line: &[u8]) -> Fed {
         let mut line = line.strip_suffix(b"\n").unwrap_or(line);
         while let Some(rest) = line.strip_suffix(b"\r") {
             line = rest;
@@ -66,7 +66,7 @@ impl Input {
         Fed::More
     }
 
-    pub fn into_message(self) -> Vec<u8> {
+    pub(crate) fn into_message(self) -> Vec<u8> {
         self.message
     }
 }
@@ -197,7 +197,7 @@ fn parse_sender(value: &str) -> Result<String, PrepareError> {
 
 /// What the command line says about the message.
 #[derive(Debug, Clone, Default)]
-pub struct Draft<'a> {
+pub(crate) struct Draft<'a> {
     /// `-t`
     pub extract_recipients: bool,
     /// Command-line recipients (each possibly a list).
@@ -216,7 +216,7 @@ pub struct Draft<'a> {
 
 /// The submission: envelope and exact bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     pub mail_from: String,
     pub rcpt_to: Vec<String>,
     pub message: Vec<u8>,
@@ -227,7 +227,7 @@ pub struct Prepared {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PrepareError {
+pub(crate) enum PrepareError {
     /// No recipient on the command line, nor (with `-t`) in the header.
     NoRecipients {
         extract: bool,
@@ -277,7 +277,7 @@ fn is_blind(name: &str) -> bool {
     name == "bcc" || name == "resent-bcc"
 }
 
-pub fn prepare(message: &[u8], draft: &Draft<'_>) -> Result<Prepared, PrepareError> {
+pub(crate) fn prepare(message: &[u8], draft: &Draft<'_>) -> Result<Prepared, PrepareError> {
     let section = header_section(message);
     let fields_end = section.fields.last().map_or(0, |(_, r)| r.end);
     let parsed_fields = {

@@ -8,10 +8,10 @@
 //! pure), `submit` is the SMTP client; this file wires them to the process (arguments,
 //! configuration, standard input, exit status).
 
-pub mod args;
-pub mod message;
-pub mod submit;
-pub mod sysexits;
+pub(crate) mod args;
+pub(crate) mod message;
+pub(crate) mod submit;
+pub(crate) mod sysexits;
 
 use std::ffi::OsString;
 use std::io::BufRead;
@@ -27,12 +27,12 @@ use submit::{Cause, Phase, Server};
 use sysexits::*;
 
 /// The password for `--auth-user` (never a flag: flags show in the process list).
-pub const PASSWORD_VARIABLE: &str = "IDEMRELAY_SENDMAIL_PASSWORD";
+pub(crate) const PASSWORD_VARIABLE: &str = "IDEMRELAY_SENDMAIL_PASSWORD";
 
 /// Each SMTP phase's deadline unless `--timeout` says otherwise.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub const HELP: &str = "\
+pub(crate) const HELP: &str = "\
 idemrelay sendmail: the /usr/sbin/sendmail interface, submitting to the relay over SMTP
 
 usage: sendmail [options] [recipient ...] < message

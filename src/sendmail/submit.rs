@@ -11,14 +11,14 @@ use lettre::transport::smtp::extension::ClientId;
 use lettre::transport::smtp::response::Response;
 use lettre::transport::smtp::Error as SmtpError;
 
-pub use crate::delivery::outcome::Phase;
+pub(crate) use crate::delivery::outcome::Phase;
 
 use super::args::TlsChoice;
 use super::message::Prepared;
 use super::sysexits::{EX_DATAERR, EX_TEMPFAIL, EX_UNAVAILABLE};
 
 /// Where and how to reach the relay.
-pub struct Server {
+pub(crate) struct Server {
     pub host: String,
     pub port: u16,
     pub tls: Option<TlsChoice>,
@@ -47,7 +47,7 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    pub fn new(host: String, port: u16, timeout: Duration, hello: String) -> Server {
+    pub(crate) fn new(host: String, port: u16, timeout: Duration, hello: String) -> Server {
         Server {
             tls_name: host.clone(),
             host,
@@ -61,14 +61,14 @@ impl Server {
         }
     }
 
-    pub fn with_auth(mut self, user: String, password: String) -> Server {
+    pub(crate) fn with_auth(mut self, user: String, password: String) -> Server {
         self.user = Some(user);
         self.password = Some(password);
         self
     }
 
     /// `host:port` as a person would type it (IPv6 in brackets).
-    pub fn address(&self) -> String {
+    pub(crate) fn address(&self) -> String {
         if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
         } else {
@@ -79,7 +79,7 @@ impl Server {
 
 /// Why a submission stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cause {
+pub(crate) enum Cause {
     /// The relay answered with this code; `text` is its reply line.
     Reply(u16),
     /// The relay lacks what the options ask for (STARTTLS, an AUTH mechanism).
@@ -89,7 +89,7 @@ pub enum Cause {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+pub(crate) struct Failure {
     pub phase: Phase,
     pub cause: Cause,
     /// The reply line, or what went wrong.
@@ -107,7 +107,7 @@ pub struct Failure {
 ///   reuse) → 65 EX_DATAERR;
 /// - 5xx anywhere else (greeting, EHLO, STARTTLS, AUTH, MAIL, RCPT, DATA), or a relay that
 ///   lacks STARTTLS or AUTH → 69 EX_UNAVAILABLE.
-pub fn exit_code(failure: &Failure) -> u8 {
+pub(crate) fn exit_code(failure: &Failure) -> u8 {
     match (&failure.cause, failure.phase) {
         (Cause::Reply(500..=599), Phase::Dot) => EX_DATAERR,
         (Cause::Reply(500..=599), _) | (Cause::Unsupported, _) => EX_UNAVAILABLE,
@@ -271,7 +271,7 @@ async fn open(server: &Server) -> Result<AsyncSmtpConnection, Failure> {
 /// Sends the message and returns the relay's reply to each final dot (one, or more when the
 /// relay took fewer recipients per transaction: it answers `452` past its limit, and the
 /// rest follow in another transaction, as an MTA does).
-pub async fn submit(server: &Server, message: &Prepared) -> Result<Vec<String>, Failure> {
+pub(crate) async fn submit(server: &Server, message: &Prepared) -> Result<Vec<String>, Failure> {
     let t = server.timeout;
     let mut conn = open(server).await?;
     let mut accepted = Vec::new();

@@ -36,7 +36,7 @@ pub enum FaultStage {
 }
 
 impl FaultStage {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             FaultStage::Connect => "connect",
             FaultStage::Ehlo => "ehlo",
@@ -128,7 +128,7 @@ impl WebhookFault {
 }
 
 impl FaultAction {
-    pub fn phase(&self) -> FaultStage {
+    pub(crate) fn phase(&self) -> FaultStage {
         match self {
             FaultAction::Reply { phase, .. }
             | FaultAction::DelayReply { phase, .. }
@@ -172,7 +172,7 @@ fn err<T>(msg: impl Into<String>) -> Result<T, FaultError> {
 }
 
 impl FaultRule {
-    pub fn new(action: FaultAction) -> Self {
+    pub(crate) fn new(action: FaultAction) -> Self {
         FaultRule {
             action,
             key: None,
@@ -222,7 +222,7 @@ impl FaultRule {
         self
     }
 
-    pub fn validate(&self) -> Result<(), FaultError> {
+    pub(crate) fn validate(&self) -> Result<(), FaultError> {
         let phase = self.action.phase();
         if let FaultAction::Reply { code, text, .. } = &self.action {
             if !(400..=599).contains(code) {
@@ -278,7 +278,7 @@ fn default_text(phase: FaultStage, code: u16) -> String {
 
 /// What a rule may look at when the session reaches a phase.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Context<'a> {
+pub(crate) struct Context<'a> {
     pub key: Option<&'a str>,
     /// At `rcpt` the recipient of the command; at `data`/`dot`/`webhook` the whole envelope.
     pub rcpts: &'a [String],
@@ -296,12 +296,12 @@ pub struct RuleStatus {
 
 /// The active rules, in order, with their fire counts.
 #[derive(Debug, Clone, Default)]
-pub struct FaultSet {
+pub(crate) struct FaultSet {
     rules: Vec<RuleStatus>,
 }
 
 impl FaultSet {
-    pub fn new(rules: Vec<FaultRule>) -> Result<Self, FaultError> {
+    pub(crate) fn new(rules: Vec<FaultRule>) -> Result<Self, FaultError> {
         for rule in &rules {
             rule.validate()?;
         }
@@ -313,19 +313,19 @@ impl FaultSet {
         })
     }
 
-    pub fn status(&self) -> Vec<RuleStatus> {
+    pub(crate) fn status(&self) -> Vec<RuleStatus> {
         self.rules.clone()
     }
 
     /// Appends rules after the active ones, whose fire counts go on; all or nothing.
-    pub fn extend(&mut self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
+    pub(crate) fn extend(&mut self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
         let added = FaultSet::new(rules)?;
         self.rules.extend(added.rules);
         Ok(())
     }
 
     /// The first unspent rule for `phase` whose conditions hold fires (and is counted).
-    pub fn fire(&mut self, phase: FaultStage, ctx: &Context<'_>) -> Option<FaultRule> {
+    pub(crate) fn fire(&mut self, phase: FaultStage, ctx: &Context<'_>) -> Option<FaultRule> {
         let status = self.rules.iter_mut().find(|s| {
             s.rule.times.is_none_or(|times| s.fired < times) && s.rule.matches(phase, ctx)
         })?;

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-pub type Fingerprint = [u8; 32];
+pub(crate) type Fingerprint = [u8; 32];
 
 /// What identifies one request: the envelope (MAIL FROM, the recipient set, the BODY=8BITMIME
 /// and SMTPUTF8 parameters) and the message bytes, byte for byte. The recipients are a set:
 /// the order of RCPT commands does not change the request.
-pub fn fingerprint(
+pub(crate) fn fingerprint(
     mail_from: &str,
     rcpt_to: &[String],
     eightbitmime: bool,
@@ -44,7 +44,7 @@ pub fn fingerprint(
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// No live record: the caller now holds a reservation under `id` and must `commit` or
     /// `abort` it.
     New,
@@ -82,14 +82,14 @@ struct Record {
 }
 
 #[derive(Debug, Clone)]
-pub struct ReplayLedger {
+pub(crate) struct ReplayLedger {
     window: Duration,
     records: HashMap<String, Record>,
     keys: BTreeMap<String, KeyStats>,
 }
 
 impl ReplayLedger {
-    pub fn new(window: Duration) -> Self {
+    pub(crate) fn new(window: Duration) -> Self {
         ReplayLedger {
             window,
             records: HashMap::new(),
@@ -106,7 +106,7 @@ impl ReplayLedger {
     }
 
     /// Decides a transaction under `key`. On `New` a reservation under `id` is held.
-    pub fn check(
+    pub(crate) fn check(
         &mut self,
         key: &str,
         fingerprint: Fingerprint,
@@ -151,7 +151,7 @@ impl ReplayLedger {
     }
 
     /// The reserved message is stored: it counts as accepted from now on.
-    pub fn commit(&mut self, key: &str, id: &str) {
+    pub(crate) fn commit(&mut self, key: &str, id: &str) {
         if let Some(rec) = self.own(key, id).filter(|rec| !rec.committed) {
             rec.committed = true;
             self.keys.entry(key.to_string()).or_default().accepted += 1;
@@ -159,24 +159,24 @@ impl ReplayLedger {
     }
 
     /// The reply for the committed message has been produced; retries now replay.
-    pub fn settle(&mut self, key: &str, id: &str) {
+    pub(crate) fn settle(&mut self, key: &str, id: &str) {
         if let Some(rec) = self.own(key, id) {
             rec.running = false;
         }
     }
 
     /// The reservation failed before commit: the key is free again.
-    pub fn abort(&mut self, key: &str, id: &str) {
+    pub(crate) fn abort(&mut self, key: &str, id: &str) {
         if self.own(key, id).is_some_and(|rec| !rec.committed) {
             self.records.remove(key);
         }
     }
 
-    pub fn count_transaction(&mut self, key: &str) {
+    pub(crate) fn count_transaction(&mut self, key: &str) {
         self.keys.entry(key.to_string()).or_default().transactions += 1;
     }
 
-    pub fn stats(&self) -> &BTreeMap<String, KeyStats> {
+    pub(crate) fn stats(&self) -> &BTreeMap<String, KeyStats> {
         &self.keys
     }
 }

@@ -102,15 +102,15 @@
 mod api;
 mod config;
 mod console;
-pub mod faults;
+pub(crate) mod faults;
 mod key;
-pub mod ledger;
+pub(crate) mod ledger;
 mod life;
 mod search;
 mod smtp;
 mod state;
 mod tls;
-pub mod webhook;
+pub(crate) mod webhook;
 mod webhook_sender;
 
 use std::fmt;
@@ -126,7 +126,6 @@ use url::Url;
 
 pub use config::SinkConfig;
 pub use faults::{FaultAction, FaultError, FaultRule, FaultStage, RuleStatus, WebhookFault};
-pub use ledger::KeyStats;
 pub use life::Down;
 pub use state::{DotDecision, ReceivedMessage, SinkStats, Transaction};
 pub use webhook::{EventType, RetryPolicy, Secret};
@@ -159,7 +158,7 @@ Examples:
 
 /// Run the test upstream: an SMTP server with idempotency replay, fault injection and an HTTP API
 #[derive(Clone, clap::Args)]
-pub struct SinkArgs {
+pub(crate) struct SinkArgs {
     /// SMTP listen address
     #[arg(long, env = "IDEMRELAY_SINK_LISTEN", default_value = "127.0.0.1:2526")]
     pub listen: SocketAddr,
@@ -308,7 +307,7 @@ fn parse_fault(s: &str) -> Result<FaultRule, String> {
 }
 
 impl SinkArgs {
-    pub fn into_config(self) -> anyhow::Result<SinkConfig> {
+    pub(crate) fn into_config(self) -> anyhow::Result<SinkConfig> {
         let tls = match (self.tls_cert, self.tls_key) {
             (Some(cert), Some(key)) => Some((cert, key)),
             (None, None) => None,
@@ -510,25 +509,6 @@ impl SinkHandle {
         self.inner.shared.set_faults(rules)
     }
 
-    /// Forgets messages, transactions, idempotency records and counts; keeps the rules.
-    pub fn clear(&self) {
-        self.inner.shared.clear();
-    }
-
-    /// `clear` plus removing the rules and the maildir's `.eml` files: what `POST /reset`
-    /// does.
-    pub fn reset(&self) -> std::io::Result<()> {
-        self.inner.shared.clear();
-        let _ = self.inner.shared.set_faults(Vec::new());
-        self.inner.shared.clear_maildir().map(|_| ())
-    }
-
-    /// Adds rules after the active ones (what `POST /faults` does); refuses rules that
-    /// could never fire, and then adds none.
-    pub fn add_faults(&self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
-        self.inner.shared.add_faults(rules)
-    }
-
     /// Simulates the upstream going down; resolves once the mode is in effect (for
     /// `Refuse`, the listening socket is closed).
     pub async fn pause(&self, down: Down) -> anyhow::Result<()> {
@@ -580,16 +560,6 @@ impl SinkHandle {
         Ok(self.messages())
     }
 
-    /// Waits for at least `n` transactions that reached the final dot and returns them.
-    pub async fn wait_for_transactions(
-        &self,
-        n: usize,
-        timeout: Duration,
-    ) -> anyhow::Result<Vec<Transaction>> {
-        self.wait_until(timeout, |s| s.transactions >= n).await?;
-        Ok(self.transactions())
-    }
-
     /// Stops listening, closes every connection (`421 4.3.2` to those that are open) and the
     /// API, and waits for them. Idempotent.
     pub async fn shutdown(&self) {
@@ -613,7 +583,7 @@ impl SinkHandle {
 }
 
 /// `idemrelay sink`: runs until SIGTERM or SIGINT.
-pub async fn run(config: SinkConfig) -> anyhow::Result<()> {
+pub(crate) async fn run(config: SinkConfig) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

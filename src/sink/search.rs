@@ -40,9 +40,9 @@ pub(crate) struct MessageFilter {
 }
 
 impl MessageFilter {
-    pub const NAMES: &'static [&'static str] = &["key", "rcpt", "text"];
+    pub(super) const NAMES: &'static [&'static str] = &["key", "rcpt", "text"];
 
-    pub fn from_query(pairs: Vec<(String, String)>) -> Result<MessageFilter, String> {
+    pub(crate) fn from_query(pairs: Vec<(String, String)>) -> Result<MessageFilter, String> {
         let mut params = query_params(pairs, Self::NAMES)?;
         Ok(MessageFilter {
             key: params.remove("key"),
@@ -51,7 +51,7 @@ impl MessageFilter {
         })
     }
 
-    pub fn matches(&self, m: &ReceivedMessage) -> bool {
+    pub(crate) fn matches(&self, m: &ReceivedMessage) -> bool {
         if self
             .key
             .as_ref()
@@ -93,7 +93,7 @@ pub(crate) struct Content {
 }
 
 impl Content {
-    pub fn of(bytes: &[u8]) -> Content {
+    pub(crate) fn of(bytes: &[u8]) -> Content {
         let Some(parsed) = MessageParser::new().parse(bytes) else {
             return Content {
                 subject: None,

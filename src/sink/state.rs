@@ -239,7 +239,7 @@ impl AttemptLog for Shared {
 }
 
 impl Shared {
-    pub fn new(
+    pub(crate) fn new(
         config: SinkConfig,
         tls: Option<TlsAcceptor>,
         control: mpsc::Sender<Control>,
@@ -275,23 +275,23 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn changed(&self) {
+    pub(crate) fn changed(&self) {
         self.version.send_modify(|v| *v += 1);
     }
 
-    pub fn messages(&self) -> Vec<ReceivedMessage> {
+    pub(crate) fn messages(&self) -> Vec<ReceivedMessage> {
         self.lock().messages.clone()
     }
 
-    pub fn message(&self, id: &str) -> Option<ReceivedMessage> {
+    pub(crate) fn message(&self, id: &str) -> Option<ReceivedMessage> {
         self.lock().messages.iter().find(|m| m.id == id).cloned()
     }
 
-    pub fn transactions(&self) -> Vec<Transaction> {
+    pub(crate) fn transactions(&self) -> Vec<Transaction> {
         self.lock().transactions.clone()
     }
 
-    pub fn stats(&self) -> SinkStats {
+    pub(crate) fn stats(&self) -> SinkStats {
         let st = self.lock();
         SinkStats {
             keys: st.ledger.stats().clone(),
@@ -305,21 +305,21 @@ impl Shared {
         }
     }
 
-    pub fn webhook_attempts(&self) -> Vec<WebhookAttempt> {
+    pub(crate) fn webhook_attempts(&self) -> Vec<WebhookAttempt> {
         self.lock().webhook_attempts.clone()
     }
 
     /// Accepted messages, transactions that reached the dot, and connections.
-    pub fn counts(&self) -> (usize, usize, u64) {
+    pub(crate) fn counts(&self) -> (usize, usize, u64) {
         let st = self.lock();
         (st.messages.len(), st.transactions.len(), st.connections)
     }
 
-    pub fn faults(&self) -> Vec<RuleStatus> {
+    pub(crate) fn faults(&self) -> Vec<RuleStatus> {
         self.lock().faults.status()
     }
 
-    pub fn set_faults(&self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
+    pub(crate) fn set_faults(&self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
         let set = FaultSet::new(rules)?;
         self.lock().faults = set;
         self.changed();
@@ -328,7 +328,7 @@ impl Shared {
 
     /// Adds rules after the active ones (their fire counts go on). Refuses rules that could
     /// never fire, and then adds none.
-    pub fn add_faults(&self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
+    pub(crate) fn add_faults(&self, rules: Vec<FaultRule>) -> Result<(), FaultError> {
         self.lock().faults.extend(rules)?;
         self.changed();
         Ok(())
@@ -336,7 +336,7 @@ impl Shared {
 
     /// Removes the `.eml` files of the maildir (with `--maildir`), the sink's own and any
     /// other, so that a reset sink starts from an empty directory; returns how many.
-    pub fn clear_maildir(&self) -> std::io::Result<usize> {
+    pub(crate) fn clear_maildir(&self) -> std::io::Result<usize> {
         let Some(dir) = &self.config.maildir else {
             return Ok(0);
         };
@@ -353,7 +353,7 @@ impl Shared {
 
     /// Forgets messages, transactions, idempotency records and counts; ids keep counting up
     /// so an id never names two messages.
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         let mut st = self.lock();
         st.ledger = ReplayLedger::new(self.config.window);
         st.messages.clear();
@@ -395,23 +395,23 @@ impl Shared {
 
     /// Open connections are closed first (they watch `life`), then the listener follows the
     /// mode: closed for `Refuse`, open for `Greet421`.
-    pub async fn pause(&self, down: Down) -> anyhow::Result<()> {
+    pub(crate) async fn pause(&self, down: Down) -> anyhow::Result<()> {
         *self.last_down.lock().expect("last_down") = down;
         self.set_life(Life::Down(down))?;
         self.listen(down == Down::Greet421).await
     }
 
-    pub async fn resume(&self) -> anyhow::Result<()> {
+    pub(crate) async fn resume(&self) -> anyhow::Result<()> {
         self.listen(true).await?;
         self.set_life(Life::Up)
     }
 
-    pub fn count_connection(&self) {
+    pub(crate) fn count_connection(&self) {
         self.lock().connections += 1;
         self.changed();
     }
 
-    pub fn fire(&self, phase: FaultStage, ctx: &Context<'_>) -> Option<FaultAction> {
+    pub(crate) fn fire(&self, phase: FaultStage, ctx: &Context<'_>) -> Option<FaultAction> {
         let rule = self.lock().faults.fire(phase, ctx)?;
         tracing::info!(phase = phase.as_str(), rule = %rule, "sink fault fired");
         Some(rule.action)
@@ -463,7 +463,7 @@ impl Shared {
     /// Decides a transaction at its final dot: fault rules first, then the message's own
     /// faults, then the idempotency record; commits a new message (maildir file included)
     /// before returning, so a 250 is only ever sent for something already stored.
-    pub async fn dot(self: &Arc<Self>, sub: Submission) -> DotPlan {
+    pub(crate) async fn dot(self: &Arc<Self>, sub: Submission) -> DotPlan {
         let new = match self.decide(sub) {
             Decided::Done(plan) => return plan,
             Decided::Store(new) => new,

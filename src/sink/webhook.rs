@@ -49,7 +49,12 @@ impl FromStr for Secret {
 
 /// The `webhook-signature` header: one `v1,<base64 HMAC-SHA256>` entry per secret, over
 /// `<id>.<timestamp>.<body>`, separated by spaces (several while a secret is being rotated).
-pub fn signature_header(secrets: &[Secret], id: &str, timestamp: i64, body: &[u8]) -> String {
+pub(crate) fn signature_header(
+    secrets: &[Secret],
+    id: &str,
+    timestamp: i64,
+    body: &[u8],
+) -> String {
     let mut signed = Vec::with_capacity(id.len() + body.len() + 24);
     signed.extend_from_slice(id.as_bytes());
     signed.push(b'.');
@@ -93,11 +98,11 @@ impl EventType {
 }
 
 /// The `reason` of every bounce event the sink sends.
-pub const BOUNCE_REASON: &str = "5.1.1 user unknown";
+pub(crate) const BOUNCE_REASON: &str = "5.1.1 user unknown";
 
 /// One event, with its fields in the documented order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Event<'a> {
+pub(crate) struct Event<'a> {
     #[serde(rename = "type")]
     pub event_type: EventType,
     /// RFC 3339, UTC, milliseconds.
@@ -112,14 +117,14 @@ pub struct Event<'a> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct EventHeaders<'a> {
+pub(crate) struct EventHeaders<'a> {
     #[serde(rename = "message-id")]
     pub message_id: Option<&'a str>,
 }
 
 /// An accepted message, as far as its events go.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Accepted {
+pub(crate) struct Accepted {
     pub id: String,
     pub key: Option<String>,
     /// The Message-ID header's value as sent (angle brackets included).
@@ -131,7 +136,7 @@ pub struct Accepted {
 
 /// One webhook request: the events of one type for one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Batch {
+pub(crate) struct Batch {
     pub event_type: EventType,
     /// `msg_<sink id>_<type>`: deterministic, so every post of the batch carries the same one.
     pub webhook_id: String,
@@ -143,7 +148,7 @@ pub struct Batch {
 }
 
 /// True when `rcpt` contains one of `bounce` (ASCII case-insensitive).
-pub fn bounces(rcpt: &str, bounce: &[String]) -> bool {
+pub(crate) fn bounces(rcpt: &str, bounce: &[String]) -> bool {
     let rcpt = rcpt.to_ascii_lowercase();
     bounce
         .iter()
@@ -152,7 +157,7 @@ pub fn bounces(rcpt: &str, bounce: &[String]) -> bool {
 
 /// The batch types an accepted message gets, in the order they are planned: injection, then
 /// delivery for the recipients that do not bounce, then bounce for those that do.
-pub fn event_types(rcpt_to: &[String], bounce: &[String]) -> Vec<EventType> {
+pub(crate) fn event_types(rcpt_to: &[String], bounce: &[String]) -> Vec<EventType> {
     let bounced = rcpt_to.iter().filter(|r| bounces(r, bounce)).count();
     let mut types = vec![EventType::Injection];
     if bounced < rcpt_to.len() {
@@ -165,13 +170,17 @@ pub fn event_types(rcpt_to: &[String], bounce: &[String]) -> Vec<EventType> {
 }
 
 /// `t` (Unix milliseconds) as RFC 3339 UTC with milliseconds.
-pub fn rfc3339_ms(unix_ms: u64) -> String {
+pub(crate) fn rfc3339_ms(unix_ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + Duration::from_millis(unix_ms);
     humantime::format_rfc3339_millis(t).to_string()
 }
 
 /// The batches for `message`, bodies serialized: what every post of each of them sends.
-pub fn batches(message: &Accepted, bounce: &[String], delivery_delay: Duration) -> Vec<Batch> {
+pub(crate) fn batches(
+    message: &Accepted,
+    bounce: &[String],
+    delivery_delay: Duration,
+) -> Vec<Batch> {
     event_types(&message.rcpt_to, bounce)
         .into_iter()
         .map(|event_type| {
@@ -216,7 +225,7 @@ pub fn batches(message: &Accepted, bounce: &[String], delivery_delay: Duration) 
 
 /// The raw value of the message's Message-ID field, unfolded and trimmed, or `None` when it
 /// has none (or an empty one).
-pub fn message_id_header(message: &[u8]) -> Option<String> {
+pub(crate) fn message_id_header(message: &[u8]) -> Option<String> {
     let parsed = MessageParser::new()
         .header_id(HeaderName::MessageId)
         .parse_headers(message)?;
@@ -262,7 +271,12 @@ impl RetryPolicy {
     /// with "equal jitter" (between half and all of it; `random` in [0, 1)) so that the
     /// posts of many batches that failed together do not come back together. A
     /// `Retry-After` from the receiver is honoured up to `max_delay`.
-    pub fn backoff(&self, failed: u32, random: f64, retry_after: Option<Duration>) -> Duration {
+    pub(crate) fn backoff(
+        &self,
+        failed: u32,
+        random: f64,
+        retry_after: Option<Duration>,
+    ) -> Duration {
         let doublings = failed.saturating_sub(1).min(32);
         let base = self
             .first
@@ -278,13 +292,13 @@ impl RetryPolicy {
 
     /// Whether another post may follow `attempts` posts, the next one `wait` from now and
     /// `elapsed` since the first.
-    pub fn may_retry(&self, attempts: u32, elapsed: Duration, wait: Duration) -> bool {
+    pub(crate) fn may_retry(&self, attempts: u32, elapsed: Duration, wait: Duration) -> bool {
         attempts < self.max_attempts && elapsed.saturating_add(wait) <= self.deadline
     }
 }
 
 /// A `Retry-After` in seconds; an HTTP date is ignored (the backoff applies).
-pub fn retry_after(value: &str) -> Option<Duration> {
+pub(crate) fn retry_after(value: &str) -> Option<Duration> {
     value.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 

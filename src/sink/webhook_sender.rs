@@ -54,7 +54,7 @@ impl WebhookConfig {
         }
     }
 
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
         Target::of(&self.url)?;
         anyhow::ensure!(
             !self.secrets.is_empty(),
@@ -204,7 +204,7 @@ struct Post {
 }
 
 impl Sender {
-    pub fn new(config: WebhookConfig) -> anyhow::Result<Self> {
+    pub(crate) fn new(config: WebhookConfig) -> anyhow::Result<Self> {
         config.validate()?;
         Ok(Sender {
             target: Target::of(&config.url)?,
@@ -214,20 +214,20 @@ impl Sender {
         })
     }
 
-    pub fn pending(&self) -> u64 {
+    pub(crate) fn pending(&self) -> u64 {
         (MAX_PENDING_BATCHES - self.pending.available_permits()) as u64
     }
 
     /// The event types `message` gets batches for, in planning order (the order in which
     /// the `phase=webhook` rules are tried).
-    pub fn event_types(&self, rcpt_to: &[String]) -> Vec<EventType> {
+    pub(crate) fn event_types(&self, rcpt_to: &[String]) -> Vec<EventType> {
         webhook::event_types(rcpt_to, &self.config.bounce)
     }
 
     /// Starts posting the batches of an accepted message; `faults` has the rule fired for
     /// each batch, in `event_types` order. Returns how many batches were dropped (all or
     /// none: a message's batches are pending together).
-    pub fn schedule<L: AttemptLog>(
+    pub(crate) fn schedule<L: AttemptLog>(
         &self,
         shared: &Arc<L>,
         message: Accepted,

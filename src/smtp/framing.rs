@@ -95,12 +95,8 @@ impl BodyReceiver {
         }
     }
 
-    pub fn fault(&self) -> Option<BodyFault> {
+    pub(crate) fn fault(&self) -> Option<BodyFault> {
         self.fault
-    }
-
-    pub fn size(&self) -> usize {
-        self.size
     }
 
     pub fn into_message(self) -> Result<Vec<u8>, BodyFault> {

@@ -11,7 +11,7 @@ use crate::auth::throttle::{AuthFailures, ThrottleLimits, Verdict};
 
 /// The unit a client is counted by: its IPv4 address, or its IPv6 /64 (one host commonly has
 /// a whole /64 to pick addresses from).
-pub fn client_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V6(v6) => {
             let bits = u128::from(v6) & !((1u128 << 64) - 1);
@@ -75,19 +75,19 @@ impl ConnectionCounts {
 }
 
 /// Global and per-address connection caps, shared by all listeners.
-pub struct ConnectionLimits {
+pub(crate) struct ConnectionLimits {
     counts: Mutex<ConnectionCounts>,
 }
 
 /// One connection's place under the caps; given back when dropped.
-pub struct ConnectionSlot<'a> {
+pub(crate) struct ConnectionSlot<'a> {
     limits: &'a ConnectionLimits,
     /// The client it counts against; `None` while a proxied connection's client is unknown.
     ip: Option<IpAddr>,
 }
 
 impl ConnectionLimits {
-    pub fn new(max_total: usize, max_per_ip: usize) -> Self {
+    pub(crate) fn new(max_total: usize, max_per_ip: usize) -> Self {
         ConnectionLimits {
             counts: Mutex::new(ConnectionCounts::new(max_total, max_per_ip)),
         }
@@ -98,12 +98,12 @@ impl ConnectionLimits {
     }
 
     /// Connections open now, on all listeners (for metrics).
-    pub fn open_connections(&self) -> usize {
+    pub(crate) fn open_connections(&self) -> usize {
         self.counts().total
     }
 
     /// A slot under both caps, counted against `ip`.
-    pub fn try_acquire(&self, ip: IpAddr) -> Option<ConnectionSlot<'_>> {
+    pub(crate) fn try_acquire(&self, ip: IpAddr) -> Option<ConnectionSlot<'_>> {
         let mut slot = self.try_acquire_unattributed()?;
         slot.attribute(ip).then_some(slot)
     }
@@ -111,7 +111,7 @@ impl ConnectionLimits {
     /// A slot under the global cap only, for a connection whose client is not known yet (a
     /// proxy's, before its PROXY header): counting it against the proxy's address would cap
     /// every client behind the proxy together.
-    pub fn try_acquire_unattributed(&self) -> Option<ConnectionSlot<'_>> {
+    pub(crate) fn try_acquire_unattributed(&self) -> Option<ConnectionSlot<'_>> {
         // Built only once the place is taken: a slot dropped gives its place back.
         let opened = self.counts().open();
         opened.then(|| ConnectionSlot {
@@ -124,7 +124,7 @@ impl ConnectionLimits {
 impl ConnectionSlot<'_> {
     /// Counts the slot against `ip`; false (and nothing counted) when that client is at its
     /// cap. A slot is attributed once.
-    pub fn attribute(&mut self, ip: IpAddr) -> bool {
+    pub(crate) fn attribute(&mut self, ip: IpAddr) -> bool {
         debug_assert!(self.ip.is_none(), "a slot is attributed once");
         let ip = client_key(ip);
         let counted = self.limits.counts().attribute(ip);
@@ -144,13 +144,13 @@ impl Drop for ConnectionSlot<'_> {
 /// Password checks are argon2 (tens of MB and ~100 ms each): at most a few run at once, and
 /// failures are counted across reconnects per (client, user name) and per client, so that a
 /// client that keeps failing is turned away for a while (see `auth::throttle`).
-pub struct AuthThrottle {
+pub(crate) struct AuthThrottle {
     running: tokio::sync::Semaphore,
     failures: Mutex<AuthFailures>,
 }
 
 impl AuthThrottle {
-    pub fn new(limits: ThrottleLimits) -> Self {
+    pub(crate) fn new(limits: ThrottleLimits) -> Self {
         AuthThrottle {
             running: tokio::sync::Semaphore::new(crate::auth::verify::concurrent_checks()),
             failures: Mutex::new(AuthFailures::new(limits)),
@@ -158,18 +158,18 @@ impl AuthThrottle {
     }
 
     /// Waits for a turn to check a password; the turn lasts as long as the permit.
-    pub async fn turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    pub(crate) async fn turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
         self.running.acquire().await.ok()
     }
 
-    pub fn check(&self, ip: IpAddr, user: &str) -> Verdict {
+    pub(crate) fn check(&self, ip: IpAddr, user: &str) -> Verdict {
         self.failures
             .lock()
             .expect("auth failures")
             .check(client_key(ip), user, Instant::now())
     }
 
-    pub fn record_failure(&self, ip: IpAddr, user: &str) {
+    pub(crate) fn record_failure(&self, ip: IpAddr, user: &str) {
         self.failures.lock().expect("auth failures").record_failure(
             client_key(ip),
             user,
@@ -177,7 +177,7 @@ impl AuthThrottle {
         );
     }
 
-    pub fn record_success(&self, ip: IpAddr, user: &str) {
+    pub(crate) fn record_success(&self, ip: IpAddr, user: &str) {
         self.failures.lock().expect("auth failures").record_success(
             client_key(ip),
             user,
@@ -188,7 +188,7 @@ impl AuthThrottle {
 
 /// Why an AUTH attempt is refused before its password is checked, for the log line; `None`
 /// when it may go ahead.
-pub fn lockout_reason(verdict: Verdict) -> Option<&'static str> {
+pub(crate) fn lockout_reason(verdict: Verdict) -> Option<&'static str> {
     match verdict {
         Verdict::Allowed => None,
         Verdict::UserLocked => {
@@ -203,13 +203,13 @@ pub fn lockout_reason(verdict: Verdict) -> Option<&'static str> {
 /// How fast a message arrives, to drop slowloris clients: once `grace` has passed since its
 /// first bytes, a message must have averaged at least `min_rate` bytes per second.
 #[derive(Debug, Clone, Copy)]
-pub struct DataRate {
+pub(crate) struct DataRate {
     since: Instant,
     bytes: u64,
 }
 
 impl DataRate {
-    pub fn start(now: Instant) -> Self {
+    pub(crate) fn start(now: Instant) -> Self {
         DataRate {
             since: now,
             bytes: 0,
@@ -217,7 +217,13 @@ impl DataRate {
     }
 
     /// Counts `n` more bytes of the message at `now`; true when it now arrives too slowly.
-    pub fn record(&mut self, n: usize, now: Instant, min_rate: u64, grace: Duration) -> bool {
+    pub(crate) fn record(
+        &mut self,
+        n: usize,
+        now: Instant,
+        min_rate: u64,
+        grace: Duration,
+    ) -> bool {
         self.bytes += n as u64;
         let elapsed = now.saturating_duration_since(self.since);
         elapsed > grace && (self.bytes as f64) < min_rate as f64 * elapsed.as_secs_f64()

@@ -7,7 +7,7 @@
 
 /// A MAIL or RCPT line split into its path and parameters, nothing judged yet but the shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PathCommand<'a> {
+pub(crate) struct PathCommand<'a> {
     /// The text between `<` and `>`, as sent.
     pub path: &'a str,
     /// `keyword[=value]` parameters in order; keywords are unique (case-insensitively).
@@ -15,13 +15,13 @@ pub struct PathCommand<'a> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Param<'a> {
+pub(crate) struct Param<'a> {
     pub keyword: &'a str,
     pub value: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LineError {
+pub(crate) enum LineError {
     /// Not `FROM:<...>` / `TO:<...>` followed by parameters.
     Syntax,
     /// Bytes that are not UTF-8: no address can be read from them.
@@ -34,7 +34,7 @@ pub enum LineError {
 
 /// Which command a line is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verb {
+pub(crate) enum Verb {
     Mail,
     Rcpt,
 }
@@ -49,7 +49,7 @@ impl Verb {
 }
 
 /// Parses a MAIL or RCPT line (CRLF removed). `args` is what follows the verb.
-pub fn parse(verb: Verb, args: &[u8]) -> Result<PathCommand<'_>, LineError> {
+pub(crate) fn parse(verb: Verb, args: &[u8]) -> Result<PathCommand<'_>, LineError> {
     let args = std::str::from_utf8(args).map_err(|_| LineError::NotUtf8)?;
     let rest = args.strip_prefix(' ').ok_or(LineError::Syntax)?;
     let prefix = verb.prefix();
@@ -144,7 +144,7 @@ fn is_value(text: &str) -> bool {
 
 /// The MAIL parameters the relay implements.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct MailParams {
+pub(crate) struct MailParams {
     /// SIZE as sent (all digits; may exceed any integer type).
     pub size: Option<String>,
     pub eight_bit: bool,
@@ -152,7 +152,7 @@ pub struct MailParams {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ParamError {
+pub(crate) enum ParamError {
     /// A known parameter with a value it cannot have (501).
     Invalid(&'static str),
     /// A parameter this relay does not implement (555).
@@ -160,7 +160,7 @@ pub enum ParamError {
 }
 
 /// Reads MAIL's parameters: SIZE (RFC 1870), BODY=7BIT/8BITMIME (RFC 6152) and SMTPUTF8.
-pub fn mail_params(params: &[Param<'_>]) -> Result<MailParams, ParamError> {
+pub(crate) fn mail_params(params: &[Param<'_>]) -> Result<MailParams, ParamError> {
     let mut out = MailParams::default();
     for p in params {
         let keyword = p.keyword.to_ascii_uppercase();
@@ -185,7 +185,7 @@ pub fn mail_params(params: &[Param<'_>]) -> Result<MailParams, ParamError> {
 
 /// Whether a SIZE value (all digits) exceeds `max`; a number too large for any integer type
 /// exceeds every limit.
-pub fn size_exceeds(size: &str, max: usize) -> bool {
+pub(crate) fn size_exceeds(size: &str, max: usize) -> bool {
     size.parse::<usize>().map_or(true, |n| n > max)
 }
 

@@ -3,11 +3,11 @@
 
 pub mod address;
 pub mod framing;
-pub mod limits;
-pub mod mail_rcpt;
-pub mod proxy_header;
+pub(crate) mod limits;
+pub(crate) mod mail_rcpt;
+pub(crate) mod proxy_header;
 pub mod reply;
-pub mod sasl;
+pub(crate) mod sasl;
 pub mod server;
 pub mod session;
 pub mod tls;

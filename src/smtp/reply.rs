@@ -18,19 +18,19 @@ pub struct Reply {
 pub const REPLAY_SUFFIX: &str = " (idempotent replay)";
 
 impl Reply {
-    pub fn new(code: u16, text: impl Into<String>) -> Self {
+    pub(crate) fn new(code: u16, text: impl Into<String>) -> Self {
         Reply {
             code,
             lines: vec![text.into()],
         }
     }
 
-    pub fn multi(code: u16, lines: Vec<String>) -> Self {
+    pub(crate) fn multi(code: u16, lines: Vec<String>) -> Self {
         Reply { code, lines }
     }
 
     /// Parses a single stored reply line such as `250 2.0.0 OK queued as X`.
-    pub fn from_line(line: &str) -> Option<Self> {
+    pub(crate) fn from_line(line: &str) -> Option<Self> {
         let (code, text) = line.split_once(' ')?;
         let code: u16 = code.parse().ok()?;
         if !(200..600).contains(&code) {
@@ -45,16 +45,12 @@ impl Reply {
         format!("{} {}", self.code, self.lines.join(" "))
     }
 
-    pub fn is_positive(&self) -> bool {
+    pub(crate) fn is_positive(&self) -> bool {
         (200..400).contains(&self.code)
     }
 
-    pub fn is_permanent_failure(&self) -> bool {
-        self.code >= 500
-    }
-
     /// The stored original reply, answered again to a retry.
-    pub fn replayed(&self) -> Self {
+    pub(crate) fn replayed(&self) -> Self {
         let mut lines = self.lines.clone();
         if let Some(last) = lines.last_mut() {
             last.push_str(REPLAY_SUFFIX);
@@ -62,7 +58,7 @@ impl Reply {
         Reply::multi(self.code, lines)
     }
 
-    pub fn write_to(&self, out: &mut Vec<u8>) {
+    pub(crate) fn write_to(&self, out: &mut Vec<u8>) {
         let last = self.lines.len().saturating_sub(1);
         for (i, line) in self.lines.iter().enumerate() {
             let sep = if i == last { ' ' } else { '-' };
@@ -81,11 +77,11 @@ impl Reply {
 
     // --- connection level -------------------------------------------------------------
 
-    pub fn greeting(hostname: &str) -> Self {
+    pub(crate) fn greeting(hostname: &str) -> Self {
         Reply::new(220, format!("{hostname} ESMTP idemrelay ready"))
     }
 
-    pub fn ehlo(hostname: &str, client: &str, max_size: usize) -> Self {
+    pub(crate) fn ehlo(hostname: &str, client: &str, max_size: usize) -> Self {
         Reply::multi(
             250,
             vec![
@@ -101,7 +97,7 @@ impl Reply {
         )
     }
 
-    pub fn helo(hostname: &str, client: &str) -> Self {
+    pub(crate) fn helo(hostname: &str, client: &str) -> Self {
         Reply::new(250, format!("{hostname} greets {client}"))
     }
 
@@ -109,7 +105,7 @@ impl Reply {
         Reply::new(221, "2.0.0 Bye")
     }
 
-    pub fn shutting_down() -> Self {
+    pub(crate) fn shutting_down() -> Self {
         Reply::new(421, "4.3.0 idemrelay is shutting down; try again later")
     }
 
@@ -121,7 +117,7 @@ impl Reply {
         Reply::new(421, "4.7.0 Too many errors; closing connection")
     }
 
-    pub fn store_unavailable_at_connect() -> Self {
+    pub(crate) fn store_unavailable_at_connect() -> Self {
         Reply::new(
             421,
             "4.3.2 idempotency store unavailable; try again later (E01033 IdempotencyUnavailable)",
@@ -153,22 +149,22 @@ impl Reply {
         Reply::new(250, "2.1.5 Recipient OK")
     }
 
-    pub fn start_data() -> Self {
+    pub(crate) fn start_data() -> Self {
         Reply::new(354, "Start mail input; end with <CRLF>.<CRLF>")
     }
 
-    pub fn chunk_ok(size: usize) -> Self {
+    pub(crate) fn chunk_ok(size: usize) -> Self {
         Reply::new(250, format!("2.0.0 {size} octets received"))
     }
 
-    pub fn cannot_vrfy() -> Self {
+    pub(crate) fn cannot_vrfy() -> Self {
         Reply::new(
             252,
             "2.5.0 Cannot VRFY user; send the message and delivery will be attempted",
         )
     }
 
-    pub fn help() -> Self {
+    pub(crate) fn help() -> Self {
         Reply::new(
             214,
             "2.0.0 Commands: EHLO HELO MAIL RCPT DATA BDAT RSET NOOP QUIT VRFY HELP",
@@ -183,11 +179,11 @@ impl Reply {
         Reply::new(500, "5.5.1 Command unrecognized")
     }
 
-    pub fn not_implemented(command: &str) -> Self {
+    pub(crate) fn not_implemented(command: &str) -> Self {
         Reply::new(502, format!("5.5.1 {command} not implemented"))
     }
 
-    pub fn syntax(usage: &str) -> Self {
+    pub(crate) fn syntax(usage: &str) -> Self {
         Reply::new(501, format!("5.5.4 Syntax: {usage}"))
     }
 
@@ -203,14 +199,14 @@ impl Reply {
         Reply::new(553, "5.1.3 Bad recipient address syntax")
     }
 
-    pub fn bad_helo_name() -> Self {
+    pub(crate) fn bad_helo_name() -> Self {
         Reply::new(
             501,
             "5.5.2 HELO/EHLO needs a domain name or address literal",
         )
     }
 
-    pub fn duplicate_parameter(param: &str) -> Self {
+    pub(crate) fn duplicate_parameter(param: &str) -> Self {
         Reply::new(501, format!("5.5.4 Duplicate parameter {param}"))
     }
 
@@ -221,11 +217,11 @@ impl Reply {
         )
     }
 
-    pub fn header_section_too_large() -> Self {
+    pub(crate) fn header_section_too_large() -> Self {
         Reply::new(550, "5.6.0 Header section too large; message not accepted")
     }
 
-    pub fn unsupported_parameter(param: &str) -> Self {
+    pub(crate) fn unsupported_parameter(param: &str) -> Self {
         Reply::new(555, format!("5.5.4 Parameter {param} not supported"))
     }
 
@@ -237,41 +233,41 @@ impl Reply {
         Reply::new(503, "5.5.1 Need MAIL command first")
     }
 
-    pub fn nested_mail() -> Self {
+    pub(crate) fn nested_mail() -> Self {
         Reply::new(503, "5.5.1 Sender already specified")
     }
 
-    pub fn no_valid_recipients() -> Self {
+    pub(crate) fn no_valid_recipients() -> Self {
         Reply::new(554, "5.5.1 No valid recipients")
     }
 
-    pub fn mixed_data_bdat() -> Self {
+    pub(crate) fn mixed_data_bdat() -> Self {
         Reply::new(
             503,
             "5.5.1 DATA and BDAT cannot be mixed in one transaction",
         )
     }
 
-    pub fn ready_for_tls() -> Self {
+    pub(crate) fn ready_for_tls() -> Self {
         Reply::new(220, "2.0.0 Ready to start TLS")
     }
 
-    pub fn tls_already_active() -> Self {
+    pub(crate) fn tls_already_active() -> Self {
         Reply::new(503, "5.5.1 TLS already active")
     }
 
-    pub fn starttls_first() -> Self {
+    pub(crate) fn starttls_first() -> Self {
         Reply::new(530, "5.7.0 Must issue a STARTTLS command first")
     }
 
-    pub fn encryption_required_for_auth() -> Self {
+    pub(crate) fn encryption_required_for_auth() -> Self {
         Reply::new(
             538,
             "5.7.11 Encryption required for requested authentication mechanism",
         )
     }
 
-    pub fn auth_ok() -> Self {
+    pub(crate) fn auth_ok() -> Self {
         Reply::new(235, "2.7.0 Authentication successful")
     }
 
@@ -279,37 +275,37 @@ impl Reply {
         Reply::new(535, "5.7.8 Authentication credentials invalid")
     }
 
-    pub fn too_many_auth_failures() -> Self {
+    pub(crate) fn too_many_auth_failures() -> Self {
         Reply::new(
             421,
             "4.7.0 Too many authentication failures; closing connection",
         )
     }
 
-    pub fn already_authenticated() -> Self {
+    pub(crate) fn already_authenticated() -> Self {
         Reply::new(503, "5.5.1 Already authenticated")
     }
 
-    pub fn auth_during_transaction() -> Self {
+    pub(crate) fn auth_during_transaction() -> Self {
         Reply::new(503, "5.5.1 AUTH not allowed during a mail transaction")
     }
 
-    pub fn unsupported_mechanism() -> Self {
+    pub(crate) fn unsupported_mechanism() -> Self {
         Reply::new(
             504,
             "5.5.4 Unrecognized authentication mechanism (PLAIN, LOGIN)",
         )
     }
 
-    pub fn bad_sasl_response() -> Self {
+    pub(crate) fn bad_sasl_response() -> Self {
         Reply::new(501, "5.5.2 Cannot decode the authentication response")
     }
 
-    pub fn auth_cancelled() -> Self {
+    pub(crate) fn auth_cancelled() -> Self {
         Reply::new(501, "5.7.0 Authentication cancelled")
     }
 
-    pub fn sender_not_allowed() -> Self {
+    pub(crate) fn sender_not_allowed() -> Self {
         Reply::new(550, "5.7.1 Sender address not allowed for this user")
     }
 
@@ -363,7 +359,7 @@ impl Reply {
 
     /// A header section whose key readers would disagree about (DESIGN §1 "the key the
     /// upstream sees"): any key the relay recorded might not be the one the upstream dedupes on.
-    pub fn key_in_malformed_header_section() -> Self {
+    pub(crate) fn key_in_malformed_header_section() -> Self {
         Reply::new(
             554,
             "5.6.0 X-Bird-Idempotency-Key is in a malformed header section (a line that is not a \
@@ -372,7 +368,7 @@ impl Reply {
         )
     }
 
-    pub fn no_from_header() -> Self {
+    pub(crate) fn no_from_header() -> Self {
         Reply::new(
             550,
             "5.6.0 Message has no From: header field (RFC 5322 3.6); message not accepted",
@@ -383,7 +379,7 @@ impl Reply {
         Reply::new(250, format!("2.0.0 OK queued as {id}"))
     }
 
-    pub fn key_reuse(derived_from_message_id: bool) -> Self {
+    pub(crate) fn key_reuse(derived_from_message_id: bool) -> Self {
         let mut text = String::from(
             "5.6.0 X-Bird-Idempotency-Key already used for a different message (E01005 IdempotencyKeyReuse); use a new key",
         );
@@ -393,7 +389,7 @@ impl Reply {
         Reply::new(554, text)
     }
 
-    pub fn key_in_progress() -> Self {
+    pub(crate) fn key_in_progress() -> Self {
         Reply::new(
             451,
             "4.3.0 a message with this X-Bird-Idempotency-Key is still being processed (E01004 RequestInProgress); retry later",
@@ -407,14 +403,14 @@ impl Reply {
         )
     }
 
-    pub fn key_required() -> Self {
+    pub(crate) fn key_required() -> Self {
         Reply::new(
             554,
             "5.6.0 X-Bird-Idempotency-Key header required on this relay; message not accepted",
         )
     }
 
-    pub fn store_unavailable() -> Self {
+    pub(crate) fn store_unavailable() -> Self {
         Reply::new(
             451,
             "4.3.0 idempotency store unavailable; message not accepted, retry later (E01033 IdempotencyUnavailable)",

@@ -9,7 +9,7 @@ use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
 
 /// Decoded responses larger than this are refused before anything else looks at them.
-pub const MAX_DECODED_LEN: usize = 1024;
+pub(crate) const MAX_DECODED_LEN: usize = 1024;
 
 /// Base64 of `Username:`, the first LOGIN challenge.
 const LOGIN_USERNAME_CHALLENGE: &str = "VXNlcm5hbWU6";
@@ -44,7 +44,7 @@ impl std::fmt::Debug for Presented {
 
 /// What the session does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SaslStep {
+pub(crate) enum SaslStep {
     /// Send `334 <challenge base64>` (challenge may be empty: "334 ") and wait for the next line.
     Challenge(String),
     Done(Presented),
@@ -57,14 +57,15 @@ pub enum SaslStep {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mechanism {
+pub(crate) enum Mechanism {
     Plain,
     Login,
 }
 
 impl Mechanism {
+    #[cfg(test)]
     /// Case-insensitive, as RFC 4422 mechanism names are.
-    pub fn parse(name: &str) -> Option<Self> {
+    pub(crate) fn parse(name: &str) -> Option<Self> {
         if name.eq_ignore_ascii_case("PLAIN") {
             Some(Mechanism::Plain)
         } else if name.eq_ignore_ascii_case("LOGIN") {
@@ -74,8 +75,9 @@ impl Mechanism {
         }
     }
 
+    #[cfg(test)]
     /// The name as advertised in EHLO.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Mechanism::Plain => "PLAIN",
             Mechanism::Login => "LOGIN",
@@ -96,7 +98,8 @@ enum State {
 
 /// A SASL exchange in progress.
 #[derive(Debug)]
-pub struct SaslExchange {
+pub(crate) struct SaslExchange {
+    #[cfg_attr(not(test), allow(dead_code))]
     mechanism: Mechanism,
     state: State,
 }
@@ -106,7 +109,7 @@ impl SaslExchange {
     ///
     /// An initial response of "*" is read as a cancel: RFC 4954 only defines "*" for
     /// continuation lines, but a client sending it means nothing else.
-    pub fn start(mechanism: Mechanism, initial: Option<&str>) -> (SaslExchange, SaslStep) {
+    pub(crate) fn start(mechanism: Mechanism, initial: Option<&str>) -> (SaslExchange, SaslStep) {
         let state = match mechanism {
             Mechanism::Plain => State::PlainResponse,
             Mechanism::Login => State::LoginUser,
@@ -126,7 +129,7 @@ impl SaslExchange {
     }
 
     /// The client's next line (without CRLF).
-    pub fn next(&mut self, line: &str) -> SaslStep {
+    pub(crate) fn next(&mut self, line: &str) -> SaslStep {
         let line = line.trim_matches([' ', '\t']);
         let state = std::mem::replace(&mut self.state, State::Finished);
         match state {
@@ -154,12 +157,14 @@ impl SaslExchange {
         }
     }
 
-    pub fn mechanism(&self) -> Mechanism {
+    #[cfg(test)]
+    pub(crate) fn mechanism(&self) -> Mechanism {
         self.mechanism
     }
 
+    #[cfg(test)]
     /// True once the exchange produced its final step.
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.state == State::Finished
     }
 }

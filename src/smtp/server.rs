@@ -21,7 +21,7 @@ use crate::intake::{Intake, Origin};
 use crate::shutdown::{Sessions, Stop};
 
 // The listeners' shared limits, under the path the app and the admin listener name them by.
-pub use super::limits::{AuthThrottle, ConnectionLimits};
+pub(crate) use super::limits::{AuthThrottle, ConnectionLimits};
 
 /// How a listener speaks TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub enum ListenerKind {
 
 /// Who may submit without authentication, and under which scope.
 #[derive(Debug, Clone)]
-pub struct ListenerPolicy {
+pub(crate) struct ListenerPolicy {
     pub kind: ListenerKind,
     pub scope: String,
     pub allow_networks: Vec<IpNet>,
@@ -47,13 +47,13 @@ pub struct ListenerPolicy {
 }
 
 impl ListenerPolicy {
-    pub fn allows(&self, ip: IpAddr) -> bool {
+    pub(crate) fn allows(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         self.allow_networks.iter().any(|net| net.contains(&ip))
     }
 
     /// True when a connection from `ip` must start with a PROXY header.
-    pub fn expects_proxy_header(&self, ip: IpAddr) -> bool {
+    pub(crate) fn expects_proxy_header(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         self.proxy_from.iter().any(|net| net.contains(&ip))
     }
@@ -61,7 +61,7 @@ impl ListenerPolicy {
 
 /// Deadlines that bound what one client can hold.
 #[derive(Debug, Clone, Copy)]
-pub struct SessionTimeouts {
+pub(crate) struct SessionTimeouts {
     /// Silence allowed between reads.
     pub read: Duration,
     /// Whole-session limit.
@@ -71,7 +71,7 @@ pub struct SessionTimeouts {
     pub data_rate_grace: Duration,
 }
 
-pub struct ServerContext {
+pub(crate) struct ServerContext {
     pub intake: Arc<Intake>,
     pub session: Arc<SessionConfig>,
     pub policy: ListenerPolicy,
@@ -87,7 +87,7 @@ pub struct ServerContext {
 
 /// Accepts until `shutdown` is given; connections are spawned through `sessions` so the
 /// owner can wait for all of them to end.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     ctx: Arc<ServerContext>,
     shutdown: Stop,

@@ -49,7 +49,7 @@ pub enum StateFilter {
 }
 
 impl StateFilter {
-    pub fn parse(text: &str) -> Option<Self> {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         match text {
             "deferred" => Some(StateFilter::Deferred),
             other => State::parse(other).map(StateFilter::Is),
@@ -57,7 +57,7 @@ impl StateFilter {
     }
 
     /// The names `parse` takes, for error messages.
-    pub fn names() -> String {
+    pub(crate) fn names() -> String {
         let mut names: Vec<&str> = State::ALL.iter().map(|s| s.as_str()).collect();
         names.push("deferred");
         names.join(", ")
@@ -75,7 +75,7 @@ pub struct Cursor {
 
 impl Cursor {
     /// Continue (oldest first) after this record id.
-    pub fn after_id(id: &str) -> Self {
+    pub(crate) fn after_id(id: &str) -> Self {
         Cursor {
             after_id: id.to_string(),
             newest_first: false,

@@ -8,13 +8,13 @@ use std::pin::Pin;
 use sqlx::migrate::{Migration, MigrationSource, MigrationType};
 
 /// (version, name, SQL) in version order.
-pub type Steps = &'static [(i64, &'static str, &'static str)];
+pub(crate) type Steps = &'static [(i64, &'static str, &'static str)];
 
 // `SQLITE` and `POSTGRES`, listed from the migrations directories by build.rs.
 include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
 
 #[derive(Debug)]
-pub struct Embedded(pub Steps);
+pub(crate) struct Embedded(pub Steps);
 
 impl<'s> MigrationSource<'s> for Embedded {
     #[allow(clippy::type_complexity)]

@@ -6,15 +6,15 @@
 //! this file names the modules together; they never name it back.
 
 mod backend;
-pub mod listing;
+pub(crate) mod listing;
 mod migrate;
-pub mod postgres;
+pub(crate) mod postgres;
 mod record;
 mod retention;
 mod rows;
-pub mod sqlite;
+pub(crate) mod sqlite;
 mod transition;
-pub mod webhook;
+pub(crate) mod webhook;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +23,7 @@ pub use backend::Store;
 pub use listing::{Cursor, ListFilter, Page, StateFilter};
 pub use record::*;
 pub use retention::Retention;
-pub use transition::confirmation_reason;
+pub(crate) use transition::confirmation_reason;
 pub use webhook::{
     EventKind, EventRow, UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,
 };
@@ -48,7 +48,7 @@ pub async fn open(url: &str, busy_timeout: Duration) -> Result<Arc<dyn Store>, S
 
 /// Opens a store that must exist already (the `queue` and `report` commands: a typo in a path
 /// must not create an empty store and report it empty). Only `serve` creates a store.
-pub async fn open_existing(
+pub(crate) async fn open_existing(
     url: &str,
     busy_timeout: Duration,
 ) -> Result<Arc<dyn Store>, StoreError> {

@@ -21,7 +21,7 @@ pub enum State {
 }
 
 impl State {
-    pub const TERMINAL: [State; 5] = [
+    pub(crate) const TERMINAL: [State; 5] = [
         State::Delivered,
         State::Failed,
         State::Unresolved,
@@ -30,7 +30,7 @@ impl State {
     ];
 
     /// Every state, for lists that must not miss one (counts, metrics labels, help texts).
-    pub const ALL: [State; 6] = [
+    pub(crate) const ALL: [State; 6] = [
         State::Queued,
         State::Delivered,
         State::Failed,
@@ -39,7 +39,7 @@ impl State {
         State::Cancelled,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             State::Queued => "queued",
             State::Delivered => "delivered",
@@ -50,7 +50,7 @@ impl State {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "queued" => State::Queued,
             "delivered" => State::Delivered,
@@ -62,7 +62,8 @@ impl State {
         })
     }
 
-    pub fn is_terminal(self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_terminal(self) -> bool {
         State::TERMINAL.contains(&self)
     }
 
@@ -368,7 +369,7 @@ pub fn utc_day(ms: i64) -> String {
 }
 
 /// Checks a `YYYY-MM-DD` day (the form `report --since` takes and `utc_day` gives).
-pub fn parse_day(text: &str) -> Option<String> {
+pub(crate) fn parse_day(text: &str) -> Option<String> {
     let b = text.as_bytes();
     let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
     let shaped = b.len() == 10 && b[4] == b'-' && b[7] == b'-' && digits(0..4);
@@ -461,7 +462,7 @@ pub enum Action {
 }
 
 impl Action {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Action::Pause => "pause",
             Action::Resume => "resume",

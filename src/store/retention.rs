@@ -31,7 +31,7 @@ impl Retention {
 
     /// Whether a record has expired: its key is free for a new operation and the record may
     /// be purged. Queued records never expire.
-    pub fn expired(
+    pub(crate) fn expired(
         &self,
         state: State,
         accepted_at_ms: i64,

@@ -41,7 +41,7 @@ pub(crate) struct Settled<'a> {
 impl Settled<'_> {
     /// Kept upstream events may match the record now: it is known by more (its upstream id,
     /// or its being unresolved).
-    pub fn late_match(&self) -> bool {
+    pub(crate) fn late_match(&self) -> bool {
         self.upstream_id.is_some() || self.unresolved
     }
 }
@@ -211,7 +211,7 @@ pub(crate) fn flush_detail(was_due_at_ms: i64, now_ms: i64) -> String {
 }
 
 /// Why a requeue needs the operator's confirmation, for the CLI and the admin API.
-pub fn confirmation_reason(id: &str, state: State) -> String {
+pub(crate) fn confirmation_reason(id: &str, state: State) -> String {
     let what = if state == State::Unresolved {
         format!("{id} is unresolved")
     } else {

@@ -23,7 +23,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EventKind::Accepted => "accepted",
             EventKind::Bounced => "bounced",
@@ -31,7 +31,7 @@ impl EventKind {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "accepted" => EventKind::Accepted,
             "bounced" => EventKind::Bounced,
@@ -116,14 +116,14 @@ pub struct EventRow {
 
 /// Events are stored as received up to this size; longer ones are cut (the fields that
 /// matter are in columns of their own).
-pub const MAX_EVENT_JSON: usize = 16 * 1024;
+pub(crate) const MAX_EVENT_JSON: usize = 16 * 1024;
 
 /// A record's upstream key, Message-ID and recipients, for late matching.
 pub(crate) type RecordIdentifiers = (Option<String>, Option<String>, Vec<String>);
 
 /// A record an event might name, as found by one of its identifiers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     pub id: String,
     pub rcpt_to: Vec<String>,
     pub accepted_at_ms: i64,
@@ -131,7 +131,7 @@ pub struct Candidate {
 
 /// Which identifier found the candidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MatchBy {
+pub(crate) enum MatchBy {
     UpstreamId,
     Key,
     MessageId,
@@ -140,7 +140,7 @@ pub enum MatchBy {
 /// The identifiers of an event to try, most specific first: the upstream's own id names one
 /// attempt of one record; the key names one record (part) per upstream; one Message-ID may
 /// be shared by several transactions (parts, or separate sends to other recipients).
-pub fn match_order(event: &UpstreamEvent) -> Vec<(MatchBy, &str)> {
+pub(crate) fn match_order(event: &UpstreamEvent) -> Vec<(MatchBy, &str)> {
     [
         (MatchBy::UpstreamId, event.upstream_id.as_deref()),
         (MatchBy::Key, event.key.as_deref()),
@@ -153,7 +153,7 @@ pub fn match_order(event: &UpstreamEvent) -> Vec<(MatchBy, &str)> {
 
 /// The record an event names among the candidates one identifier found: one holding the
 /// event's recipient if any does, and among equals the newest.
-pub fn choose_record<'c>(
+pub(crate) fn choose_record<'c>(
     candidates: &'c [Candidate],
     recipient: Option<&str>,
 ) -> Option<&'c Candidate> {
@@ -172,7 +172,7 @@ pub fn choose_record<'c>(
 
 /// Whether a record found later may take an event that matched nothing so far: not when the
 /// event names a recipient the record does not hold (it waits for the record that does).
-pub fn late_match_fits(rcpt_to: &[String], recipient: Option<&str>) -> bool {
+pub(crate) fn late_match_fits(rcpt_to: &[String], recipient: Option<&str>) -> bool {
     recipient.is_none_or(|r| holds(rcpt_to, r))
 }
 
@@ -182,12 +182,12 @@ fn holds(rcpt_to: &[String], recipient: &str) -> bool {
 
 /// An event is applied unless it is older than the newest one already applied to the same
 /// record and recipient (equal times: the later arrival wins).
-pub fn is_applied(event_time_ms: i64, newest_applied_ms: Option<i64>) -> bool {
+pub(crate) fn is_applied(event_time_ms: i64, newest_applied_ms: Option<i64>) -> bool {
     newest_applied_ms.is_none_or(|newest| event_time_ms >= newest)
 }
 
 /// A Message-ID as the store compares them: without angle brackets and spaces.
-pub fn normalize_message_id(value: &str) -> Option<String> {
+pub(crate) fn normalize_message_id(value: &str) -> Option<String> {
     let id = value
         .trim()
         .trim_start_matches('<')
@@ -197,7 +197,7 @@ pub fn normalize_message_id(value: &str) -> Option<String> {
 }
 
 /// A recipient as the store compares them: lower-cased, without angle brackets.
-pub fn normalize_recipient(value: &str) -> Option<String> {
+pub(crate) fn normalize_recipient(value: &str) -> Option<String> {
     let r = value
         .trim()
         .trim_start_matches('<')
@@ -222,12 +222,12 @@ pub(crate) fn tally(
 }
 
 /// The event named as the evidence of a resolution.
-pub fn evidence(source: &str, webhook_id: &str, index: u32, event_type: &str) -> String {
+pub(crate) fn evidence(source: &str, webhook_id: &str, index: u32, event_type: &str) -> String {
     format!("{source}/{webhook_id}#{index} {event_type}")
 }
 
 /// The `upstream_reply` of a record an event resolved.
-pub fn resolution_reply(evidence: &str, event_time_ms: i64) -> String {
+pub(crate) fn resolution_reply(evidence: &str, event_time_ms: i64) -> String {
     format!(
         "delivered by upstream event {evidence} (event time {} UTC)",
         format_ms(event_time_ms)
@@ -235,7 +235,7 @@ pub fn resolution_reply(evidence: &str, event_time_ms: i64) -> String {
 }
 
 /// `YYYY-MM-DD HH:MM:SS.mmm`, UTC.
-pub fn format_ms(ms: i64) -> String {
+pub(crate) fn format_ms(ms: i64) -> String {
     let day = super::record::utc_day(ms);
     let in_day = ms.rem_euclid(86_400_000);
     format!(
@@ -248,13 +248,13 @@ pub fn format_ms(ms: i64) -> String {
 }
 
 /// The log line of a resolution (at receipt, or when the record became known later).
-pub fn log_resolution(id: &str, evidence: &str) {
+pub(crate) fn log_resolution(id: &str, evidence: &str) {
     tracing::info!(target: "idemrelay::webhook", id = %id, "resolved delivered by event {evidence}");
 }
 
 /// The text to store for an event: as received, cut at `MAX_EVENT_JSON` on a character
 /// boundary.
-pub fn cap_json(json: &str) -> String {
+pub(crate) fn cap_json(json: &str) -> String {
     if json.len() <= MAX_EVENT_JSON {
         return json.to_string();
     }
@@ -268,7 +268,7 @@ pub fn cap_json(json: &str) -> String {
 /// Names under which two transactions that could match an event to a record are serialized
 /// (Postgres advisory locks): an event looking for a record by an identifier and a record
 /// becoming known by it must not miss each other.
-pub fn lock_names(
+pub(crate) fn lock_names(
     key: Option<&str>,
     message_id: Option<&str>,
     upstream_id: Option<&str>,
@@ -280,7 +280,7 @@ pub fn lock_names(
 }
 
 /// A record as it becomes known by an identifier an event may already have named.
-pub struct Known<'a> {
+pub(crate) struct Known<'a> {
     pub id: &'a str,
     pub upstream_key: Option<&'a str>,
     pub message_id: Option<&'a str>,
@@ -292,7 +292,7 @@ pub struct Known<'a> {
 impl<'a> Known<'a> {
     /// A record being inserted: known by its upstream key and Message-ID, not yet by the
     /// upstream's id, and not unresolved.
-    pub fn inserted(record: &'a super::record::NewRecord) -> Known<'a> {
+    pub(crate) fn inserted(record: &'a super::record::NewRecord) -> Known<'a> {
         Known {
             id: &record.id,
             upstream_key: record.upstream_key.as_deref(),

@@ -11,7 +11,7 @@ use crate::store::{EventKind, UpstreamEvent};
 
 /// Why a body is not events (400); the text is safe to log and to answer with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Malformed {
+pub(crate) enum Malformed {
     #[error("the body is not JSON: {0}")]
     Json(String),
     #[error("the body is neither an event object nor an array of them")]
@@ -26,7 +26,7 @@ pub enum Malformed {
 
 /// The events of a body. `request_time_secs` (the verified `webhook-timestamp`) is the time
 /// of events that carry none.
-pub fn parse(
+pub(crate) fn parse(
     body: &[u8],
     source: &WebhookSource,
     request_time_secs: i64,

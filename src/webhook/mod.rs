@@ -3,7 +3,7 @@
 //! by the store in one transaction; 200 only after that commit. Every refusal stores nothing
 //! and is counted by reason.
 
-pub mod events;
+pub(crate) mod events;
 pub mod signature;
 mod tls;
 
@@ -29,25 +29,25 @@ use crate::store::{Store, WebhookApplied, WebhookReceipt};
 use signature::{Headers, Refusal};
 
 /// The largest body taken (413 beyond it): a batch of a few thousand events.
-pub const MAX_BODY: usize = 1024 * 1024;
+pub(crate) const MAX_BODY: usize = 1024 * 1024;
 
 /// A client gets this long to send its body (408 after it).
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A configured source with its decoded keys.
-pub struct Source {
+pub(crate) struct Source {
     pub config: WebhookSource,
     keys: Vec<Vec<u8>>,
 }
 
-pub struct WebhookState {
+pub(crate) struct WebhookState {
     pub store: Arc<dyn Store>,
     pub sources: BTreeMap<String, Source>,
     pub metrics: Arc<Metrics>,
 }
 
 impl WebhookState {
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<dyn Store>,
         sources: &BTreeMap<String, WebhookSource>,
         metrics: Arc<Metrics>,
@@ -73,7 +73,7 @@ impl WebhookState {
     }
 }
 
-pub fn router(state: Arc<WebhookState>) -> Router {
+pub(crate) fn router(state: Arc<WebhookState>) -> Router {
     Router::new()
         .route("/webhooks/{name}", post(receive))
         .fallback(|| async { refuse(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
@@ -82,7 +82,7 @@ pub fn router(state: Arc<WebhookState>) -> Router {
 
 /// Serves until `stop` is given, then lets the requests in flight finish (their commits decide
 /// their answers). With `tls`, every connection is TLS (HTTPS).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     tls: Option<Arc<TlsCerts>>,
     state: Arc<WebhookState>,

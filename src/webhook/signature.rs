@@ -9,14 +9,14 @@ use ring::hmac;
 
 /// How far a request's timestamp may be from now, either way: an old signed request replayed
 /// later is refused, as is one from a clock far off.
-pub const TOLERANCE_SECS: i64 = 5 * 60;
+pub(crate) const TOLERANCE_SECS: i64 = 5 * 60;
 
 /// The longest `webhook-id` taken (svix ids are about 30 characters).
 const MAX_ID: usize = 255;
 
 /// Why a request is refused before its body is read as events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// `webhook-id` or `webhook-timestamp` missing or not of their form: 400.
     Headers,
     /// No `webhook-signature`, or no entry that any key produces: 401.
@@ -27,7 +27,7 @@ pub enum Refusal {
 
 /// The three headers as received (`None`: absent or not text).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Headers<'a> {
+pub(crate) struct Headers<'a> {
     pub id: Option<&'a str>,
     pub timestamp: Option<&'a str>,
     pub signature: Option<&'a str>,
@@ -35,7 +35,7 @@ pub struct Headers<'a> {
 
 /// What a verified request carries besides its body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verified {
+pub(crate) struct Verified {
     pub id: String,
     /// Unix seconds.
     pub timestamp: i64,
@@ -44,7 +44,7 @@ pub struct Verified {
 /// Checks a request: its headers' form, its signature under any of `keys`, then its age. The
 /// signature is checked before the age so that a refusal for staleness is only ever given
 /// to a request that was really signed.
-pub fn verify(
+pub(crate) fn verify(
     keys: &[Vec<u8>],
     headers: Headers<'_>,
     body: &[u8],

@@ -18,14 +18,14 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the server to take them.
 const READY_QUEUE: usize = 64;
 
-pub struct TlsListener {
+pub(crate) struct TlsListener {
     ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     local: SocketAddr,
     accepting: JoinHandle<()>,
 }
 
 impl TlsListener {
-    pub fn new(listener: TcpListener, certs: Arc<TlsCerts>) -> TlsListener {
+    pub(crate) fn new(listener: TcpListener, certs: Arc<TlsCerts>) -> TlsListener {
         let local = listener
             .local_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));

@@ -5,7 +5,7 @@ use mail_parser::MessageParser;
 
 /// The bytes up to the blank line that ends the header section (all of them when there is
 /// none, as in a message without a body).
-pub fn header_section(content: &[u8]) -> &[u8] {
+pub(crate) fn header_section(content: &[u8]) -> &[u8] {
     let end = content
         .windows(2)
         .enumerate()
@@ -20,7 +20,7 @@ pub fn header_section(content: &[u8]) -> &[u8] {
 
 /// Each field as (name, value) in message order, the value unfolded onto one line; bytes
 /// that are not UTF-8 are shown replaced rather than dropped.
-pub fn fields(content: &[u8]) -> Vec<(String, String)> {
+pub(crate) fn fields(content: &[u8]) -> Vec<(String, String)> {
     let section = header_section(content);
     let Some(parsed) = MessageParser::new().parse_headers(section) else {
         return Vec::new();

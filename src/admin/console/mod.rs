@@ -40,7 +40,7 @@ const BATCH: usize = 1000;
 /// Relay-wide operator actions shown on the overview.
 const RECENT_ACTIONS: usize = 10;
 
-pub fn router(state: Arc<AdminState>) -> Router<Arc<AdminState>> {
+pub(crate) fn router(state: Arc<AdminState>) -> Router<Arc<AdminState>> {
     let signed_in = Router::new()
         .route("/console", get(overview))
         .route("/console/search", get(search))

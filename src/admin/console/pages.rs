@@ -39,7 +39,7 @@ const NAV: [(&str, &str); 3] = [
     ("/console/unresolved", "Unresolved"),
 ];
 
-pub fn layout(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
+pub(crate) fn layout(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -71,17 +71,17 @@ pub fn layout(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
 }
 
 /// A path segment or query value, percent-encoded.
-pub fn enc(value: &str) -> String {
+pub(crate) fn enc(value: &str) -> String {
     url::form_urlencoded::byte_serialize(value.as_bytes())
         .collect::<String>()
         .replace('+', "%20")
 }
 
-pub fn message_href(id: &str) -> String {
+pub(crate) fn message_href(id: &str) -> String {
     format!("/console/messages/{}", enc(id))
 }
 
-pub fn search_href(state: Option<State>, scope: Option<&str>) -> String {
+pub(crate) fn search_href(state: Option<State>, scope: Option<&str>) -> String {
     let mut query = url::form_urlencoded::Serializer::new(String::new());
     if let Some(state) = state {
         query.append_pair("state", state.as_str());
@@ -103,7 +103,7 @@ fn opt(value: Option<&str>) -> Markup {
     }
 }
 
-pub fn login(error: Option<&str>) -> Markup {
+pub(crate) fn login(error: Option<&str>) -> Markup {
     layout(
         "Log in",
         None,
@@ -119,7 +119,7 @@ pub fn login(error: Option<&str>) -> Markup {
     )
 }
 
-pub fn notice(title: &str, text: &str, csrf: Option<&str>) -> Markup {
+pub(crate) fn notice(title: &str, text: &str, csrf: Option<&str>) -> Markup {
     layout(
         title,
         csrf,
@@ -131,13 +131,13 @@ pub fn notice(title: &str, text: &str, csrf: Option<&str>) -> Markup {
 }
 
 /// Counts per scope and state from a scan of at most `limit` records.
-pub struct ScopeCounts {
+pub(crate) struct ScopeCounts {
     pub counts: BTreeMap<String, BTreeMap<&'static str, u64>>,
     pub scanned: usize,
     pub complete: bool,
 }
 
-pub struct Overview<'a> {
+pub(crate) struct Overview<'a> {
     pub stats: &'a QueueStats,
     pub paused: Option<&'a Pause>,
     pub scopes: &'a ScopeCounts,
@@ -186,7 +186,7 @@ fn waiting_text(w: Option<&Waiting>) -> Markup {
     }
 }
 
-pub fn overview(o: &Overview<'_>, csrf: &str) -> Markup {
+pub(crate) fn overview(o: &Overview<'_>, csrf: &str) -> Markup {
     let body = html! {
         h2 { "Delivery" }
         @match o.paused {
@@ -278,7 +278,7 @@ fn summary_table(rows: &[MessageSummary], waiting: &[Option<Waiting>]) -> Markup
     }
 }
 
-pub struct SearchResults<'a> {
+pub(crate) struct SearchResults<'a> {
     /// The filters as given (the form shows them again).
     pub form: &'a ListQuery,
     pub rows: &'a [MessageSummary],
@@ -294,7 +294,7 @@ fn text_field(label: &str, name: &str, value: &Option<String>, hint: &str) -> Ma
     }
 }
 
-pub fn search(s: &SearchResults<'_>, csrf: &str) -> Markup {
+pub(crate) fn search(s: &SearchResults<'_>, csrf: &str) -> Markup {
     let f = s.form;
     let state = f.state.as_deref().and_then(StateFilter::parse);
     let newest = f.order.as_deref() == Some("newest");
@@ -337,7 +337,7 @@ pub fn search(s: &SearchResults<'_>, csrf: &str) -> Markup {
     layout("Search", Some(csrf), body)
 }
 
-pub fn unresolved(rows: &[MessageSummary], more: bool, csrf: &str) -> Markup {
+pub(crate) fn unresolved(rows: &[MessageSummary], more: bool, csrf: &str) -> Markup {
     let body = html! {
         p {
             "An unresolved record's last attempt ended without a reply to the final dot: the upstream may or may not have it. "
@@ -363,7 +363,7 @@ pub fn unresolved(rows: &[MessageSummary], more: bool, csrf: &str) -> Markup {
     layout("Unresolved records", Some(csrf), body)
 }
 
-pub struct MessagePage<'a> {
+pub(crate) struct MessagePage<'a> {
     pub m: &'a StoredMessage,
     pub attempts: &'a [AttemptRow],
     pub events: &'a [EventRow],
@@ -373,7 +373,7 @@ pub struct MessagePage<'a> {
     pub waiting: Option<&'a Waiting>,
 }
 
-pub fn message(p: &MessagePage<'_>, csrf: &str) -> Markup {
+pub(crate) fn message(p: &MessagePage<'_>, csrf: &str) -> Markup {
     let m = p.m;
     let retryable = matches!(
         m.state,
@@ -478,7 +478,7 @@ pub fn message(p: &MessagePage<'_>, csrf: &str) -> Markup {
 
 /// The confirmation step of a retry. `warning`: why the retry may deliver a second copy, when
 /// it may.
-pub fn retry_confirm(m: &StoredMessage, warning: Option<&str>, csrf: &str) -> Markup {
+pub(crate) fn retry_confirm(m: &StoredMessage, warning: Option<&str>, csrf: &str) -> Markup {
     let body = html! {
         p { "Record " a href=(message_href(&m.id)) { code { (m.id) } } " (" (m.scope) ", key " code { (opt(m.key.as_deref())) } ") is " (state_badge(m.state)) "." }
         @if let Some(warning) = warning {

@@ -14,13 +14,13 @@ use std::time::Duration;
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
-pub const COOKIE: &str = "idemrelay_console";
+pub(crate) const COOKIE: &str = "idemrelay_console";
 /// How long a login lasts.
-pub const LIFETIME: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const LIFETIME: Duration = Duration::from_secs(12 * 3600);
 
 /// The signing key: from the admin token, or without one a random key for this process (the
 /// console is then open like the API, and the key only ties forms to their session).
-pub fn key(token: Option<&str>) -> hmac::Key {
+pub(crate) fn key(token: Option<&str>) -> hmac::Key {
     static PROCESS_KEY: OnceLock<[u8; 32]> = OnceLock::new();
     match token {
         Some(token) => hmac::Key::new(hmac::HMAC_SHA256, token.as_bytes()),
@@ -55,7 +55,7 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 
 /// A name as given at login, if it is one: short, and letters, digits, spaces and a few
 /// marks (it goes into the logs and every record's history).
-pub fn valid_operator(name: &str) -> bool {
+pub(crate) fn valid_operator(name: &str) -> bool {
     name.len() <= 64
         && name
             .chars()
@@ -69,7 +69,7 @@ fn tag(key: &hmac::Key, purpose: &str, issued_ms: i64, nonce: &str) -> String {
 
 /// A verified session.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConsoleLogin {
+pub(crate) struct ConsoleLogin {
     issued_ms: i64,
     /// Random, then the person's name in hex: what the signature covers.
     nonce: String,
@@ -78,7 +78,7 @@ pub struct ConsoleLogin {
 }
 
 impl ConsoleLogin {
-    pub fn new(now_ms: i64, operator: &str) -> ConsoleLogin {
+    pub(crate) fn new(now_ms: i64, operator: &str) -> ConsoleLogin {
         ConsoleLogin {
             issued_ms: now_ms,
             nonce: format!(
@@ -91,13 +91,13 @@ impl ConsoleLogin {
     }
 
     /// The cookie's value: `issued.nonce.mac` (the nonce carries the name).
-    pub fn cookie_value(&self, key: &hmac::Key) -> String {
+    pub(crate) fn cookie_value(&self, key: &hmac::Key) -> String {
         let mac = tag(key, "session", self.issued_ms, &self.nonce);
         format!("{}.{}.{mac}", self.issued_ms, self.nonce)
     }
 
     /// Checks a cookie's value: the signature, and that it is not older than `LIFETIME`.
-    pub fn verify(value: &str, key: &hmac::Key, now_ms: i64) -> Option<ConsoleLogin> {
+    pub(crate) fn verify(value: &str, key: &hmac::Key, now_ms: i64) -> Option<ConsoleLogin> {
         let mut parts = value.split('.');
         let (issued, nonce, mac) = (parts.next()?, parts.next()?, parts.next()?);
         if parts.next().is_some() {
@@ -122,30 +122,30 @@ impl ConsoleLogin {
     }
 
     /// The token this session's forms carry.
-    pub fn csrf(&self, key: &hmac::Key) -> String {
+    pub(crate) fn csrf(&self, key: &hmac::Key) -> String {
         tag(key, "csrf", self.issued_ms, &self.nonce)
     }
 
-    pub fn csrf_matches(&self, key: &hmac::Key, presented: &str) -> bool {
+    pub(crate) fn csrf_matches(&self, key: &hmac::Key, presented: &str) -> bool {
         crate::admin::state::constant_time_eq(self.csrf(key).as_bytes(), presented.as_bytes())
     }
 }
 
 /// `Set-Cookie` for a session. No `Secure`: the admin listener speaks plain HTTP (put it
 /// behind a TLS proxy to reach it from elsewhere than the host).
-pub fn set_cookie(value: &str) -> String {
+pub(crate) fn set_cookie(value: &str) -> String {
     format!(
         "{COOKIE}={value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
         LIFETIME.as_secs()
     )
 }
 
-pub fn clear_cookie() -> String {
+pub(crate) fn clear_cookie() -> String {
     format!("{COOKIE}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0")
 }
 
 /// The console cookie's value in a `Cookie` request header, if there is one.
-pub fn from_cookie_header(header: &str) -> Option<&str> {
+pub(crate) fn from_cookie_header(header: &str) -> Option<&str> {
     header
         .split(';')
         .filter_map(|pair| pair.trim().split_once('='))

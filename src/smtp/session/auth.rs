@@ -48,7 +48,7 @@ impl Session {
         out
     }
 
-    pub fn authenticated(&self) -> Option<&Authenticated> {
+    pub(crate) fn authenticated(&self) -> Option<&Authenticated> {
         self.user.as_ref()
     }
 

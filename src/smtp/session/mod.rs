@@ -26,7 +26,7 @@ use super::sasl::{Presented, SaslExchange};
 use crate::auth::Authenticated;
 use crate::mail::{BodyType, Submission};
 
-pub use refusal::RefusalReason;
+pub(crate) use refusal::RefusalReason;
 
 /// What a session enforces; built once per listener.
 #[derive(Debug, Clone)]
@@ -165,18 +165,18 @@ impl Session {
     }
 
     /// A session on an implicit-TLS connection.
-    pub fn new_tls(config: Arc<SessionConfig>, may_submit: bool) -> Self {
+    pub(crate) fn new_tls(config: Arc<SessionConfig>, may_submit: bool) -> Self {
         let mut session = Session::new(config, may_submit);
         session.tls = true;
         session
     }
 
     /// The name the client gave in HELO/EHLO, for log lines.
-    pub fn helo(&self) -> Option<&str> {
+    pub(crate) fn helo(&self) -> Option<&str> {
         self.helo.as_ref().map(|(name, _)| name.as_str())
     }
 
-    pub fn greeting(&self) -> Reply {
+    pub(crate) fn greeting(&self) -> Reply {
         Reply::greeting(&self.config.hostname)
     }
 
@@ -185,7 +185,7 @@ impl Session {
     }
 
     /// True while a message is being received or committed: shutdown lets these finish.
-    pub fn in_message(&self) -> bool {
+    pub(crate) fn in_message(&self) -> bool {
         matches!(
             self.mode,
             Mode::Data(_) | Mode::BdatChunk { .. } | Mode::AwaitingIntake
@@ -218,7 +218,7 @@ impl Session {
 
     /// The server is stopping: idle sessions are told so now, sessions inside a message get to
     /// finish it and are told at their next command.
-    pub fn begin_shutdown(&mut self) -> Vec<Output> {
+    pub(crate) fn begin_shutdown(&mut self) -> Vec<Output> {
         let mut out = Vec::new();
         self.shutting_down = true;
         if !self.is_closed() && !self.in_message() {
@@ -228,7 +228,7 @@ impl Session {
     }
 
     /// Ends the session with this reply (a deadline or rate limit enforced by the server).
-    pub fn close_now(&mut self, reply: Reply) -> Vec<Output> {
+    pub(crate) fn close_now(&mut self, reply: Reply) -> Vec<Output> {
         let mut out = Vec::new();
         if !self.is_closed() {
             self.close_with(&mut out, reply);
@@ -237,7 +237,7 @@ impl Session {
     }
 
     /// The client was silent for too long.
-    pub fn timed_out(&mut self) -> Vec<Output> {
+    pub(crate) fn timed_out(&mut self) -> Vec<Output> {
         let mut out = Vec::new();
         if !self.is_closed() {
             self.close_with(&mut out, Reply::timeout());

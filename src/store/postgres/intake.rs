@@ -42,13 +42,13 @@ struct Pending {
 }
 
 /// The sessions' side of the writers.
-pub struct Intake {
+pub(super) struct Intake {
     queue: mpsc::Sender<Pending>,
 }
 
 impl Intake {
     /// Starts the writers on the current runtime; they stop when the `Intake` is dropped.
-    pub fn start(pool: PgPool) -> Intake {
+    pub(crate) fn start(pool: PgPool) -> Intake {
         let (queue, waiting) = mpsc::channel(QUEUE);
         let waiting = Arc::new(Mutex::new(waiting));
         for _ in 0..WRITERS {
@@ -57,7 +57,7 @@ impl Intake {
         Intake { queue }
     }
 
-    pub async fn insert(
+    pub(crate) async fn insert(
         &self,
         record: &NewRecord,
         retention: Retention,

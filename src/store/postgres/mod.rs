@@ -28,7 +28,7 @@ mod intake;
 mod webhook;
 mod write;
 
-pub struct PostgresStore {
+pub(crate) struct PostgresStore {
     pool: PgPool,
     /// The intake writers (group commit).
     intake: Intake,
@@ -37,7 +37,7 @@ pub struct PostgresStore {
 impl PostgresStore {
     /// `busy_timeout` bounds each statement and each wait for a pooled connection, so an
     /// unreachable or wedged database turns into a prompt E01033 rather than a hung client.
-    pub async fn open(url: &str, busy_timeout: Duration) -> Result<Self, StoreError> {
+    pub(crate) async fn open(url: &str, busy_timeout: Duration) -> Result<Self, StoreError> {
         let options = PgConnectOptions::from_str(url)?.application_name("idemrelay");
         // Migrations run on a connection of their own, without the statement timeout: a
         // future migration of a big table may rightly take longer than a store write.

@@ -20,7 +20,10 @@ use crate::store::webhook::{
 /// The advisory lock space of event matching (the first key of the two-key form).
 pub(super) const MATCH_LOCKS: i32 = 0x1d3e;
 
-pub async fn lock(conn: &mut PgConnection, mut names: Vec<String>) -> Result<(), StoreError> {
+pub(crate) async fn lock(
+    conn: &mut PgConnection,
+    mut names: Vec<String>,
+) -> Result<(), StoreError> {
     if names.is_empty() {
         return Ok(());
     }
@@ -37,7 +40,7 @@ pub async fn lock(conn: &mut PgConnection, mut names: Vec<String>) -> Result<(),
     Ok(())
 }
 
-pub async fn apply(
+pub(crate) async fn apply(
     conn: &mut PgConnection,
     receipt: &WebhookReceipt,
     now: i64,
@@ -240,13 +243,13 @@ async fn resolve(
 
 impl Known<'_> {
     /// The advisory locks to take before the record's row is written.
-    pub fn lock_names(&self) -> Vec<String> {
+    pub(crate) fn lock_names(&self) -> Vec<String> {
         lock_names(self.upstream_key, self.message_id, self.upstream_id)
     }
 }
 
 /// Late matching (see `sqlite::webhook::attach_unmatched`); the caller holds `lock_names`.
-pub async fn attach_unmatched(
+pub(crate) async fn attach_unmatched(
     conn: &mut PgConnection,
     known: &Known<'_>,
     now: i64,

@@ -76,7 +76,7 @@ impl<T: Send> Ran for Done<T> {
 }
 
 /// What the writer does around each batch besides SQL (the spool's sync and sealing).
-pub trait BatchHooks: Send {
+pub(crate) trait BatchHooks: Send {
     /// Just before COMMIT; an error fails the whole batch.
     fn before_commit(&mut self) -> Result<(), String>;
     /// After the batch ended, committed or not.
@@ -84,14 +84,17 @@ pub trait BatchHooks: Send {
 }
 
 #[derive(Clone)]
-pub struct Writer {
+pub(crate) struct Writer {
     queue: mpsc::Sender<Box<dyn Queued>>,
 }
 
 impl Writer {
     /// Starts the writer thread on `conn`, which it owns from now on. The thread ends when
     /// the last `Writer` is dropped.
-    pub fn start(conn: Connection, hooks: Option<Box<dyn BatchHooks>>) -> std::io::Result<Writer> {
+    pub(crate) fn start(
+        conn: Connection,
+        hooks: Option<Box<dyn BatchHooks>>,
+    ) -> std::io::Result<Writer> {
         let (queue, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("sqlite-writer".into())
@@ -100,7 +103,7 @@ impl Writer {
     }
 
     /// Runs `op` in the next batch; its result is returned once the batch is committed.
-    pub async fn write<T, F>(&self, op: F) -> Result<T, StoreError>
+    pub(crate) async fn write<T, F>(&self, op: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,

@@ -33,7 +33,7 @@ mod tests;
 mod webhook;
 mod write;
 
-pub struct SqliteStore {
+pub(crate) struct SqliteStore {
     /// Readers; WAL lets them run beside the writer.
     pool: SqlitePool,
     /// Every write goes through the group-commit writer.
@@ -111,7 +111,7 @@ impl BatchHooks for SpoolHooks {
 }
 
 impl SqliteStore {
-    pub async fn open(url: &str, busy_timeout: Duration) -> Result<Self, StoreError> {
+    pub(crate) async fn open(url: &str, busy_timeout: Duration) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)

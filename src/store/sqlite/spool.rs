@@ -31,7 +31,7 @@ use crate::store::rows::Columns;
 
 /// Bodies at least this large are spooled; smaller ones stay inline, where they cost less
 /// than a second fsync per batch.
-pub const SPOOL_MIN: usize = 32 * 1024;
+pub(crate) const SPOOL_MIN: usize = 32 * 1024;
 
 /// A segment is sealed (and a new one begun) once it holds this much.
 const SEGMENT_MAX: u64 = 64 * 1024 * 1024;
@@ -47,7 +47,7 @@ const TEMP_SUFFIX: &str = ".tmp";
 
 /// Where a spooled body is: segment and byte offset (its length is the record's size).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Location {
+pub(crate) struct Location {
     pub segment: i64,
     pub offset: i64,
 }
@@ -65,7 +65,7 @@ struct Segment {
 type CreateHook = Box<dyn FnMut(&Path) -> std::io::Result<()> + Send>;
 
 /// The writer's side: appends, syncs before each commit, seals after one.
-pub struct Spool {
+pub(crate) struct Spool {
     dir: PathBuf,
     /// Locked (exclusively) for as long as it is open.
     current: Option<Segment>,
@@ -76,13 +76,13 @@ pub struct Spool {
 
 /// The readers' side, for any thread.
 #[derive(Clone)]
-pub struct SpoolReader {
+pub(crate) struct SpoolReader {
     dir: PathBuf,
 }
 
 /// Files locked by the garbage collector: sealed segments (whatever points into them is
 /// committed) and temporary files no writer holds.
-pub struct Sealed {
+pub(crate) struct Sealed {
     segments: Vec<(i64, File)>,
     temporaries: Vec<(PathBuf, File)>,
 }
@@ -121,7 +121,7 @@ fn temporaries(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 
 /// The directory holding `path`; a bare file name's parent is the empty path, which names no
 /// directory: it is the working directory.
-pub fn parent_dir(path: &Path) -> &Path {
+pub(crate) fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -148,7 +148,7 @@ fn names_same_file(path: &Path, file: &File) -> std::io::Result<bool> {
 impl Spool {
     /// Opens the spool directory, creating it; new bodies go to a segment after every existing
     /// one.
-    pub fn open(dir: &Path) -> std::io::Result<(Spool, SpoolReader)> {
+    pub(crate) fn open(dir: &Path) -> std::io::Result<(Spool, SpoolReader)> {
         if !dir.exists() {
             std::fs::create_dir_all(dir)?;
             sync_dir(parent_dir(dir))?;
@@ -248,7 +248,7 @@ impl Spool {
     }
 
     /// Appends a body; durable only after the next `sync`.
-    pub fn append(&mut self, body: &[u8]) -> std::io::Result<Location> {
+    pub(crate) fn append(&mut self, body: &[u8]) -> std::io::Result<Location> {
         if self.current.is_none() {
             self.current = Some(self.create_segment()?);
         }
@@ -267,7 +267,7 @@ impl Spool {
 
     /// Makes every append so far durable; called before the batch's COMMIT. After a failed
     /// sync the segment is abandoned: what the kernel kept of it is no longer known.
-    pub fn sync(&mut self) -> std::io::Result<()> {
+    pub(crate) fn sync(&mut self) -> std::io::Result<()> {
         let Some(segment) = self.current.as_mut() else {
             return Ok(());
         };
@@ -284,7 +284,7 @@ impl Spool {
 
     /// After a batch ended (committed or not): seals a full segment, which releases its lock.
     /// Every row pointing into it is committed by now.
-    pub fn after_batch(&mut self) {
+    pub(crate) fn after_batch(&mut self) {
         if self
             .current
             .as_ref()
@@ -296,7 +296,7 @@ impl Spool {
 }
 
 impl SpoolReader {
-    pub fn read(&self, at: Location, len: usize) -> std::io::Result<Vec<u8>> {
+    pub(crate) fn read(&self, at: Location, len: usize) -> std::io::Result<Vec<u8>> {
         let file = File::open(segment_path(&self.dir, at.segment))?;
         let mut body = vec![0; len];
         file.read_exact_at(&mut body, at.offset as u64)?;
@@ -307,7 +307,7 @@ impl SpoolReader {
     /// by a writer that died between creating and naming a segment). Ask which segments rows
     /// point at only after this: a segment's last rows were committed before its writer let
     /// go of it.
-    pub fn lock_sealed(&self) -> std::io::Result<Sealed> {
+    pub(crate) fn lock_sealed(&self) -> std::io::Result<Sealed> {
         let mut sealed = Sealed {
             segments: Vec::new(),
             temporaries: Vec::new(),
@@ -327,7 +327,7 @@ impl SpoolReader {
 
     /// Removes the locked segments that no committed row points at, and the locked
     /// temporary files; returns how many segments.
-    pub fn remove_unreferenced(
+    pub(crate) fn remove_unreferenced(
         &self,
         sealed: Sealed,
         referenced: &HashSet<i64>,
@@ -368,7 +368,7 @@ fn try_lock_path(path: &Path) -> std::io::Result<Option<File>> {
 /// A row of `messages` whose body may be spooled: `content` reads the segment when the column
 /// is NULL and the row has a location. The query must select spool_segment, spool_offset and
 /// size.
-pub struct WithSpool<'a, R> {
+pub(crate) struct WithSpool<'a, R> {
     pub row: &'a R,
     pub spool: &'a SpoolReader,
 }

@@ -14,7 +14,10 @@ use crate::store::webhook::{
     WebhookOutcome, WebhookReceipt,
 };
 
-pub fn apply(conn: &Connection, receipt: &WebhookReceipt) -> Result<WebhookApplied, StoreError> {
+pub(crate) fn apply(
+    conn: &Connection,
+    receipt: &WebhookReceipt,
+) -> Result<WebhookApplied, StoreError> {
     let now = now_ms();
     let fresh = conn
         .prepare_cached(
@@ -194,7 +197,7 @@ fn resolve(
 /// Late matching: attaches the events kept unmatched that name this record, oldest first,
 /// and resolves the record at once when it is unresolved and an attached event is of an
 /// accepted type.
-pub fn attach_unmatched(conn: &Connection, known: &Known<'_>) -> Result<(), StoreError> {
+pub(crate) fn attach_unmatched(conn: &Connection, known: &Known<'_>) -> Result<(), StoreError> {
     let found = conn
         .prepare_cached(
             "SELECT seq, event_time, recipient FROM upstream_events
@@ -260,7 +263,10 @@ fn resolve_from_attached(conn: &Connection, id: &str) -> Result<(), StoreError> 
 }
 
 /// The identifiers of a record, for late matching after its attempt settled.
-pub fn known_facts(conn: &Connection, id: &str) -> Result<Option<RecordIdentifiers>, StoreError> {
+pub(crate) fn known_facts(
+    conn: &Connection,
+    id: &str,
+) -> Result<Option<RecordIdentifiers>, StoreError> {
     Ok(conn
         .prepare_cached(
             "SELECT upstream_key, header_message_id, rcpt_to FROM messages WHERE id = ?",

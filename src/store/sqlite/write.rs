@@ -99,7 +99,7 @@ fn close_open_intents(conn: &Connection, id: &str, now: i64) -> Result<usize, St
         .execute(params![now, id])?)
 }
 
-pub fn insert(
+pub(crate) fn insert(
     conn: &Connection,
     spool: &Mutex<Spool>,
     record: &NewRecord,
@@ -147,7 +147,7 @@ pub fn insert(
     Ok(Insert::Inserted)
 }
 
-pub fn finish(
+pub(crate) fn finish(
     conn: &Connection,
     id: &str,
     state: State,
@@ -164,7 +164,7 @@ pub fn finish(
     Ok(updated == 1)
 }
 
-pub fn purge_expired(conn: &Connection, retention: Retention) -> Result<u64, StoreError> {
+pub(crate) fn purge_expired(conn: &Connection, retention: Retention) -> Result<u64, StoreError> {
     let [replay, parked, window] = retention.sql_params();
     let deleted = conn
         .prepare_cached(&format!(
@@ -196,7 +196,7 @@ const CLAIM_DETAILS: &str = "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_t
                 WHERE a.message_id = m.id AND a.outcome IS NULL) AS open_intent
      FROM messages m JOIN delivery_jobs j ON j.message_id = m.id WHERE m.id = ?";
 
-pub fn claim(
+pub(crate) fn claim(
     conn: &Connection,
     spool: &SpoolReader,
     owner: &str,
@@ -324,7 +324,7 @@ fn finish_record(
     Ok(())
 }
 
-pub fn begin_attempt(
+pub(crate) fn begin_attempt(
     conn: &Connection,
     id: &str,
     token: i64,
@@ -345,7 +345,7 @@ pub fn begin_attempt(
     Ok(written == 1)
 }
 
-pub fn settle(
+pub(crate) fn settle(
     conn: &Connection,
     spool: &Mutex<Spool>,
     id: &str,
@@ -432,7 +432,7 @@ fn late_match_after_settle(
     )
 }
 
-pub fn renew_lease(
+pub(crate) fn renew_lease(
     conn: &Connection,
     id: &str,
     token: i64,
@@ -456,7 +456,10 @@ pub fn renew_lease(
 
 /// Writes `process`'s heartbeat; returns the other processes' last heartbeats (id, Unix ms),
 /// which tell whether another relay serves this file too.
-pub fn heartbeat(conn: &Connection, process: &str) -> Result<Vec<(String, i64)>, StoreError> {
+pub(crate) fn heartbeat(
+    conn: &Connection,
+    process: &str,
+) -> Result<Vec<(String, i64)>, StoreError> {
     let now = now_ms();
     conn.prepare_cached(
         "INSERT INTO relay_processes (id, started_at, heartbeat_at) VALUES (?1, ?2, ?2)
@@ -480,14 +483,22 @@ pub(super) const RECLAIM_DEAD_LEASES: &str = "UPDATE delivery_jobs SET lease_unt
                    WHERE substr(delivery_jobs.lease_owner, 1, length(p.id) + 1) = p.id || '-'
                      AND p.heartbeat_at <= ?2)";
 
-pub fn reclaim_dead_leases(conn: &Connection, stale_after: Duration) -> Result<u64, StoreError> {
+pub(crate) fn reclaim_dead_leases(
+    conn: &Connection,
+    stale_after: Duration,
+) -> Result<u64, StoreError> {
     let now = now_ms();
     Ok(conn
         .prepare_cached(RECLAIM_DEAD_LEASES)?
         .execute(params![now, now.saturating_sub(retention_ms(stale_after))])? as u64)
 }
 
-pub fn release(conn: &Connection, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
+pub(crate) fn release(
+    conn: &Connection,
+    id: &str,
+    token: i64,
+    after: Duration,
+) -> Result<(), StoreError> {
     conn.prepare_cached(
         "UPDATE delivery_jobs SET lease_owner = NULL, lease_until = NULL,
             due_at = MAX(due_at, ?)
@@ -501,7 +512,7 @@ pub fn release(conn: &Connection, id: &str, token: i64, after: Duration) -> Resu
     Ok(())
 }
 
-pub fn requeue(
+pub(crate) fn requeue(
     conn: &Connection,
     id: &str,
     confirmed: bool,
@@ -562,7 +573,7 @@ pub fn requeue(
     Ok(Requeue::Requeued)
 }
 
-pub fn cancel(conn: &Connection, id: &str, by: &Operator) -> Result<bool, StoreError> {
+pub(crate) fn cancel(conn: &Connection, id: &str, by: &Operator) -> Result<bool, StoreError> {
     let now = now_ms();
     let found = conn
         .prepare_cached(
@@ -592,7 +603,7 @@ pub fn cancel(conn: &Connection, id: &str, by: &Operator) -> Result<bool, StoreE
     Ok(true)
 }
 
-pub fn flush(conn: &Connection, id: &str, by: &Operator) -> Result<Flush, StoreError> {
+pub(crate) fn flush(conn: &Connection, id: &str, by: &Operator) -> Result<Flush, StoreError> {
     let now = now_ms();
     let found = conn
         .prepare_cached(
@@ -634,7 +645,7 @@ pub fn flush(conn: &Connection, id: &str, by: &Operator) -> Result<Flush, StoreE
     })
 }
 
-pub fn flush_all(conn: &Connection, by: &Operator) -> Result<Vec<String>, StoreError> {
+pub(crate) fn flush_all(conn: &Connection, by: &Operator) -> Result<Vec<String>, StoreError> {
     let now = now_ms();
     let mut flushed = Vec::new();
     {
@@ -657,7 +668,7 @@ pub fn flush_all(conn: &Connection, by: &Operator) -> Result<Vec<String>, StoreE
 }
 
 /// Writes one operator action (relay-wide when `record_id` is `None`).
-pub fn record_action(
+pub(crate) fn record_action(
     conn: &Connection,
     record_id: Option<&str>,
     action: Action,
@@ -680,7 +691,7 @@ pub fn record_action(
     Ok(())
 }
 
-pub fn pause(conn: &Connection, reason: &str, probe: bool) -> Result<(), StoreError> {
+pub(crate) fn pause(conn: &Connection, reason: &str, probe: bool) -> Result<(), StoreError> {
     // An operator's pause is never downgraded to one a probe may lift.
     conn.prepare_cached(
         "UPDATE delivery_control SET reason = ?1,
@@ -692,7 +703,7 @@ pub fn pause(conn: &Connection, reason: &str, probe: bool) -> Result<(), StoreEr
     Ok(())
 }
 
-pub fn resume(conn: &Connection) -> Result<(), StoreError> {
+pub(crate) fn resume(conn: &Connection) -> Result<(), StoreError> {
     conn.prepare_cached(
         "UPDATE delivery_control SET paused_at = NULL, reason = NULL, probe = 0 WHERE id = 1",
     )?
@@ -700,7 +711,7 @@ pub fn resume(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-pub fn record_replay(conn: &Connection, scope: &str, day: &str) -> Result<(), StoreError> {
+pub(crate) fn record_replay(conn: &Connection, scope: &str, day: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
         "INSERT INTO daily_counts (scope, day, replayed) VALUES (?, ?, 1)
          ON CONFLICT (scope, day) DO UPDATE SET replayed = daily_counts.replayed + 1",
