@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 use super::faults::{Context, FaultAction, FaultStage};
 use super::key::read_key;
 use super::life::{shutting_down, went_down, Down, Life};
-use super::state::{Control, Shared, Submission};
+use super::state::{Control, DotHandover, Shared};
 use crate::smtp::framing::{next_piece, BodyLimits, BodyReceiver, BodyStatus, Piece};
 use crate::smtp::reply::Reply;
 use crate::smtp::sasl::{Mechanism as SaslMechanism, SaslExchange, SaslStep};
@@ -633,7 +633,7 @@ impl Session {
         let key = read_key(&bytes);
         let plan = self
             .shared
-            .dot(Submission {
+            .dot(DotHandover {
                 key,
                 mail_from: txn.mail_from,
                 rcpt_to: txn.rcpt_to,

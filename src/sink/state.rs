@@ -122,7 +122,7 @@ struct State {
 }
 
 /// A transaction at its final dot, as the connection hands it over.
-pub(crate) struct Submission {
+pub(crate) struct DotHandover {
     pub key: SinkKey,
     pub mail_from: String,
     pub rcpt_to: Vec<String>,
@@ -419,7 +419,7 @@ impl Shared {
 
     fn record(
         st: &mut State,
-        sub: Submission,
+        sub: DotHandover,
         outcome: DotDecision,
         id: Option<String>,
         reply: Option<&Reply>,
@@ -463,7 +463,7 @@ impl Shared {
     /// Decides a transaction at its final dot: fault rules first, then the message's own
     /// faults, then the idempotency record; commits a new message (maildir file included)
     /// before returning, so a 250 is only ever sent for something already stored.
-    pub(crate) async fn dot(self: &Arc<Self>, sub: Submission) -> DotPlan {
+    pub(crate) async fn dot(self: &Arc<Self>, sub: DotHandover) -> DotPlan {
         let new = match self.decide(sub) {
             Decided::Done(plan) => return plan,
             Decided::Store(new) => new,
@@ -495,7 +495,7 @@ impl Shared {
         }
     }
 
-    fn decide(&self, sub: Submission) -> Decided {
+    fn decide(&self, sub: DotHandover) -> Decided {
         let now = Instant::now();
         let mut st = self.lock();
         let key = sub.key.value().map(str::to_string);
@@ -732,7 +732,7 @@ enum Decided {
 
 /// A new message, reserved in the ledger, not yet committed.
 struct NewMessage {
-    sub: Submission,
+    sub: DotHandover,
     key: Option<String>,
     id: String,
     how: How,
