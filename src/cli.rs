@@ -222,8 +222,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             command: CertsCommand::Generate { out, mut names },
         } => {
             if names.is_empty() {
-                names =
-                    crate::smtp::tls::default_certificate_names(&crate::config::system_hostname());
+                names = crate::smtp::tls::default_certificate_names(
+                    &crate::hostname::system_hostname(),
+                );
             }
             let (cert, key) = crate::smtp::tls::generate_self_signed(&out, &names)?;
             println!("wrote {} and {}", cert.display(), key.display());

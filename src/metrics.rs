@@ -13,7 +13,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::delivery::breaker::BreakerState;
 use crate::store::{QueueStats, State, WebhookOutcome};
 
 type Labels = Vec<(&'static str, &'static str)>;
@@ -120,6 +119,9 @@ pub(crate) struct LabelValues {
     pub command_refusals: Vec<&'static str>,
     /// `upstream_replies_total{class}`.
     pub upstream_reply_classes: Vec<&'static str>,
+    /// `circuit_breaker_state{state}` and `circuit_breaker_transitions_total{to}`; the first is
+    /// the state at start.
+    pub breaker_states: Vec<&'static str>,
     /// `delivery_attempts_total{outcome, phase}`: the pairs an attempt can end in.
     pub attempt_endings: Vec<(&'static str, &'static str)>,
 }
@@ -194,7 +196,8 @@ pub(crate) struct Metrics {
     breaker: Family<Labels, Gauge>,
     breaker_transitions: Family<Labels, Counter>,
     /// The breaker's state as the workers last saw it, for `/readyz`.
-    breaker_now: Mutex<BreakerState>,
+    breaker_now: Mutex<&'static str>,
+    breaker_states: Vec<&'static str>,
     connections_open: Gauge,
     delivery_paused: Family<Labels, Gauge>,
     store_writable: Gauge,
@@ -420,8 +423,8 @@ impl Metrics {
         for class in &labels.upstream_reply_classes {
             let _ = upstream_replies.get_or_create(&label("class", class));
         }
-        for state in BREAKER_STATES {
-            let _ = breaker_transitions.get_or_create(&label("to", state.as_str()));
+        for state in &labels.breaker_states {
+            let _ = breaker_transitions.get_or_create(&label("to", state));
         }
         for &(outcome, phase) in &labels.attempt_endings {
             let _ = attempts.get_or_create(&vec![("outcome", outcome), ("phase", phase)]);
@@ -448,7 +451,8 @@ impl Metrics {
             damaged,
             breaker,
             breaker_transitions,
-            breaker_now: Mutex::new(BreakerState::Closed),
+            breaker_now: Mutex::new(labels.breaker_states.first().copied().unwrap_or("")),
+            breaker_states: labels.breaker_states.clone(),
             connections_open,
             delivery_paused,
             store_writable,
@@ -466,7 +470,9 @@ impl Metrics {
             unmatched_events,
             heartbeat: Mutex::new(None),
         };
-        metrics.breaker_state(BreakerState::Closed);
+        if let Some(&start) = labels.breaker_states.first() {
+            metrics.breaker_state(start);
+        }
         metrics
     }
 
@@ -530,25 +536,26 @@ impl Metrics {
         self.webhook_bounces.inc_by(u64::from(outcome.bounced));
     }
 
-    pub(crate) fn breaker_state(&self, state: BreakerState) {
-        for s in BREAKER_STATES {
+    /// `state` is a `BreakerState::as_str()`.
+    pub(crate) fn breaker_state(&self, state: &'static str) {
+        for &s in &self.breaker_states {
             self.breaker
-                .get_or_create(&label("state", s.as_str()))
+                .get_or_create(&label("state", s))
                 .set(i64::from(s == state));
         }
         *self.breaker_now.lock().expect("breaker state lock") = state;
     }
 
     /// The breaker entered `to` (the state gauge follows through `breaker_state`).
-    pub(crate) fn breaker_transition(&self, to: BreakerState) {
+    pub(crate) fn breaker_transition(&self, to: &'static str) {
         self.breaker_transitions
-            .get_or_create(&label("to", to.as_str()))
+            .get_or_create(&label("to", to))
             .inc();
         self.breaker_state(to);
     }
 
     /// The breaker's state as the delivery workers last saw it.
-    pub(crate) fn breaker_now(&self) -> BreakerState {
+    pub(crate) fn breaker_now(&self) -> &'static str {
         *self.breaker_now.lock().expect("breaker state lock")
     }
 
@@ -651,12 +658,6 @@ impl Metrics {
     }
 }
 
-const BREAKER_STATES: [BreakerState; 3] = [
-    BreakerState::Closed,
-    BreakerState::Open,
-    BreakerState::HalfOpen,
-];
-
 /// The Prometheus text format 0.0.4, from prometheus-client's OpenMetrics output. The sample
 /// lines are the same in both; the differences are in the metadata: 0.0.4 has no `# UNIT` and
 /// no `# EOF`, and a counter's HELP and TYPE name the sample (`x_total`), where OpenMetrics
@@ -695,6 +696,7 @@ fn state_label(state: State) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::delivery::breaker::BreakerState;
     use crate::delivery::upstream::ReplyClass;
     use crate::intake::SubmissionResult;
     use crate::smtp::session::RefusalReason;
@@ -738,7 +740,7 @@ mod tests {
             Duration::from_millis(30),
         );
         m.intake_commit(Duration::from_millis(2));
-        m.breaker_transition(BreakerState::Open);
+        m.breaker_transition(BreakerState::Open.as_str());
         m.connection_refused(RefusalReason::Store.as_str());
         m.command_refused(RefusalReason::Smuggling.as_str());
         m.upstream_reply(ReplyClass::Connect.as_str());
@@ -802,7 +804,7 @@ mod tests {
             v("idemrelay_circuit_breaker_transitions_total{to=\"closed\"}"),
             0.0
         );
-        assert_eq!(m.breaker_now(), BreakerState::Open);
+        assert_eq!(m.breaker_now(), BreakerState::Open.as_str());
         assert_eq!(v("idemrelay_connections_open"), 7.0);
         assert_eq!(v("idemrelay_delivery_paused{reason=\"account\"}"), 1.0);
         assert_eq!(v("idemrelay_delivery_paused{reason=\"operator\"}"), 0.0);

@@ -15,6 +15,7 @@ use super::ops::{self, OpError, OpResult};
 use super::state::{error, AdminState};
 use super::waiting::RelayFacts;
 use super::wire::{ListQuery, OPERATOR_HEADER};
+use crate::delivery::breaker::BreakerState;
 use crate::store::Operator;
 
 fn respond(result: OpResult) -> Response {
@@ -30,7 +31,11 @@ fn bad_request(code: &'static str, message: impl Into<String>) -> Response {
 
 /// Pause and breaker, as the running relay knows them.
 async fn relay_facts(state: &AdminState) -> Result<RelayFacts, OpError> {
-    ops::relay_facts(state.store.as_ref(), Some(state.metrics.breaker_now())).await
+    ops::relay_facts(
+        state.store.as_ref(),
+        BreakerState::parse(state.metrics.breaker_now()),
+    )
+    .await
 }
 
 pub(crate) async fn show(State(state): State<Arc<AdminState>>, Path(id): Path<String>) -> Response {

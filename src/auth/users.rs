@@ -8,7 +8,7 @@ use anyhow::bail;
 use argon2::{Argon2, PasswordHash, PasswordHasher as _};
 
 use super::verify;
-use crate::config::secret::SecretUrl;
+use crate::secret::SecretUrl;
 
 /// Longest user name; SMTP AUTH names are short, and a bound keeps them loggable.
 pub const MAX_NAME_LEN: usize = 64;

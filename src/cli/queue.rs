@@ -259,7 +259,7 @@ impl Queue {
             .map(|t| t.expose().to_string());
         let api = AdminClient::new(addr, token, local_user());
         if let Some(given) = store_given {
-            let given = crate::config::SecretUrl(given).redacted();
+            let given = crate::secret::SecretUrl(given).redacted();
             let status = api.get("/api/v1/queue/status").await?;
             let served = status["store"].as_str().unwrap_or_default();
             anyhow::ensure!(

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::human_duration;
 use crate::delivery::retry::RetryPolicy;
 use crate::delivery::upstream::PhaseTimeouts;
 
@@ -19,33 +18,33 @@ pub struct DeliveryConfig {
     /// Concurrent upstream connections.
     pub connections: usize,
     pub max_messages_per_connection: usize,
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub idle_close: Duration,
     /// Upper bound between looks at the queue (intake also wakes the workers).
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub scan_interval: Duration,
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub retry_base: Duration,
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub retry_cap: Duration,
     pub max_attempts: u32,
     /// Give up (fail, or park as unresolved) this long after acceptance.
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub deadline: Duration,
     /// The upstream's idempotency window: an UNKNOWN outcome is retried only inside it.
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub upstream_window: Duration,
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub window_margin: Duration,
     /// Upstream message rate (messages per second) and burst.
     pub rate: f64,
     pub burst: f64,
     /// Consecutive transient/unknown failures that open the circuit breaker.
     pub breaker_threshold: u32,
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub breaker_cooldown: Duration,
     /// While paused for an account-level failure, how often the upstream is probed.
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub pause_probe_interval: Duration,
     /// One deadline per SMTP phase of the upstream conversation.
     pub timeouts: PhaseTimeouts,

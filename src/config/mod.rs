@@ -1,8 +1,6 @@
 //! Settings: TOML file, then `IDEMRELAY_*` environment, then flags. Validation and redaction.
 
 mod delivery;
-pub(crate) mod human_duration;
-pub(crate) mod secret;
 mod webhooks;
 
 use std::collections::BTreeMap;
@@ -17,8 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::mail::{is_valid_key, MissingKey};
 
+pub(crate) use crate::hostname::system_hostname;
+pub use crate::secret::{Secret, SecretUrl};
 pub(crate) use delivery::DeliveryConfig;
-pub use secret::{Secret, SecretUrl};
 pub use webhooks::{WebhookFields, WebhookSource, WebhookTypes};
 
 /// Where the admin HTTP API listens; `off` runs the relay without it.
@@ -74,7 +73,7 @@ pub struct Settings {
     pub tls_cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub tls_reload_interval: Duration,
     /// Users allowed to AUTH (TOML, argon2 hashes; `idemrelay user add`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -102,51 +101,51 @@ pub struct Settings {
     pub missing_key: MissingKey,
     /// How long a delivered or rejected record replays after acceptance. Every record also
     /// keeps its key until the upstream window has closed on its last attempt.
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub retention: Duration,
     /// How long `failed` and `unresolved` records wait for an operator after they were parked.
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub parked_retention: Duration,
     /// How long a submission waits for a concurrent one with the same key (then E01004).
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub in_progress_wait: Duration,
     pub max_message_size: usize,
     pub max_recipients: usize,
     pub max_errors: usize,
     /// Read deadline per command or DATA read.
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub read_timeout: Duration,
     /// How long a store write may wait for the database lock before the message is refused.
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub store_busy_timeout: Duration,
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub purge_interval: Duration,
     /// How often the store is probed for writability (new connections get 421 4.3.2 while
     /// it is not writable).
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub store_probe_interval: Duration,
     /// How long sessions inside a message may run on after SIGTERM.
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub shutdown_grace: Duration,
     /// Pause before the greeting on the plain / TLS listeners; a client that talks first gets
     /// 554 5.5.0.
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub greet_delay: Duration,
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub submission_greet_delay: Duration,
     /// Connection caps (421 4.7.0 beyond them).
     pub max_connections: usize,
     pub max_connections_per_ip: usize,
     /// Whole-session limit (421 4.4.2).
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub session_timeout: Duration,
     /// Bytes per second a message must arrive at after `data_rate_grace` (421 4.4.2).
     pub min_data_rate: u64,
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub data_rate_grace: Duration,
     /// Failed AUTH attempts per connection before 421 4.7.0, and the delay before each 535.
     pub max_auth_failures: usize,
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub auth_failure_delay: Duration,
     /// Failed AUTHs for one user name from one client (IPv4 address, IPv6 /64), across
     /// reconnects, before that name is refused at AUTH from that client (421 4.7.0).
@@ -156,7 +155,7 @@ pub struct Settings {
     pub max_auth_failures_per_ip: u32,
     /// A failure count is forgotten after this long without a new failure, so a lockout lasts
     /// this long after the last failed password.
-    #[serde(with = "human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub auth_failure_window: Duration,
     /// Admin HTTP API (health, metrics, the ledger); `off` disables it.
     pub admin: AdminListen,
@@ -172,16 +171,6 @@ pub struct Settings {
     /// Webhook sources by name (the `{name}` of the endpoint).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub webhooks: BTreeMap<String, WebhookSource>,
-}
-
-/// This host's name, as the system has it (the default `hostname`, a certificate's SAN).
-pub(crate) fn system_hostname() -> String {
-    gethostname::gethostname()
-        .into_string()
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
 }
 
 impl Default for Settings {

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context as _};
 use serde::{Deserialize, Serialize};
 
-use super::secret::Secret;
+use crate::secret::Secret;
 
 /// One upstream that posts signed events (`[webhooks.NAME]`).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -13,6 +13,17 @@ pub(crate) enum BreakerState {
 }
 
 impl BreakerState {
+    /// Every state, the one at start first (the metrics' label values).
+    pub(crate) const ALL: [BreakerState; 3] = [
+        BreakerState::Closed,
+        BreakerState::Open,
+        BreakerState::HalfOpen,
+    ];
+
+    pub(crate) fn parse(label: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == label)
+    }
+
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             BreakerState::Closed => "closed",

@@ -525,7 +525,7 @@ pub(crate) fn dsn_for(
     use crate::intake::fingerprint::{fingerprint, message_fingerprint};
     use crate::mail::KEY_HEADER;
     use crate::mail::{BodyType, Envelope};
-    use crate::smtp::reply::Reply;
+    use crate::reply::Reply;
     use crate::store::{NewRecord, State};
 
     if job.mail_from.is_empty() {

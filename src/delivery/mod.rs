@@ -7,5 +7,4 @@ pub(crate) mod outcome;
 pub(crate) mod ratelimit;
 pub(crate) mod retry;
 pub(crate) mod upstream;
-pub(crate) mod upstream_id;
 pub(crate) mod worker;

@@ -174,23 +174,23 @@ impl UpstreamTarget {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PhaseTimeouts {
-    #[serde(with = "crate::config::human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub connect: Duration,
     /// Greeting and EHLO (lettre reads both in one call).
-    #[serde(with = "crate::config::human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub greeting: Duration,
-    #[serde(with = "crate::config::human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub starttls: Duration,
-    #[serde(with = "crate::config::human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub auth: Duration,
-    #[serde(with = "crate::config::human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub mail: Duration,
-    #[serde(with = "crate::config::human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub rcpt: Duration,
-    #[serde(with = "crate::config::human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub data: Duration,
     /// Sending the body and waiting for the reply to the final dot.
-    #[serde(with = "crate::config::human_duration")]
+    #[serde(with = "crate::human_duration")]
     pub dot: Duration,
 }
 

@@ -480,11 +480,11 @@ impl Worker {
     /// answer (or the failure) that moved it, when an attempt did.
     fn breaker_moved(&self, breaker: &mut Breaker, now: Instant, last: Option<&str>) {
         let metrics = &self.shared.settings.metrics;
-        let from = metrics.breaker_now();
+        let from = BreakerState::parse(metrics.breaker_now()).unwrap_or(BreakerState::Closed);
         let Some(to) = breaker.transition(now) else {
             return;
         };
-        metrics.breaker_transition(to);
+        metrics.breaker_transition(to.as_str());
         let cooldown_ms = self.shared.settings.breaker_cooldown.as_millis() as u64;
         let last = last.unwrap_or("-");
         match to {
@@ -639,7 +639,7 @@ impl ProcessId {
 
 /// The owner's separators ('/') and the worker suffix's ('-') may not appear in the host part.
 fn host_name() -> String {
-    crate::config::system_hostname().replace(['/', '-'], "_")
+    crate::hostname::system_hostname().replace(['/', '-'], "_")
 }
 
 /// Writes this process's heartbeat every second and, every few seconds, takes over the

@@ -17,7 +17,7 @@ use tokio::sync::{watch, Notify};
 use crate::mail::Submission;
 use crate::mail::{Fingerprint, MissingKey};
 use crate::metrics::Metrics;
-use crate::smtp::reply::Reply;
+use crate::reply::Reply;
 use crate::store::{Existing, Insert, NewRecord, State, Store};
 use fingerprint::{fingerprint, message_fingerprint};
 use key::{derive_key, read_key_header, upstream_key, IdemKey, KeyHeader, KeySource};

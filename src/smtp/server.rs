@@ -13,11 +13,11 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::limits::{lockout_reason, DataRate};
 use super::proxy_header::{self, Framing, Refusal};
-use super::reply::Reply;
 use super::session::{Output, RefusalReason, Session, SessionConfig};
 use super::tls::TlsCerts;
 use crate::auth::LiveUsers;
 use crate::intake::{Intake, Origin};
+use crate::reply::Reply;
 use crate::shutdown::{Sessions, Stop};
 
 // The listeners' shared limits, under the path the app and the admin listener name them by.

@@ -14,6 +14,7 @@ mod retention;
 mod rows;
 pub(crate) mod sqlite;
 mod transition;
+mod upstream_id;
 pub(crate) mod webhook;
 
 use std::sync::Arc;
@@ -41,7 +42,7 @@ pub async fn open(url: &str, busy_timeout: Duration) -> Result<Arc<dyn Store>, S
     } else {
         Err(StoreError::Config(format!(
             "unsupported store URL scheme in {} (supported: sqlite://, postgres://)",
-            crate::config::SecretUrl(url.to_string()).redacted()
+            crate::secret::SecretUrl(url.to_string()).redacted()
         )))
     }
 }

@@ -428,7 +428,7 @@ pub(crate) fn report_damage(id: &str, reason: &str) -> String {
 /// The upstream's id for the message, kept with an accepted attempt (from its reply).
 pub(crate) fn accepted_upstream_id(result: &AttemptResult) -> Option<String> {
     (result.outcome == "accepted")
-        .then(|| crate::delivery::upstream_id::parse(&result.reply))
+        .then(|| super::upstream_id::parse(&result.reply))
         .flatten()
 }
 

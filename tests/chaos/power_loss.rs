@@ -432,7 +432,7 @@ async fn replay(addr: SocketAddr, msg: &Msg, id: &str) -> Result<(), String> {
         match submit_once(addr, &msg.bytes, false).await {
             Try::Answer(250, line) => {
                 let same = queue_id(&line).as_deref() == Some(id);
-                return if same && line.ends_with(idemrelay::smtp::reply::REPLAY_SUFFIX) {
+                return if same && line.ends_with(idemrelay::reply::REPLAY_SUFFIX) {
                     Ok(())
                 } else {
                     Err(line)

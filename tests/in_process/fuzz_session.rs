@@ -21,11 +21,11 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use idemrelay::mail::Submission;
+use idemrelay::reply::Reply;
 use idemrelay::smtp::address;
 use idemrelay::smtp::framing::{
     next_piece, BodyFault, BodyLimits, BodyReceiver, BodyStatus, Piece,
 };
-use idemrelay::smtp::reply::Reply;
 use idemrelay::smtp::session::{Output, Session, SessionConfig};
 use proptest::collection::vec;
 use proptest::prelude::*;

@@ -26,6 +26,7 @@ use super::ops::{self, OpError};
 use super::state::AdminState;
 use super::waiting::{why_waiting, RecordFacts, RelayFacts, Waiting};
 use super::wire::ListQuery;
+use crate::delivery::breaker::BreakerState;
 use crate::store::{
     AttemptRow, ListFilter, Operator, State as RecordState, StateFilter, StoreError, StoredMessage,
 };
@@ -306,7 +307,8 @@ async fn overview(
                 paused: paused.as_ref(),
                 scopes: &scopes,
                 actions: &actions,
-                breaker: state.metrics.breaker_now(),
+                breaker: BreakerState::parse(state.metrics.breaker_now())
+                    .unwrap_or(BreakerState::Closed),
                 now_ms: now_ms(),
             };
             html(StatusCode::OK, pages::overview(&page, &access.csrf))
@@ -355,7 +357,7 @@ fn copy(q: &ListQuery) -> ListQuery {
 async fn relay_facts(state: &AdminState) -> Result<RelayFacts, StoreError> {
     Ok(RelayFacts {
         pause: state.store.paused().await?,
-        breaker: Some(state.metrics.breaker_now()),
+        breaker: BreakerState::parse(state.metrics.breaker_now()),
     })
 }
 

@@ -5,8 +5,8 @@ use smtp_proto::{AUTH_LOGIN, AUTH_PLAIN};
 
 use super::{Answer, Mode, Output, Progress, Session};
 use crate::auth::Authenticated;
+use crate::reply::Reply;
 use crate::smtp::framing::{next_piece, Piece};
-use crate::smtp::reply::Reply;
 use crate::smtp::sasl::{Mechanism as SaslMechanism, SaslExchange, SaslStep};
 
 impl Session {

@@ -21,10 +21,10 @@ mod transaction;
 use std::sync::Arc;
 
 use super::framing::{next_piece, BodyReceiver, BodyStatus, Piece};
-use super::reply::Reply;
 use super::sasl::{Presented, SaslExchange};
 use crate::auth::Authenticated;
 use crate::mail::{BodyType, Submission};
+use crate::reply::Reply;
 
 pub(crate) use refusal::RefusalReason;
 

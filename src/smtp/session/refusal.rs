@@ -1,7 +1,7 @@
 //! Why the relay turned a client or a command away: one class per reply, for the refusal
 //! counters and the log line every refused or cut session gets.
 
-use crate::smtp::reply::Reply;
+use crate::reply::Reply;
 
 /// Why the relay turned a client or one of its commands away, for the refusal counters and
 /// the log line every refused or cut session gets. Syntax errors are not refusals: a client

@@ -4,10 +4,10 @@
 use super::guards::{has_control_chars, line_error_reply};
 use super::{Answer, Mode, Output, Progress, Session, Transaction};
 use crate::mail::{BodyType, Envelope, Submission};
+use crate::reply::Reply;
 use crate::smtp::address;
 use crate::smtp::framing::{BodyFault, BodyLimits, BodyReceiver, BodyStatus};
 use crate::smtp::mail_rcpt::{self, ParamError, Verb};
-use crate::smtp::reply::Reply;
 
 impl Session {
     pub(super) fn mail(&mut self, args: &[u8]) -> Answer {
