@@ -29,7 +29,10 @@ fn main() {
 /// Writes `SQLITE` and `POSTGRES`: (version, name, SQL) per file `NNNN_name.sql`, in version
 /// order. A misnamed file or a version taken twice stops the build rather than a relay start.
 fn migrations() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    // Read at run time: a build script binary reused from another checkout must list this one.
+    let dir =
+        std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"))
+            .join("migrations");
     let mut out = String::new();
     for (konst, dialect) in [("SQLITE", "sqlite"), ("POSTGRES", "postgres")] {
         let path = dir.join(dialect);
