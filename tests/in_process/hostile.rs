@@ -1,6 +1,6 @@
 //! Hostile clients over real sockets (DESIGN §3, "Input rules"): each defence gets the bytes an
 //! attacker or a broken client would send, and the test checks the exact reply (against the
-//! constants in `src/smtp/reply.rs`), what happens to the connection afterwards (closed when
+//! constants in `src/reply.rs`), what happens to the connection afterwards (closed when
 //! the contract says so; otherwise the same session still answers NOOP and can still submit a
 //! valid message), and that nothing was stored.
 
