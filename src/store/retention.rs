@@ -51,10 +51,13 @@ impl Retention {
     /// `expired` as an SQL condition on `messages m`, given the SQL text of its parameters
     /// (`?1` or `$1` style): now, replay, parked and upstream window, in milliseconds.
     /// The state lists come from `Kept::of`, the rule `expired` applies, so the two cannot
-    /// disagree about a state.
+    /// disagree about a state. `accepted_at` stands alone on its side so that the index on
+    /// `(state, accepted_at)` bounds the replayed records: written `accepted_at + replay`, the
+    /// purge read every finished record, 1 s on a million-record SQLite store, in the writer,
+    /// every `purge_interval`.
     pub(crate) fn expired_sql(now: &str, replay: &str, parked: &str, window: &str) -> String {
         format!(
-            "((m.state IN ({}) AND m.accepted_at + {replay} <= {now})
+            "((m.state IN ({}) AND m.accepted_at <= {now} - {replay})
                OR (m.state IN ({}) AND COALESCE(m.finished_at, m.accepted_at) + {parked} <= {now}))
              AND NOT EXISTS (SELECT 1 FROM attempts a
                              WHERE a.message_id = m.id AND a.started_at + {window} > {now})",

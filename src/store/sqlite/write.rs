@@ -164,14 +164,19 @@ pub(crate) fn finish(
     Ok(updated == 1)
 }
 
+/// The retention purge's DELETE; its parameters are now, then `Retention::sql_params`.
+pub(super) fn purge_sql() -> String {
+    format!(
+        "DELETE FROM messages AS m WHERE {}",
+        Retention::expired_sql("?1", "?2", "?3", "?4")
+    )
+}
+
 pub(crate) fn purge_expired(conn: &Connection, retention: Retention) -> Result<u64, StoreError> {
     let [replay, parked, window] = retention.sql_params();
-    let deleted = conn
-        .prepare_cached(&format!(
-            "DELETE FROM messages AS m WHERE {}",
-            Retention::expired_sql("?1", "?2", "?3", "?4")
-        ))?
-        .execute(params![now_ms(), replay, parked, window])?;
+    let deleted =
+        conn.prepare_cached(&purge_sql())?
+            .execute(params![now_ms(), replay, parked, window])?;
     // A sender retries a webhook for days at most: its receipt (the duplicate check) and an
     // event that never found its record are kept as long as a parked record.
     let before = now_ms().saturating_sub(parked);
