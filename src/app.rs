@@ -150,7 +150,10 @@ impl Relay {
                     missing_key: settings.missing_key,
                     retention: settings.retention_policy(),
                     in_progress_wait: settings.in_progress_wait,
-                    shared_scopes: shared_scopes(&scope_upstreams),
+                    key_spaces: key_spaces(
+                        &scope_upstreams,
+                        settings.upstream.as_ref().map(|u| u.expose()),
+                    ),
                 },
                 hint.clone(),
             )
@@ -268,6 +271,7 @@ impl Relay {
                 intake: intake.clone(),
                 scope_upstreams: scope_upstreams.clone(),
                 default_scope: settings.scope.clone(),
+                relay_upstream: settings.upstream.as_ref().map(|u| u.expose().to_string()),
             },
             hup,
             settings.tls_reload_interval,
@@ -433,6 +437,8 @@ struct Reloadable {
     /// Where each scope's mail went at start: delivery keeps these targets until a restart.
     scope_upstreams: BTreeMap<String, Option<String>>,
     default_scope: String,
+    /// The relay's own upstream, for the key spaces of scopes that use it.
+    relay_upstream: Option<String>,
 }
 
 impl Reloadable {
@@ -451,9 +457,11 @@ impl Reloadable {
         let Some(users) = &self.users else { return };
         let path = users.path().display().to_string();
         let admitted = users.reload(|new| {
-            let shared = admit_users(&self.scope_upstreams, &self.default_scope, new)?;
+            admit_users(&self.scope_upstreams, &self.default_scope, new)?;
             // Before any new user can log in, so that its very first key carries its scope.
-            self.intake.share_scopes(shared);
+            let wanted = scope_upstreams(&self.default_scope, Some(new));
+            self.intake
+                .set_key_spaces(key_spaces(&wanted, self.relay_upstream.as_deref()));
             Ok(())
         });
         match admitted {
@@ -541,8 +549,25 @@ async fn store_health_loop(intake: Arc<Intake>, every: Duration, stop: Stop) {
     }
 }
 
+/// Each scope's upstream key space (`intake::KeySpaces`): the account of the upstream a scope
+/// alone on it sends to, `None` for a scope sharing its upstream with another here.
+fn key_spaces(
+    scope_upstreams: &BTreeMap<String, Option<String>>,
+    relay_upstream: Option<&str>,
+) -> crate::intake::KeySpaces {
+    let shared = shared_scopes(scope_upstreams);
+    scope_upstreams
+        .iter()
+        .map(|(scope, own)| {
+            let space = (!shared.contains(scope))
+                .then(|| UpstreamTarget::key_space_of(own.as_deref().or(relay_upstream)));
+            (scope.clone(), space)
+        })
+        .collect()
+}
+
 /// The scopes that send to an upstream together with another scope: the key that upstream
-/// sees carries the scope (DESIGN §1 "The key the upstream sees").
+/// sees carries the scope.
 fn shared_scopes(scope_upstreams: &BTreeMap<String, Option<String>>) -> BTreeSet<String> {
     let mut by_upstream: BTreeMap<Option<&str>, Vec<&str>> = BTreeMap::new();
     for (scope, upstream) in scope_upstreams {
@@ -662,6 +687,34 @@ mod tests {
             assert!(err.contains("restart"), "{err}");
             assert!(!err.contains("secret"), "{err}");
         }
+    }
+
+    #[test]
+    fn only_a_scope_alone_on_its_upstream_names_a_key_space() {
+        let map: BTreeMap<String, Option<String>> = [
+            ("default".to_string(), None),
+            ("bob".to_string(), None),
+            (
+                "alice".to_string(),
+                Some("smtp://u:secret@A.example".to_string()),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let spaces = key_spaces(&map, Some("smtp://relay.example:2525?tls=none"));
+        assert_eq!(spaces["default"], None);
+        assert_eq!(spaces["bob"], None);
+        assert_eq!(spaces["alice"].as_deref(), Some("u@a.example:587"));
+        let alone: BTreeMap<String, Option<String>> =
+            [("default".to_string(), None)].into_iter().collect();
+        assert_eq!(
+            key_spaces(&alone, Some("smtp://relay.example:2525?tls=none"))["default"].as_deref(),
+            Some("relay.example:2525")
+        );
+        assert_eq!(
+            key_spaces(&alone, None)["default"].as_deref(),
+            Some("(no upstream)")
+        );
     }
 
     #[test]

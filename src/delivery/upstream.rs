@@ -162,6 +162,26 @@ impl UpstreamTarget {
         })
     }
 
+    /// The upstream account a URL names, as the store records which scope owns its key
+    /// space (`Store::claim_key_space`): `user@host:port`, the host in lower case, the port
+    /// the relay would connect to; the password, TLS mode and options are not part of it.
+    /// Instances sharing a store must name one upstream alike for it to be one key space.
+    /// A relay without an upstream only queues; its records are forwarded by instances that
+    /// have one, so it names a key space of its own.
+    pub(crate) fn key_space_of(url: Option<&str>) -> String {
+        let Some(url) = url else {
+            return "(no upstream)".to_string();
+        };
+        match UpstreamTarget::parse(url, None) {
+            Ok(t) => {
+                let user = t.user.map(|u| format!("{u}@")).unwrap_or_default();
+                format!("{user}{}:{}", t.host.to_ascii_lowercase(), t.port)
+            }
+            // Refused at start by delivery anyway; named without its secrets meanwhile.
+            Err(_) => crate::secret::SecretUrl(url.to_string()).redacted(),
+        }
+    }
+
     fn credentials(&self) -> Option<Credentials> {
         Some(Credentials::new(
             self.user.clone()?,

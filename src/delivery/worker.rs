@@ -94,10 +94,14 @@ pub(crate) fn start(
         alive_until: Mutex::new(Instant::now()),
     });
     let process = ProcessId::current();
+    // Every worker holds a sender; the heartbeat goes on until the last one has ended, so
+    // an attempt still running after the stop signal (within the shutdown grace) is never
+    // taken for a dead process's and cut off.
+    let (working, workers_ended) = tokio::sync::mpsc::channel::<()>(1);
     let mut tasks = vec![tokio::spawn(keep_alive(
         shared.clone(),
         process.clone(),
-        stop.clone(),
+        workers_ended,
     ))];
     for n in 0..shared.settings.workers.max(1) {
         let client = upstream_client(&shared.settings, &shared.settings.target)?;
@@ -112,6 +116,7 @@ pub(crate) fn start(
             scoped,
             prober: n == 0,
             last_probe: None,
+            _working: working.clone(),
         };
         tasks.push(tokio::spawn(worker.run(stop.clone())));
     }
@@ -144,6 +149,8 @@ struct Worker {
     /// One worker probes the upstream while the queue is paused.
     prober: bool,
     last_probe: Option<Instant>,
+    /// Dropped when the worker ends: the heartbeat stops after the last one.
+    _working: tokio::sync::mpsc::Sender<()>,
 }
 
 impl Worker {
@@ -250,9 +257,13 @@ impl Worker {
         }
         self.last_probe = Some(Instant::now());
         match self.client.probe().await {
+            // An operator may have paused while the probe ran: then the pause stays theirs.
             Ok(()) => {
-                self.shared.store.resume().await?;
-                tracing::warn!(target: "idemrelay::delivery", "upstream answered the probe normally; delivery resumed");
+                if self.shared.store.resume_after_probe().await? {
+                    tracing::warn!(target: "idemrelay::delivery", "upstream answered the probe normally; delivery resumed");
+                } else {
+                    tracing::info!(target: "idemrelay::delivery", "upstream answered the probe normally; delivery stays paused by an operator");
+                }
             }
             Err(outcome) => {
                 tracing::error!(
@@ -374,14 +385,14 @@ impl Worker {
         let settle = decision.settle(dsn);
         let result = &decision.row;
         // The outcome is known now; losing it to a passing store error would turn it into
-        // UNKNOWN and a resend, so the write is retried while the lease lasts.
+        // UNKNOWN and a resend, so the write is retried while the lease lasts, as renewed.
         let settled = settle_with_retry(
             store.as_ref(),
             &job.id,
             job.token,
             Some((attempt, result)),
             &settle,
-            claimed_at + self.shared.lease,
+            held.settle_by(),
         )
         .await?;
         if let Some(reason) = &decision.pause {
@@ -601,6 +612,13 @@ impl HeldLease {
         }
     }
 
+    /// Until when the outcome's write is retried: the lease as last renewed, not as first
+    /// claimed (a long attempt renews it many times). A write after it would be refused by the
+    /// fencing token anyway.
+    fn settle_by(&self) -> Instant {
+        self.until
+    }
+
     fn renewed(&mut self, asked_at: Instant) {
         self.until = self.until.max(asked_at + self.lease);
     }
@@ -644,8 +662,14 @@ fn host_name() -> String {
 
 /// Writes this process's heartbeat every second and, every few seconds, takes over the
 /// leases of processes whose heartbeat went stale: instances sharing one database take over
-/// a sibling that died within seconds, wherever it ran, instead of at lease expiry.
-async fn keep_alive(shared: Arc<Shared>, me: ProcessId, stop: Stop) {
+/// a sibling that died within seconds, wherever it ran, instead of at lease expiry. Runs
+/// until every worker has ended (`workers_ended` yields `None`), not until the stop signal:
+/// at shutdown the workers finish their attempts under this heartbeat.
+async fn keep_alive(
+    shared: Arc<Shared>,
+    me: ProcessId,
+    mut workers_ended: tokio::sync::mpsc::Receiver<()>,
+) {
     let mut last_check: Option<Instant> = None;
     loop {
         let asked = Instant::now();
@@ -664,10 +688,7 @@ async fn keep_alive(shared: Arc<Shared>, me: ProcessId, stop: Stop) {
         }
         tokio::select! {
             _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
-            _ = stop.stopped() => return,
-        }
-        if stop.is_stopping() {
-            return;
+            None = workers_ended.recv() => return,
         }
     }
 }
@@ -748,6 +769,8 @@ mod tests {
         // A renewal that was asked earlier than the one in force changes nothing.
         held.renewed(t0 + s(5));
         assert_eq!(held.abandon_at(), t0 + s(37));
+        // The outcome's write is retried until the renewed lease ends, not the first one.
+        assert_eq!(held.settle_by(), t0 + s(40));
         // Short leases keep at least a second of margin.
         assert_eq!(HeldLease::new(t0, s(5)).abandon_at(), t0 + s(4));
     }

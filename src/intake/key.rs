@@ -92,13 +92,19 @@ pub(crate) fn derive_key(
 
 /// The key the upstream sees for part `part` of (scope, key) (DESIGN §1): one upstream account
 /// is one key space, so it must be unique per scope and part across everything the relay sends
-/// there. The client's key unchanged for part 1 of a scope alone on its upstream (the common
-/// case); otherwise `u1-<scope tag>-<part>-<key>`, where the scope tag is 16 hex digits of a
+/// there. The client's key unchanged for part 1 of a scope that keeps its clients' keys (alone
+/// on its upstream, and that upstream's key-space owner in the store: the common case);
+/// otherwise `u1-<scope tag>-<part>-<key>`, where the scope tag is 16 hex digits of a
 /// digest of the scope, or, when that would pass 255 characters, `u1-<64 hex digits>` of a
 /// digest of all three. Derived keys are already unique per scope and never split (their
 /// recipients are part of them), so they go unchanged.
-pub(crate) fn upstream_key(scope: &str, key: &IdemKey, part: u32, shared_upstream: bool) -> String {
-    if key.source != KeySource::Header || (part == 1 && !shared_upstream) {
+pub(crate) fn upstream_key(
+    scope: &str,
+    key: &IdemKey,
+    part: u32,
+    keeps_client_key: bool,
+) -> String {
+    if key.source != KeySource::Header || (part == 1 && keeps_client_key) {
         return key.value.clone();
     }
     let mut tag = Hasher::new("idemrelay upstream scope tag v1");
@@ -122,12 +128,14 @@ mod tests {
             value: v.into(),
             source: KeySource::Header,
         };
+        const KEEPS: bool = true;
+        const SHARED: bool = false;
         let k = header("welcome-customer-1");
         // The common case: the client's key, unchanged.
-        assert_eq!(upstream_key("alice", &k, 1, false), "welcome-customer-1");
-        let alice2 = upstream_key("alice", &k, 2, false);
-        let shared_alice = upstream_key("alice", &k, 1, true);
-        let shared_bob = upstream_key("bob", &k, 1, true);
+        assert_eq!(upstream_key("alice", &k, 1, KEEPS), "welcome-customer-1");
+        let alice2 = upstream_key("alice", &k, 2, KEEPS);
+        let shared_alice = upstream_key("alice", &k, 1, SHARED);
+        let shared_bob = upstream_key("bob", &k, 1, SHARED);
         assert!(alice2.starts_with("u1-") && alice2.ends_with("-2-welcome-customer-1"));
         let all = [&k.value, &alice2, &shared_alice, &shared_bob];
         for (i, a) in all.iter().enumerate() {
@@ -137,12 +145,12 @@ mod tests {
             }
         }
         // Deterministic: every attempt and every retry sends the same.
-        assert_eq!(upstream_key("bob", &k, 1, true), shared_bob);
+        assert_eq!(upstream_key("bob", &k, 1, SHARED), shared_bob);
         // Too long for the readable form: a digest, still valid and still unique.
         let long = header(&"k".repeat(250));
         let (a, b) = (
-            upstream_key("alice", &long, 2, false),
-            upstream_key("alice", &long, 3, false),
+            upstream_key("alice", &long, 2, KEEPS),
+            upstream_key("alice", &long, 3, KEEPS),
         );
         assert!(is_valid_key(&a) && a.len() == 67 && a != b, "{a}");
         // Derived keys carry the scope already and never split.
@@ -150,7 +158,7 @@ mod tests {
             value: "d1-abc".into(),
             source: KeySource::MessageId,
         };
-        assert_eq!(upstream_key("alice", &derived, 1, true), "d1-abc");
+        assert_eq!(upstream_key("alice", &derived, 1, SHARED), "d1-abc");
     }
 
     use super::*;

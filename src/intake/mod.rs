@@ -33,11 +33,17 @@ pub(crate) struct IntakeSettings {
     pub retention: crate::store::Retention,
     /// How long a submission waits for a concurrent one with the same key to commit.
     pub in_progress_wait: Duration,
-    /// The scopes that share their upstream with another scope: the key it sees carries
-    /// the scope (`key::upstream_key`). At start; a users file reload may add to them
-    /// (`Intake::share_scopes`).
-    pub shared_scopes: std::collections::BTreeSet<String>,
+    /// Each scope's upstream key space (`KeySpaces`): at start; a users file reload
+    /// replaces it (`Intake::set_key_spaces`).
+    pub key_spaces: KeySpaces,
 }
+
+/// Where each scope's mail goes, as the key the upstream sees needs it: `Some(key space)` for
+/// a scope alone on its upstream in this instance's config, which may then send its clients'
+/// keys unchanged if the store says it owns that key space (`Store::claim_key_space`); `None`
+/// for a scope sharing its upstream with another here, whose keys always carry the scope.
+/// A scope missing from the map is treated as sharing.
+pub(crate) type KeySpaces = std::collections::BTreeMap<String, Option<String>>;
 
 /// Who submitted: decides the scope and the trace line.
 #[derive(Debug, Clone)]
@@ -107,8 +113,11 @@ pub struct Intake {
     /// Wakes the delivery workers after a commit.
     delivery_hint: Arc<Notify>,
     metrics: Arc<Metrics>,
-    /// `settings.shared_scopes` and every scope shared since (see `share_scopes`).
-    shared_scopes: std::sync::RwLock<std::collections::BTreeSet<String>>,
+    /// `settings.key_spaces`, or the latest from a users file reload.
+    key_spaces: std::sync::RwLock<KeySpaces>,
+    /// The store's answers to `claim_key_space`, per (scope, key space): they never change,
+    /// so each is asked once per process.
+    key_space_owned: Mutex<HashMap<(String, String), bool>>,
 }
 
 /// Removes the in-flight entry (waking the waiters) however the attempt ends.
@@ -146,7 +155,8 @@ impl Intake {
     ) -> Self {
         Intake {
             store,
-            shared_scopes: std::sync::RwLock::new(settings.shared_scopes.clone()),
+            key_spaces: std::sync::RwLock::new(settings.key_spaces.clone()),
+            key_space_owned: Mutex::new(HashMap::new()),
             settings,
             delivery_hint,
             in_flight: Mutex::new(HashMap::new()),
@@ -170,14 +180,51 @@ impl Intake {
         &self.store
     }
 
-    /// Marks more scopes as sharing their upstream (a reloaded users file added a scope). The
-    /// set only grows until a restart: a session authenticated before the reload may still
-    /// submit under a scope the new file dropped, and its keys must stay apart too.
-    pub(crate) fn share_scopes(&self, scopes: impl IntoIterator<Item = String>) {
-        self.shared_scopes
-            .write()
+    /// Takes the key spaces of a reloaded users file. A scope that shares its upstream in
+    /// either the old or the new map shares it from now on: a session authenticated before
+    /// the reload may still submit under a scope the new file dropped, and its keys must stay
+    /// apart too.
+    pub(crate) fn set_key_spaces(&self, new: KeySpaces) {
+        let mut current = self.key_spaces.write().unwrap_or_else(|e| e.into_inner());
+        for (scope, space) in new {
+            let kept = match current.get(&scope) {
+                Some(None) => None,
+                Some(Some(old)) if Some(old) != space.as_ref() => None,
+                _ => space,
+            };
+            current.insert(scope, kept);
+        }
+    }
+
+    /// Whether part 1 of `scope`'s header keys reaches its upstream unchanged: the scope is
+    /// alone on its upstream here, and the store records it as the owner of that upstream's
+    /// key space (the first scope of the whole deployment to claim it). Decided per scope for
+    /// every instance alike, never from one instance's config alone.
+    async fn keeps_client_keys(&self, scope: &str) -> Result<bool, crate::store::StoreError> {
+        let space = self
+            .key_spaces
+            .read()
             .unwrap_or_else(|e| e.into_inner())
-            .extend(scopes);
+            .get(scope)
+            .cloned()
+            .flatten();
+        let Some(space) = space else {
+            return Ok(false);
+        };
+        let slot = (scope.to_string(), space);
+        if let Some(owned) = self.key_space_owned.lock().expect("key spaces").get(&slot) {
+            return Ok(*owned);
+        }
+        let owner = self.store.claim_key_space(&slot.1, scope).await?;
+        let owned = owner == scope;
+        if !owned {
+            tracing::info!(target: "idemrelay::intake", scope, key_space = %slot.1, owner = %owner, "another scope sends its keys to this upstream unchanged; this scope's keys carry the scope");
+        }
+        self.key_space_owned
+            .lock()
+            .expect("key spaces")
+            .insert(slot, owned);
+        Ok(owned)
     }
 
     pub(crate) fn store_healthy(&self) -> bool {
@@ -290,6 +337,15 @@ impl Intake {
             Resolved::Keyed(key) => Some(key),
             Resolved::Unkeyed => None,
         };
+        let keeps_client_key = match &key {
+            Some(k) if k.source == KeySource::Header => {
+                match self.keeps_client_keys(&origin.scope).await {
+                    Ok(keeps) => keeps,
+                    Err(err) => return (unavailable(&err), key),
+                }
+            }
+            _ => false,
+        };
         let id = crate::mail::new_queue_id(crate::store::now_ms());
         let message_fp = message_fingerprint(&origin.scope, &sub.envelope, &sub.message);
         let facts = RecordFacts {
@@ -299,6 +355,7 @@ impl Intake {
             fingerprint: fp,
             message_fp,
             key: key.as_ref(),
+            keeps_client_key,
             id: &id,
         };
         let decision = match &key {
@@ -360,14 +417,9 @@ impl Intake {
         let RecordFacts {
             origin, sub, scan, ..
         } = *facts;
-        let upstream_key = facts.key.map(|k| {
-            let shared = self
-                .shared_scopes
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&origin.scope);
-            upstream_key(&origin.scope, k, part, shared)
-        });
+        let upstream_key = facts
+            .key
+            .map(|k| upstream_key(&origin.scope, k, part, facts.keeps_client_key));
         let (state, reply, content) = if scan.has_from {
             let received = ReceivedLine {
                 helo: &sub.helo,
@@ -529,6 +581,8 @@ struct RecordFacts<'a> {
     fingerprint: Fingerprint,
     message_fp: Fingerprint,
     key: Option<&'a IdemKey>,
+    /// Part 1 of a header key reaches the upstream unchanged (`keeps_client_keys`).
+    keeps_client_key: bool,
     id: &'a str,
 }
 

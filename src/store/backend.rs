@@ -66,6 +66,11 @@ pub trait Store: Send + Sync {
     /// Extends a lease still held under `token`; false if it was lost.
     async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError>;
 
+    /// Makes `scope` the owner of `key_space` (an upstream account) unless a scope already
+    /// is, and returns the owner: the one scope whose clients' keys that upstream sees
+    /// unchanged. The first claim stands for good, for every instance on this store.
+    async fn claim_key_space(&self, key_space: &str, scope: &str) -> Result<String, StoreError>;
+
     /// Records, at the store's clock, that the relay process `process` is alive (DESIGN §2
     /// "Liveness"). Its workers' lease owners are `<process>-<n>`.
     async fn heartbeat(&self, process: &str) -> Result<(), StoreError>;
@@ -138,7 +143,12 @@ pub trait Store: Send + Sync {
     async fn paused(&self) -> Result<Option<Pause>, StoreError>;
     /// `probe`: the relay may resume by itself once the upstream answers a probe normally.
     async fn pause(&self, reason: &str, probe: bool) -> Result<(), StoreError>;
+    /// An operator lifts the pause, whoever set it.
     async fn resume(&self) -> Result<(), StoreError>;
+    /// A probe that the upstream answered normally lifts the pause only if the relay set it
+    /// and no operator has paused since (an operator's pause is lifted only by an operator).
+    /// True when it was lifted.
+    async fn resume_after_probe(&self) -> Result<bool, StoreError>;
 
     /// Counts one idempotent replay for the scope on the UTC day of `at_ms` (replays store
     /// nothing else, and `report` needs them).

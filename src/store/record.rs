@@ -309,9 +309,12 @@ pub enum StoreError {
     WriterGone,
     #[error("corrupt record {id}: {what}")]
     Corrupt { id: String, what: &'static str },
-    /// A spooled message body could not be written, synced or read.
+    /// A spooled message body could not be written, synced or read, for a passing reason.
     #[error("store spool: {0}")]
     Spool(String),
+    /// A spooled message body is not there in full (its segment is gone or too short).
+    #[error("store spool: {0}")]
+    SpoolDamage(String),
     /// A stored body that cannot be forwarded: unreadable, or not matching its checksum.
     #[error("stored body of {id} is damaged: {reason}")]
     Damaged { id: String, reason: String },

@@ -112,7 +112,7 @@ pub(crate) fn content(row: &impl Columns, id: &str) -> Result<Option<Vec<u8>>, S
     };
     let body = match row.opt_bytes("content") {
         Ok(body) => body,
-        Err(StoreError::Spool(reason)) => return Err(damaged(reason)),
+        Err(StoreError::SpoolDamage(reason)) => return Err(damaged(reason)),
         Err(err) => return Err(err),
     };
     let Some(body) = body else {

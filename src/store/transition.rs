@@ -100,6 +100,16 @@ pub(crate) struct Requeued {
     pub detail: String,
 }
 
+/// The fencing token a requeued record's new job row starts from. A record's job row is
+/// deleted when it ends and made anew by a requeue; starting again at 0 would hand the next
+/// claim a token that a worker of an earlier round may still hold (frozen, then woken), and
+/// its writes would pass the fence. Tokens grow by one per claim, far fewer than 2^20 per
+/// millisecond, so a row started at `now_ms << 20` starts above every token an earlier row of
+/// the same record reached (until the year 2248).
+pub(crate) fn requeued_token_base(now_ms: i64) -> i64 {
+    now_ms.max(0) << 20
+}
+
 /// Only `failed`, `unresolved` and `cancelled` records can be requeued, only while their
 /// bytes are kept, and only with the operator's confirmation of the duplicate risk whenever
 /// the ledger holds an UNKNOWN attempt (an `unresolved` record always does; a `failed` one
@@ -433,5 +443,16 @@ mod tests {
         assert_eq!(finish.state, State::Failed);
         assert!(finish.upstream_reply.contains("checksum mismatch"));
         assert!(finish.close_open_intents);
+    }
+
+    #[test]
+    fn a_requeued_job_starts_its_tokens_above_any_earlier_round() {
+        let requeued_at = 1_800_000_000_000;
+        let earlier_round = requeued_token_base(requeued_at - 1) + 1_000_000;
+        assert!(requeued_token_base(requeued_at) > earlier_round);
+        assert!(
+            requeued_token_base(requeued_at) > 1_000_000,
+            "above an intake row's tokens"
+        );
     }
 }

@@ -118,66 +118,86 @@ pub struct EventRow {
 /// matter are in columns of their own).
 pub(crate) const MAX_EVENT_JSON: usize = 16 * 1024;
 
-/// A record's upstream key, Message-ID and recipients, for late matching.
-pub(crate) type RecordIdentifiers = (Option<String>, Option<String>, Vec<String>);
+/// How far an event's time may lie before the first attempt of the record it names: the
+/// upstream's clock and ours differ a little (the same allowance as a webhook timestamp's).
+pub(crate) const EVENT_CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
 
-/// A record an event might name, as found by one of its identifiers.
+/// What an event names its message by, whether it arrives now or was kept unmatched. The
+/// Message-ID is not among them: one Message-ID is legitimately shared by several records
+/// (parts, separate sends), so it is kept as a hint for people, never used to match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EventNames<'a> {
+    /// The key the upstream saw.
+    pub key: Option<&'a str>,
+    /// The upstream's own message id.
+    pub upstream_id: Option<&'a str>,
+    pub event_time_ms: i64,
+}
+
+impl UpstreamEvent {
+    pub(crate) fn names(&self) -> EventNames<'_> {
+        EventNames {
+            key: self.key.as_deref(),
+            upstream_id: self.upstream_id.as_deref(),
+            event_time_ms: self.event_time_ms,
+        }
+    }
+}
+
+/// A record an event might belong to: one whose upstream key is the event's key, or one
+/// with an attempt whose reply carried the event's upstream id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Candidate {
     pub id: String,
-    pub rcpt_to: Vec<String>,
-    pub accepted_at_ms: i64,
+    pub upstream_key: Option<String>,
+    /// When its first attempt began; `None`: never attempted (the upstream never saw it).
+    pub first_attempt_ms: Option<i64>,
+    /// One of its attempts' replies carried the event's upstream id.
+    pub has_event_upstream_id: bool,
+    /// One of its attempts' replies carried some upstream id.
+    pub has_upstream_ids: bool,
 }
 
-/// Which identifier found the candidates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MatchBy {
-    UpstreamId,
-    Key,
-    MessageId,
+/// Whether an event belongs to a record: what it names identifies the record (its key is the
+/// record's upstream key, or its upstream id is one recorded for the record's attempts),
+/// nothing it names contradicts the record (another key; an upstream id recorded for another
+/// record, or not among the record's own when it has some), and it happened no earlier than
+/// the record's first attempt (less `EVENT_CLOCK_SKEW_MS`). `id_known` says whether the
+/// event's upstream id is recorded for any record at all. The recipient an event names is
+/// not part of it: the upstream may spell an address otherwise, and the key or id already
+/// names the record.
+pub(crate) fn belongs(event: &EventNames<'_>, record: &Candidate, id_known: bool) -> bool {
+    let by_key = event.key.is_some() && event.key == record.upstream_key.as_deref();
+    let by_upstream_id = event.upstream_id.is_some() && record.has_event_upstream_id;
+    if !(by_key || by_upstream_id) {
+        return false;
+    }
+    if event.key.is_some() && !by_key {
+        return false;
+    }
+    // A record whose reply to the dot was lost has no upstream id: the key alone names it,
+    // unless the id the event carries is another record's.
+    if event.upstream_id.is_some() && !by_upstream_id && (record.has_upstream_ids || id_known) {
+        return false;
+    }
+    let Some(first_attempt) = record.first_attempt_ms else {
+        return false;
+    };
+    event.event_time_ms >= first_attempt.saturating_sub(EVENT_CLOCK_SKEW_MS)
 }
 
-/// The identifiers of an event to try, most specific first: the upstream's own id names one
-/// attempt of one record; the key names one record (part) per upstream; one Message-ID may
-/// be shared by several transactions (parts, or separate sends to other recipients).
-pub(crate) fn match_order(event: &UpstreamEvent) -> Vec<(MatchBy, &str)> {
-    [
-        (MatchBy::UpstreamId, event.upstream_id.as_deref()),
-        (MatchBy::Key, event.key.as_deref()),
-        (MatchBy::MessageId, event.message_id.as_deref()),
-    ]
-    .into_iter()
-    .filter_map(|(by, v)| v.map(|v| (by, v)))
-    .collect()
-}
-
-/// The record an event names among the candidates one identifier found: one holding the
-/// event's recipient if any does, and among equals the newest.
+/// The record an event belongs to: the one candidate it belongs to. `candidates` holds every
+/// record the event's key or upstream id finds. When the event belongs to several (a key used
+/// again after its record expired, say), it names none of them alone and is kept unmatched
+/// rather than attached to a guess.
 pub(crate) fn choose_record<'c>(
+    event: &EventNames<'_>,
     candidates: &'c [Candidate],
-    recipient: Option<&str>,
 ) -> Option<&'c Candidate> {
-    let holders: Vec<&Candidate> = match recipient {
-        Some(r) => candidates.iter().filter(|c| holds(&c.rcpt_to, r)).collect(),
-        None => Vec::new(),
-    };
-    let pool: Vec<&Candidate> = if holders.is_empty() {
-        candidates.iter().collect()
-    } else {
-        holders
-    };
-    pool.into_iter()
-        .max_by(|a, b| (a.accepted_at_ms, &a.id).cmp(&(b.accepted_at_ms, &b.id)))
-}
-
-/// Whether a record found later may take an event that matched nothing so far: not when the
-/// event names a recipient the record does not hold (it waits for the record that does).
-pub(crate) fn late_match_fits(rcpt_to: &[String], recipient: Option<&str>) -> bool {
-    recipient.is_none_or(|r| holds(rcpt_to, r))
-}
-
-fn holds(rcpt_to: &[String], recipient: &str) -> bool {
-    rcpt_to.iter().any(|r| r.eq_ignore_ascii_case(recipient))
+    let id_known = candidates.iter().any(|c| c.has_event_upstream_id);
+    let mut fitting = candidates.iter().filter(|c| belongs(event, c, id_known));
+    let first = fitting.next()?;
+    fitting.next().is_none().then_some(first)
 }
 
 /// An event is applied unless it is older than the newest one already applied to the same
@@ -268,37 +288,31 @@ pub(crate) fn cap_json(json: &str) -> String {
 /// Names under which two transactions that could match an event to a record are serialized
 /// (Postgres advisory locks): an event looking for a record by an identifier and a record
 /// becoming known by it must not miss each other.
-pub(crate) fn lock_names(
-    key: Option<&str>,
-    message_id: Option<&str>,
-    upstream_id: Option<&str>,
-) -> Vec<String> {
-    [("k:", key), ("m:", message_id), ("u:", upstream_id)]
+pub(crate) fn lock_names(key: Option<&str>, upstream_id: Option<&str>) -> Vec<String> {
+    [("k:", key), ("u:", upstream_id)]
         .into_iter()
         .filter_map(|(prefix, v)| v.map(|v| format!("{prefix}{v}")))
         .collect()
 }
 
-/// A record as it becomes known by an identifier an event may already have named.
+/// A record as it becomes known by an identifier an event may already have named: events
+/// kept unmatched under these identifiers are matched again, by the same rule (`belongs`).
 pub(crate) struct Known<'a> {
     pub id: &'a str,
     pub upstream_key: Option<&'a str>,
-    pub message_id: Option<&'a str>,
     pub upstream_id: Option<&'a str>,
-    pub rcpt_to: &'a [String],
     pub unresolved: bool,
 }
 
 impl<'a> Known<'a> {
-    /// A record being inserted: known by its upstream key and Message-ID, not yet by the
-    /// upstream's id, and not unresolved.
+    /// A record being inserted: known by its upstream key, not yet by the upstream's id, and
+    /// not unresolved. No event can belong to it before its first attempt, so nothing kept
+    /// attaches here; the call keeps insert and settle alike.
     pub(crate) fn inserted(record: &'a super::record::NewRecord) -> Known<'a> {
         Known {
             id: &record.id,
             upstream_key: record.upstream_key.as_deref(),
-            message_id: record.message_id.as_deref(),
             upstream_id: None,
-            rcpt_to: &record.envelope.rcpt_to,
             unresolved: false,
         }
     }
@@ -331,28 +345,125 @@ mod tests {
         }
     }
 
-    fn c(id: &str, rcpt: &[&str], at: i64) -> Candidate {
+    const T0: i64 = 1_800_000_000_000;
+
+    fn record(id: &str, key: &str, first_attempt: Option<i64>) -> Candidate {
         Candidate {
             id: id.into(),
-            rcpt_to: rcpt.iter().map(|r| r.to_string()).collect(),
-            accepted_at_ms: at,
+            upstream_key: Some(key.into()),
+            first_attempt_ms: first_attempt,
+            has_event_upstream_id: false,
+            has_upstream_ids: false,
+        }
+    }
+
+    fn names<'a>(key: Option<&'a str>, id: Option<&'a str>, at: i64) -> EventNames<'a> {
+        EventNames {
+            key,
+            upstream_id: id,
+            event_time_ms: at,
         }
     }
 
     #[test]
-    fn the_record_holding_the_recipient_wins_then_the_newest() {
-        let parts = [
-            c("p1", &["a@x"], 10),
-            c("p2", &["B@x"], 5),
-            c("p3", &["c@x"], 20),
+    fn an_event_belongs_to_a_record_only_by_its_key_or_upstream_id_and_not_before_it() {
+        let r = record("r1", "order-2", Some(T0));
+        // (event, belongs, why)
+        let with_id = |mut c: Candidate, this: bool| {
+            c.has_upstream_ids = true;
+            c.has_event_upstream_id = this;
+            c
+        };
+        let table: [(EventNames<'_>, Candidate, bool, &str); 11] = [
+            (
+                names(Some("order-2"), None, T0 + 1),
+                r.clone(),
+                true,
+                "its key, after",
+            ),
+            (
+                names(Some("order-1"), None, T0 + 1),
+                r.clone(),
+                false,
+                "another key",
+            ),
+            (
+                names(None, None, T0 + 1),
+                r.clone(),
+                false,
+                "names nothing (a Message-ID alone)",
+            ),
+            (
+                names(Some("order-2"), None, T0 - 86_400_000),
+                r.clone(),
+                false,
+                "a day before the first attempt",
+            ),
+            (
+                names(Some("order-2"), None, T0 - EVENT_CLOCK_SKEW_MS),
+                r.clone(),
+                true,
+                "within the skew",
+            ),
+            (
+                names(Some("order-2"), None, T0 + 1),
+                record("r1", "order-2", None),
+                false,
+                "never attempted",
+            ),
+            (
+                names(None, Some("U1"), T0 + 1),
+                with_id(r.clone(), true),
+                true,
+                "its upstream id",
+            ),
+            (
+                names(None, Some("U2"), T0 + 1),
+                with_id(r.clone(), false),
+                false,
+                "another upstream id",
+            ),
+            (
+                names(Some("order-2"), Some("U2"), T0 + 1),
+                with_id(r.clone(), false),
+                false,
+                "its key, another upstream id",
+            ),
+            (
+                names(Some("order-1"), Some("U1"), T0 + 1),
+                with_id(r.clone(), true),
+                false,
+                "its upstream id, another key",
+            ),
+            (
+                names(Some("order-2"), Some("U9"), T0 + 1),
+                r.clone(),
+                true,
+                "its key; its reply (and id) was lost",
+            ),
         ];
-        assert_eq!(choose_record(&parts, Some("b@x")).unwrap().id, "p2");
-        assert_eq!(choose_record(&parts, Some("z@x")).unwrap().id, "p3");
-        assert_eq!(choose_record(&parts, None).unwrap().id, "p3");
-        assert_eq!(choose_record(&[], Some("a@x")), None);
-        assert!(late_match_fits(&parts[1].rcpt_to, Some("b@x")));
-        assert!(!late_match_fits(&parts[0].rcpt_to, Some("b@x")));
-        assert!(late_match_fits(&parts[0].rcpt_to, None));
+        for (event, candidate, expected, why) in table {
+            assert_eq!(belongs(&event, &candidate, false), expected, "{why}");
+        }
+        // Its key, and an upstream id recorded for another record: not its event.
+        let carries_anothers_id = names(Some("order-2"), Some("U1"), T0 + 1);
+        assert!(!belongs(&carries_anothers_id, &r, true));
+    }
+
+    #[test]
+    fn an_event_that_fits_several_records_is_attached_to_none() {
+        let old = record("old", "k", Some(T0));
+        let new = record("new", "k", Some(T0 + 86_400_000));
+        let both = [old.clone(), new.clone()];
+        // Between the two first attempts only the old record can be meant.
+        let between = names(Some("k"), None, T0 + 1000);
+        assert_eq!(
+            choose_record(&between, &both).map(|c| c.id.as_str()),
+            Some("old")
+        );
+        let after = names(Some("k"), None, T0 + 2 * 86_400_000);
+        assert_eq!(choose_record(&after, &both), None);
+        assert_eq!(choose_record(&after, &[]), None);
     }
 
     #[test]

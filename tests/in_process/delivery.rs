@@ -577,6 +577,104 @@ async fn an_operator_pause_holds_delivery_until_resumed() {
     wait_state(&relay, &id, State::Delivered).await;
 }
 
+/// An operator who pauses delivery while the relay's own probe is talking to the upstream
+/// keeps the pause: the probe's success lifts only the pause the relay set itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_pause_made_during_a_probe_survives_its_success() {
+    let sink = start_sink().await;
+    // The attempt meets an account-level refusal (the relay pauses itself); the probe that
+    // follows is slow at MAIL, then normal.
+    sink.set_faults(vec![
+        FaultRule::reply(FaultStage::Mail, 554, "5.7.1 Account suspended").with_times(1),
+        FaultRule::delay(FaultStage::Mail, Duration::from_secs(3)).with_times(1),
+    ])
+    .unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.delivery.pause_probe_interval = Duration::from_millis(200);
+        // The slow MAIL is within its deadline: the probe succeeds.
+        s.delivery.timeouts.mail = Duration::from_secs(10);
+    })
+    .await;
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(Some("probe-vs-operator"), "s", "b"),
+    )
+    .await;
+    eventually(LIMIT, "the probe held at MAIL", || async {
+        (sink.faults()[1].fired == 1).then_some(())
+    })
+    .await;
+    let paused = common::http::request(
+        relay.admin(),
+        "POST",
+        "/api/v1/queue/pause?reason=operator%20hold",
+        None,
+    )
+    .await;
+    assert_eq!(paused.status, 200, "{}", paused.body);
+    // The probe succeeds about 3 s after it began; wait well past it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let pause = relay.store().paused().await.unwrap();
+    assert_eq!(
+        pause.as_ref().map(|p| (p.reason.as_str(), p.probe)),
+        Some(("operator hold", false)),
+        "the operator's pause was lifted by the probe"
+    );
+    assert_eq!(sink.messages().len(), 0, "mail went out during the pause");
+    assert_eq!(relay.stored(&id).await.state, State::Queued);
+}
+
+/// SIGTERM while an attempt waits for a slow reply to the final dot: the attempt runs to
+/// its end within `shutdown_grace` (the process stays alive in the store's eyes meanwhile),
+/// so its outcome is recorded instead of being left open as UNKNOWN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_in_flight_at_shutdown_finishes_within_the_grace_period() {
+    let sink = start_sink().await;
+    // Longer than a heartbeat's lifetime (10 s), shorter than the grace.
+    sink.set_faults(vec![FaultRule::delay(
+        FaultStage::Dot,
+        Duration::from_secs(13),
+    )
+    .with_times(1)])
+        .unwrap();
+    let relay = relay_for(&sink, |s| {
+        s.shutdown_grace = Duration::from_secs(40);
+        s.delivery.timeouts.dot = Duration::from_secs(30);
+    })
+    .await;
+    let id = submit(
+        &relay,
+        "sender@example.com",
+        &["rcpt@example.com"],
+        &message(Some("slow-at-shutdown"), "s", "b"),
+    )
+    .await;
+    eventually(LIMIT, "the attempt waiting at the dot", || async {
+        (sink.faults()[0].fired == 1).then_some(())
+    })
+    .await;
+    let store = relay.store().clone();
+    let started = std::time::Instant::now();
+    relay.relay.shutdown().await;
+    let took = started.elapsed();
+    let ledger = store.attempts(&id).await.unwrap();
+    assert_eq!(
+        ledger
+            .iter()
+            .map(|a| a.outcome.as_deref())
+            .collect::<Vec<_>>(),
+        vec![Some("accepted")],
+        "after {took:?}: {ledger:?}"
+    );
+    assert_eq!(
+        store.message(&id).await.unwrap().unwrap().state,
+        State::Delivered
+    );
+    assert_eq!(sink.messages().len(), 1);
+}
+
 /// A sink with TLS from a certificate made now, and AUTH required.
 async fn tls_sink(implicit: bool) -> (SinkHandle, tempfile::TempDir) {
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
@@ -795,6 +893,50 @@ async fn two_scopes_with_the_same_key_are_both_delivered() {
         );
         assert!(keys.contains(&up), "{up} not at the sink: {keys:?}");
     }
+}
+
+/// Two relays on one store and one upstream, each with a scope of its own (two tenants'
+/// instances): whether a scope's keys reach the upstream unchanged is decided for the whole
+/// deployment, in the store, not by each instance's config. `order-1` of each reaches the
+/// upstream under two different keys, and both messages are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_different_scopes_on_one_store_send_different_upstream_keys() {
+    let sink = start_sink().await;
+    let first = relay_for(&sink, |s| s.scope = "tenant-a".into()).await;
+    let mut settings = first.settings.clone();
+    settings.scope = "tenant-b".into();
+    let second = common::TestRelay::start_in(tempfile::tempdir().unwrap(), settings).await;
+    let mut ids = Vec::new();
+    for (relay, who) in [(&first, "a"), (&second, "b")] {
+        let msg = message(Some("order-1"), "order", &format!("tenant {who}'s order"));
+        ids.push(submit(relay, "shop@example.com", &["buyer@example.net"], &msg).await);
+    }
+    for id in &ids {
+        wait_state(&first, id, State::Delivered).await;
+    }
+    let mut keys: Vec<String> = sink
+        .messages()
+        .iter()
+        .filter_map(|m| m.key.clone())
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys.len(),
+        2,
+        "both messages reached the upstream: {keys:?}"
+    );
+    assert_ne!(keys[0], keys[1], "one upstream key for two messages");
+    // The first scope to claim the upstream keeps its clients' keys; the other's carry it.
+    let mut upstream_keys = Vec::new();
+    for id in &ids {
+        upstream_keys.push(first.stored(id).await.upstream_key.unwrap());
+    }
+    assert!(
+        upstream_keys.contains(&"order-1".to_string()),
+        "{upstream_keys:?}"
+    );
+    let stats = sink.stats();
+    assert!(stats.keys.values().all(|k| k.accepted == 1), "{stats:?}");
 }
 
 /// A user with an upstream of their own (the users file's `upstream`): that scope's mail goes

@@ -361,6 +361,12 @@ impl Store for FlakyIntent {
     async fn resume(&self) -> Result<(), StoreError> {
         self.inner.resume().await
     }
+    async fn resume_after_probe(&self) -> Result<bool, StoreError> {
+        self.inner.resume_after_probe().await
+    }
+    async fn claim_key_space(&self, key_space: &str, scope: &str) -> Result<String, StoreError> {
+        self.inner.claim_key_space(key_space, scope).await
+    }
     async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError> {
         self.inner.record_replay(scope, at_ms).await
     }

@@ -251,11 +251,15 @@ async fn write_record(
             }
             return Ok(Insert::Inserted);
         }
+        // Locked as read: the expiry decided below holds for exactly these rows until the
+        // commit, and the delete takes only them (a part another instance commits meanwhile
+        // is live, and is neither read nor deleted here).
         let found = sqlx::query(&format!(
             "SELECT {}, accepted_at, finished_at,
                 (SELECT MAX(a.started_at) FROM attempts a WHERE a.message_id = m.id)
                     AS last_attempt_at
-             FROM messages m WHERE scope = $1 AND idem_key = $2 ORDER BY part",
+             FROM messages m WHERE scope = $1 AND idem_key = $2 ORDER BY part
+             FOR UPDATE OF m",
             rows::EXISTING_COLUMNS
         ))
         .bind(&record.scope)
@@ -267,6 +271,7 @@ async fn write_record(
             continue;
         }
         let mut live = Vec::new();
+        let mut expired_ids = Vec::new();
         for row in &found {
             let existing = rows::existing(row)?;
             let expired = retention.expired(
@@ -276,17 +281,18 @@ async fn write_record(
                 row.try_get("last_attempt_at")?,
                 now,
             );
-            if !expired {
+            if expired {
+                expired_ids.push(existing.id);
+            } else {
                 live.push(existing);
             }
         }
         if !live.is_empty() {
             return Ok(Insert::Existing(live));
         }
-        // Every record under the key has expired: the key starts a new operation.
-        sqlx::query("DELETE FROM messages WHERE scope = $1 AND idem_key = $2")
-            .bind(&record.scope)
-            .bind(record.key.as_deref().unwrap_or_default())
+        // Every record read under the key has expired: the key starts a new operation.
+        sqlx::query("DELETE FROM messages WHERE id = ANY($1)")
+            .bind(&expired_ids)
             .execute(&mut *conn)
             .await?;
     }

@@ -292,6 +292,21 @@ impl Store for PostgresStore {
             == 1)
     }
 
+    async fn claim_key_space(&self, key_space: &str, scope: &str) -> Result<String, StoreError> {
+        // The upsert that changes nothing still returns the row, so one statement answers
+        // both the first claim and every later one.
+        Ok(sqlx::query_scalar(
+            "INSERT INTO upstream_key_owners (key_space, scope, claimed_at)
+             VALUES ($1, $2, idemrelay_now_ms())
+             ON CONFLICT (key_space) DO UPDATE SET key_space = excluded.key_space
+             RETURNING scope",
+        )
+        .bind(key_space)
+        .bind(scope)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     async fn heartbeat(&self, process: &str) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO relay_processes (id, started_at, heartbeat_at)
@@ -440,6 +455,17 @@ impl Store for PostgresStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn resume_after_probe(&self) -> Result<bool, StoreError> {
+        let lifted = sqlx::query(
+            "UPDATE delivery_control SET paused_at = NULL, reason = NULL, probe = false
+             WHERE id = 1 AND paused_at IS NOT NULL AND probe",
+        )
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(lifted == 1)
     }
 
     async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError> {

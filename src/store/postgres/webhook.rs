@@ -12,9 +12,8 @@ use crate::store::record::StoreError;
 /// The shared description of a record becoming known, for the callers of this backend.
 pub(crate) use crate::store::webhook::Known;
 use crate::store::webhook::{
-    choose_record, evidence, is_applied, late_match_fits, lock_names, match_order,
-    resolution_reply, tally, Candidate, MatchBy, Resolution, UpstreamEvent, WebhookApplied,
-    WebhookOutcome, WebhookReceipt,
+    choose_record, evidence, is_applied, lock_names, resolution_reply, tally, Candidate,
+    EventNames, Resolution, UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,
 };
 
 /// The advisory lock space of event matching (the first key of the two-key form).
@@ -62,13 +61,7 @@ pub(crate) async fn apply(
     let names = receipt
         .events
         .iter()
-        .flat_map(|e| {
-            lock_names(
-                e.key.as_deref(),
-                e.message_id.as_deref(),
-                e.upstream_id.as_deref(),
-            )
-        })
+        .flat_map(|e| lock_names(e.key.as_deref(), e.upstream_id.as_deref()))
         .collect();
     lock(conn, names).await?;
     let mut outcome = WebhookOutcome {
@@ -89,7 +82,7 @@ async fn apply_event(
     now: i64,
     outcome: &mut WebhookOutcome,
 ) -> Result<(), StoreError> {
-    let mut record = find_record(conn, event).await?;
+    let mut record = find_record(conn, &event.names()).await?;
     // The row lock holds off a settle or requeue of the record until this commit, and waits
     // for one in flight: the state read here is the state this commit changes.
     let mut state = None;
@@ -156,44 +149,43 @@ async fn apply_event(
     Ok(())
 }
 
+/// The record an event belongs to (`webhook::belongs`), among those its key or upstream id
+/// finds.
 async fn find_record(
     conn: &mut PgConnection,
-    event: &UpstreamEvent,
+    event: &EventNames<'_>,
 ) -> Result<Option<String>, StoreError> {
-    for (by, value) in match_order(event) {
-        let sql = match by {
-            MatchBy::UpstreamId => {
-                "SELECT DISTINCT m.id, m.rcpt_to, m.accepted_at FROM attempts a
-                 JOIN messages m ON m.id = a.message_id
-                 WHERE a.upstream_id = $1 AND m.state <> 'rejected'"
-            }
-            MatchBy::Key => {
-                "SELECT id, rcpt_to, accepted_at FROM messages
-                 WHERE upstream_key = $1 AND state <> 'rejected'"
-            }
-            MatchBy::MessageId => {
-                "SELECT id, rcpt_to, accepted_at FROM messages
-                 WHERE header_message_id = $1 AND state <> 'rejected'"
-            }
-        };
-        let rows = sqlx::query(sql).bind(value).fetch_all(&mut *conn).await?;
-        let mut candidates = Vec::with_capacity(rows.len());
-        for row in rows {
-            candidates.push(Candidate {
-                id: row.try_get(0)?,
-                rcpt_to: row
-                    .try_get::<String, _>(1)?
-                    .split('\n')
-                    .map(str::to_string)
-                    .collect(),
-                accepted_at_ms: row.try_get(2)?,
-            });
-        }
-        if let Some(found) = choose_record(&candidates, event.recipient.as_deref()) {
-            return Ok(Some(found.id.clone()));
-        }
+    if event.key.is_none() && event.upstream_id.is_none() {
+        return Ok(None);
     }
-    Ok(None)
+    let rows = sqlx::query(
+        "SELECT m.id, m.upstream_key,
+            (SELECT MIN(a.started_at) FROM attempts a WHERE a.message_id = m.id)
+                AS first_attempt,
+            EXISTS (SELECT 1 FROM attempts a
+                    WHERE a.message_id = m.id AND a.upstream_id = $2) AS has_event_id,
+            EXISTS (SELECT 1 FROM attempts a
+                    WHERE a.message_id = m.id AND a.upstream_id IS NOT NULL) AS has_ids
+         FROM messages m
+         WHERE m.state <> 'rejected'
+           AND (m.upstream_key = $1::TEXT
+                OR m.id IN (SELECT message_id FROM attempts WHERE upstream_id = $2::TEXT))",
+    )
+    .bind(event.key)
+    .bind(event.upstream_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut candidates = Vec::with_capacity(rows.len());
+    for row in rows {
+        candidates.push(Candidate {
+            id: row.try_get(0)?,
+            upstream_key: row.try_get(1)?,
+            first_attempt_ms: row.try_get(2)?,
+            has_event_upstream_id: row.try_get(3)?,
+            has_upstream_ids: row.try_get(4)?,
+        });
+    }
+    Ok(choose_record(event, &candidates).map(|c| c.id.clone()))
 }
 
 async fn newest_applied(
@@ -244,7 +236,7 @@ async fn resolve(
 impl Known<'_> {
     /// The advisory locks to take before the record's row is written.
     pub(crate) fn lock_names(&self) -> Vec<String> {
-        lock_names(self.upstream_key, self.message_id, self.upstream_id)
+        lock_names(self.upstream_key, self.upstream_id)
     }
 }
 
@@ -255,25 +247,28 @@ pub(crate) async fn attach_unmatched(
     now: i64,
 ) -> Result<(), StoreError> {
     let found = sqlx::query(
-        "SELECT seq, event_time, recipient FROM upstream_events
+        "SELECT seq, event_time, recipient, idem_key, upstream_id FROM upstream_events
              WHERE record_id IS NULL AND idem_key = $1
-         UNION SELECT seq, event_time, recipient FROM upstream_events
+         UNION SELECT seq, event_time, recipient, idem_key, upstream_id FROM upstream_events
              WHERE record_id IS NULL AND upstream_id = $2
-         UNION SELECT seq, event_time, recipient FROM upstream_events
-             WHERE record_id IS NULL AND header_message_id = $3
          ORDER BY event_time, seq",
     )
     .bind(known.upstream_key)
     .bind(known.upstream_id)
-    .bind(known.message_id)
     .fetch_all(&mut *conn)
     .await?;
     for row in found {
         let seq: i64 = row.try_get(0)?;
         let event_time: i64 = row.try_get(1)?;
         let recipient: String = row.try_get(2)?;
-        let named = (!recipient.is_empty()).then_some(recipient.as_str());
-        if !late_match_fits(known.rcpt_to, named) {
+        let key: Option<String> = row.try_get(3)?;
+        let upstream_id: Option<String> = row.try_get(4)?;
+        let names = EventNames {
+            key: key.as_deref(),
+            upstream_id: upstream_id.as_deref(),
+            event_time_ms: event_time,
+        };
+        if find_record(conn, &names).await?.as_deref() != Some(known.id) {
             continue;
         }
         let applied = is_applied(

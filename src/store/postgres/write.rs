@@ -285,18 +285,10 @@ pub(super) async fn settle(
     // Late matching: the record is known by more now, its upstream id or its being
     // unresolved. The locks come before the record's row is written (see the module).
     let key: Option<String> = held.try_get("upstream_key")?;
-    let message_id: Option<String> = held.try_get("header_message_id")?;
-    let rcpt_to: Vec<String> = held
-        .try_get::<String, _>("rcpt_to")?
-        .split('\n')
-        .map(str::to_string)
-        .collect();
     let known = settled.late_match().then(|| webhook::Known {
         id,
         upstream_key: key.as_deref().filter(|_| unresolved),
-        message_id: message_id.as_deref().filter(|_| unresolved),
         upstream_id: settled.upstream_id.as_deref(),
-        rcpt_to: &rcpt_to,
         unresolved,
     });
     if let Some(known) = &known {
@@ -364,11 +356,14 @@ pub(super) async fn requeue(
     delete_job(&mut tx, id).await?;
     let now = db_now(&mut tx).await?;
     insert_job(&mut tx, id, now).await?;
-    sqlx::query("UPDATE delivery_jobs SET first_attempt_at = $1 WHERE message_id = $2")
-        .bind(requeued.first_attempt_at_ms)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "UPDATE delivery_jobs SET first_attempt_at = $1, lease_token = $3 WHERE message_id = $2",
+    )
+    .bind(requeued.first_attempt_at_ms)
+    .bind(id)
+    .bind(transition::requeued_token_base(now))
+    .execute(&mut *tx)
+    .await?;
     let detail = Some(requeued.detail.as_str());
     record_action(&mut tx, Some(id), Action::Retry, by, detail, now).await?;
     tx.commit().await?;

@@ -329,6 +329,13 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn claim_key_space(&self, key_space: &str, scope: &str) -> Result<String, StoreError> {
+        let (key_space, scope) = (key_space.to_string(), scope.to_string());
+        self.writer
+            .write(move |conn| write::claim_key_space(conn, &key_space, &scope))
+            .await
+    }
+
     async fn heartbeat(&self, process: &str) -> Result<(), StoreError> {
         let me = process.to_string();
         let others = self
@@ -470,6 +477,10 @@ impl Store for SqliteStore {
 
     async fn resume(&self) -> Result<(), StoreError> {
         self.writer.write(write::resume).await
+    }
+
+    async fn resume_after_probe(&self) -> Result<bool, StoreError> {
+        self.writer.write(write::resume_after_probe).await
     }
 
     // --- operator surface: reporting and metrics -------------------------------------------

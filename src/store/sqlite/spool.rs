@@ -407,14 +407,45 @@ impl<R: Columns> Columns for WithSpool<'_, R> {
         let body = self
             .spool
             .read(Location { segment, offset }, len)
-            .map_err(|e| StoreError::Spool(format!("segment {segment} at {offset}: {e}")))?;
+            .map_err(|e| {
+                let reason = format!("segment {segment} at {offset}: {e}");
+                if is_damage(&e) {
+                    StoreError::SpoolDamage(reason)
+                } else {
+                    StoreError::Spool(reason)
+                }
+            })?;
         Ok(Some(body))
     }
+}
+
+/// Whether a failed read of a body says the bytes themselves are not there in full (the
+/// segment is gone, or ends before the body does): the record is then damaged for good.
+/// Anything else (out of file descriptors, out of memory, a permission or I/O error of the
+/// moment) is a passing failure: the claim fails and the record waits, unmarked, for the
+/// next one, as it does when the database is unavailable.
+fn is_damage(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::NotFound | ErrorKind::UnexpectedEof | ErrorKind::InvalidData
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_missing_or_short_bodies_are_damage() {
+        let damage = |kind: ErrorKind| is_damage(&std::io::Error::from(kind));
+        assert!(damage(ErrorKind::NotFound));
+        assert!(damage(ErrorKind::UnexpectedEof));
+        // EMFILE, ENOMEM, EACCES, EISDIR: the bytes may well be fine.
+        assert!(!is_damage(&std::io::Error::from_raw_os_error(24)));
+        assert!(!damage(ErrorKind::OutOfMemory));
+        assert!(!damage(ErrorKind::PermissionDenied));
+        assert!(!damage(ErrorKind::IsADirectory));
+    }
 
     fn ids(sealed: &Sealed) -> Vec<i64> {
         let mut ids: Vec<i64> = sealed.segments.iter().map(|(id, _)| *id).collect();

@@ -407,6 +407,37 @@ async fn a_damaged_body_is_marked_failed_never_handed_out_and_the_queue_goes_on(
     assert_eq!(store.message("gone").await.unwrap().unwrap().damage, None);
 }
 
+/// A spool read that fails for a reason that is not the bytes (here the segment's path is
+/// briefly a directory: the read fails with EISDIR, as one fails with EMFILE when the process
+/// is out of file descriptors) is a passing failure: the claim fails, the record stays
+/// queued and unmarked, and it is delivered once reads work again.
+#[tokio::test]
+async fn a_spool_read_that_fails_for_another_reason_than_the_bytes_marks_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir).await;
+    let retention = Retention::flat(Duration::from_secs(3600));
+    store
+        .insert(&large("big", "k1", b'a'), retention)
+        .await
+        .unwrap();
+    let segment = dir.path().join("t.db.spool").join(&segments(&dir)[0]);
+    let aside = dir.path().join("aside.seg");
+    std::fs::rename(&segment, &aside).unwrap();
+    std::fs::create_dir(&segment).unwrap();
+    assert!(store.claim("w", LEASE).await.is_err(), "the claim fails");
+    let m = store.message("big").await;
+    std::fs::remove_dir(&segment).unwrap();
+    std::fs::rename(&aside, &segment).unwrap();
+    let m = m.unwrap_or(None);
+    let after = store.message("big").await.unwrap().unwrap();
+    assert_eq!(after.state, State::Queued, "{m:?}");
+    assert_eq!(after.damage, None);
+    assert_eq!(store.queue_stats().await.unwrap().damaged, 0);
+    let job = store.claim("w", LEASE).await.unwrap().unwrap();
+    assert_eq!(job.id, "big");
+    assert_eq!(Some(job.content), large("big", "k1", b'a').content);
+}
+
 /// Claims `id` and settles one attempt with `outcome` into `settle`.
 async fn attempt(store: &SqliteStore, id: &str, outcome: &'static str, settle: Settle) {
     let job = store.claim("w", LEASE).await.unwrap().unwrap();

@@ -9,9 +9,8 @@ use crate::store::record::{now_ms, StoreError};
 /// The shared description of a record becoming known, for the callers of this backend.
 pub(crate) use crate::store::webhook::Known;
 use crate::store::webhook::{
-    choose_record, evidence, is_applied, late_match_fits, match_order, resolution_reply, tally,
-    Candidate, MatchBy, RecordIdentifiers, Resolution, UpstreamEvent, WebhookApplied,
-    WebhookOutcome, WebhookReceipt,
+    choose_record, evidence, is_applied, resolution_reply, tally, Candidate, EventNames,
+    Resolution, UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,
 };
 
 pub(crate) fn apply(
@@ -51,7 +50,7 @@ fn apply_event(
     now: i64,
     outcome: &mut WebhookOutcome,
 ) -> Result<(), StoreError> {
-    let record = find_record(conn, event)?;
+    let record = find_record(conn, &event.names())?;
     let state = match &record {
         Some(id) => conn
             .prepare_cached("SELECT state FROM messages WHERE id = ?")?
@@ -112,43 +111,36 @@ fn apply_event(
     Ok(())
 }
 
-/// The record an event names: by the first of its identifiers that finds any.
-fn find_record(conn: &Connection, event: &UpstreamEvent) -> Result<Option<String>, StoreError> {
-    for (by, value) in match_order(event) {
-        let sql = match by {
-            MatchBy::UpstreamId => {
-                "SELECT DISTINCT m.id, m.rcpt_to, m.accepted_at FROM attempts a
-                 JOIN messages m ON m.id = a.message_id
-                 WHERE a.upstream_id = ? AND m.state <> 'rejected'"
-            }
-            MatchBy::Key => {
-                "SELECT id, rcpt_to, accepted_at FROM messages
-                 WHERE upstream_key = ? AND state <> 'rejected'"
-            }
-            MatchBy::MessageId => {
-                "SELECT id, rcpt_to, accepted_at FROM messages
-                 WHERE header_message_id = ? AND state <> 'rejected'"
-            }
-        };
-        let candidates = conn
-            .prepare_cached(sql)?
-            .query_map([value], |row| {
-                Ok(Candidate {
-                    id: row.get(0)?,
-                    rcpt_to: row
-                        .get::<_, String>(1)?
-                        .split('\n')
-                        .map(str::to_string)
-                        .collect(),
-                    accepted_at_ms: row.get(2)?,
-                })
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        if let Some(found) = choose_record(&candidates, event.recipient.as_deref()) {
-            return Ok(Some(found.id.clone()));
-        }
+/// The record an event belongs to (`webhook::belongs`), among those its key or upstream id
+/// finds.
+fn find_record(conn: &Connection, event: &EventNames<'_>) -> Result<Option<String>, StoreError> {
+    if event.key.is_none() && event.upstream_id.is_none() {
+        return Ok(None);
     }
-    Ok(None)
+    let candidates = conn
+        .prepare_cached(
+            "SELECT m.id, m.upstream_key,
+                (SELECT MIN(a.started_at) FROM attempts a WHERE a.message_id = m.id),
+                EXISTS (SELECT 1 FROM attempts a
+                        WHERE a.message_id = m.id AND a.upstream_id = ?2),
+                EXISTS (SELECT 1 FROM attempts a
+                        WHERE a.message_id = m.id AND a.upstream_id IS NOT NULL)
+             FROM messages m
+             WHERE m.state <> 'rejected'
+               AND (m.upstream_key = ?1
+                    OR m.id IN (SELECT message_id FROM attempts WHERE upstream_id = ?2))",
+        )?
+        .query_map(params![event.key, event.upstream_id], |row| {
+            Ok(Candidate {
+                id: row.get(0)?,
+                upstream_key: row.get(1)?,
+                first_attempt_ms: row.get(2)?,
+                has_event_upstream_id: row.get(3)?,
+                has_upstream_ids: row.get(4)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(choose_record(event, &candidates).map(|c| c.id.clone()))
 }
 
 fn newest_applied(
@@ -194,34 +186,36 @@ fn resolve(
     Ok(true)
 }
 
-/// Late matching: attaches the events kept unmatched that name this record, oldest first,
-/// and resolves the record at once when it is unresolved and an attached event is of an
-/// accepted type.
+/// Late matching: the events kept unmatched under an identifier this record is now known by
+/// are matched again, by the same rule as at receipt, oldest first; those that belong to this
+/// record are attached, and the record is resolved at once when it is unresolved and an
+/// attached event is of an accepted type.
 pub(crate) fn attach_unmatched(conn: &Connection, known: &Known<'_>) -> Result<(), StoreError> {
     let found = conn
         .prepare_cached(
-            "SELECT seq, event_time, recipient FROM upstream_events
+            "SELECT seq, event_time, recipient, idem_key, upstream_id FROM upstream_events
                  WHERE record_id IS NULL AND idem_key = ?1
-             UNION SELECT seq, event_time, recipient FROM upstream_events
+             UNION SELECT seq, event_time, recipient, idem_key, upstream_id FROM upstream_events
                  WHERE record_id IS NULL AND upstream_id = ?2
-             UNION SELECT seq, event_time, recipient FROM upstream_events
-                 WHERE record_id IS NULL AND header_message_id = ?3
              ORDER BY event_time, seq",
         )?
-        .query_map(
-            params![known.upstream_key, known.upstream_id, known.message_id],
-            |row| {
-                Ok((
-                    row.get::<_, i64>(0)?,
-                    row.get::<_, i64>(1)?,
-                    row.get::<_, String>(2)?,
-                ))
-            },
-        )?
+        .query_map(params![known.upstream_key, known.upstream_id], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, Option<String>>(3)?,
+                row.get::<_, Option<String>>(4)?,
+            ))
+        })?
         .collect::<Result<Vec<_>, _>>()?;
-    for (seq, event_time, recipient) in found {
-        let named = (!recipient.is_empty()).then_some(recipient.as_str());
-        if !late_match_fits(known.rcpt_to, named) {
+    for (seq, event_time, recipient, key, upstream_id) in found {
+        let names = EventNames {
+            key: key.as_deref(),
+            upstream_id: upstream_id.as_deref(),
+            event_time_ms: event_time,
+        };
+        if find_record(conn, &names)?.as_deref() != Some(known.id) {
             continue;
         }
         let applied = is_applied(event_time, newest_applied(conn, known.id, &recipient)?);
@@ -262,24 +256,11 @@ fn resolve_from_attached(conn: &Connection, id: &str) -> Result<(), StoreError> 
     Ok(())
 }
 
-/// The identifiers of a record, for late matching after its attempt settled.
-pub(crate) fn known_facts(
-    conn: &Connection,
-    id: &str,
-) -> Result<Option<RecordIdentifiers>, StoreError> {
+/// A record's upstream key, for late matching after its attempt settled.
+pub(crate) fn upstream_key(conn: &Connection, id: &str) -> Result<Option<String>, StoreError> {
     Ok(conn
-        .prepare_cached(
-            "SELECT upstream_key, header_message_id, rcpt_to FROM messages WHERE id = ?",
-        )?
-        .query_row([id], |row| {
-            Ok((
-                row.get::<_, Option<String>>(0)?,
-                row.get::<_, Option<String>>(1)?,
-                row.get::<_, String>(2)?
-                    .split('\n')
-                    .map(str::to_string)
-                    .collect(),
-            ))
-        })
-        .optional()?)
+        .prepare_cached("SELECT upstream_key FROM messages WHERE id = ?")?
+        .query_row([id], |row| row.get::<_, Option<String>>(0))
+        .optional()?
+        .flatten())
 }

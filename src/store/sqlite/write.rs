@@ -421,17 +421,13 @@ fn late_match_after_settle(
     settled: &transition::Settled,
 ) -> Result<(), StoreError> {
     let unresolved = settled.unresolved;
-    let Some((upstream_key, message_id, rcpt_to)) = webhook::known_facts(conn, id)? else {
-        return Ok(());
-    };
+    let upstream_key = webhook::upstream_key(conn, id)?;
     webhook::attach_unmatched(
         conn,
         &webhook::Known {
             id,
             upstream_key: upstream_key.as_deref().filter(|_| unresolved),
-            message_id: message_id.as_deref().filter(|_| unresolved),
             upstream_id: settled.upstream_id.as_deref(),
-            rcpt_to: &rcpt_to,
             unresolved,
         },
     )
@@ -562,11 +558,18 @@ pub(crate) fn requeue(
     // A terminal record has no job; a stray one would make the insert fail.
     conn.prepare_cached("DELETE FROM delivery_jobs WHERE message_id = ?")?
         .execute([id])?;
+    let now = now_ms();
     conn.prepare_cached(
-        "INSERT INTO delivery_jobs (message_id, scope, due_at, first_attempt_at)
-         VALUES (?, ?, ?, ?)",
+        "INSERT INTO delivery_jobs (message_id, scope, due_at, first_attempt_at, lease_token)
+         VALUES (?, ?, ?, ?, ?)",
     )?
-    .execute(params![id, scope, now_ms(), requeued.first_attempt_at_ms])?;
+    .execute(params![
+        id,
+        scope,
+        now,
+        requeued.first_attempt_at_ms,
+        transition::requeued_token_base(now)
+    ])?;
     record_action(
         conn,
         Some(id),
@@ -714,6 +717,31 @@ pub(crate) fn resume(conn: &Connection) -> Result<(), StoreError> {
     )?
     .execute([])?;
     Ok(())
+}
+
+pub(crate) fn claim_key_space(
+    conn: &Connection,
+    key_space: &str,
+    scope: &str,
+) -> Result<String, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO upstream_key_owners (key_space, scope, claimed_at) VALUES (?, ?, ?)
+         ON CONFLICT (key_space) DO NOTHING",
+    )?
+    .execute(params![key_space, scope, now_ms()])?;
+    Ok(conn
+        .prepare_cached("SELECT scope FROM upstream_key_owners WHERE key_space = ?")?
+        .query_row([key_space], |row| row.get(0))?)
+}
+
+pub(crate) fn resume_after_probe(conn: &Connection) -> Result<bool, StoreError> {
+    let lifted = conn
+        .prepare_cached(
+            "UPDATE delivery_control SET paused_at = NULL, reason = NULL, probe = 0
+             WHERE id = 1 AND paused_at IS NOT NULL AND probe",
+        )?
+        .execute([])?;
+    Ok(lifted == 1)
 }
 
 pub(crate) fn record_replay(conn: &Connection, scope: &str, day: &str) -> Result<(), StoreError> {
