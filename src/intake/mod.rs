@@ -337,15 +337,6 @@ impl Intake {
             Resolved::Keyed(key) => Some(key),
             Resolved::Unkeyed => None,
         };
-        let keeps_client_key = match &key {
-            Some(k) if k.source == KeySource::Header => {
-                match self.keeps_client_keys(&origin.scope).await {
-                    Ok(keeps) => keeps,
-                    Err(err) => return (unavailable(&err), key),
-                }
-            }
-            _ => false,
-        };
         let id = crate::mail::new_queue_id(crate::store::now_ms());
         let message_fp = message_fingerprint(&origin.scope, &sub.envelope, &sub.message);
         let facts = RecordFacts {
@@ -355,11 +346,10 @@ impl Intake {
             fingerprint: fp,
             message_fp,
             key: key.as_ref(),
-            keeps_client_key,
             id: &id,
         };
         let decision = match &key {
-            None => self.insert_unkeyed(&self.record(&facts, 1)).await,
+            None => self.insert_unkeyed(&self.record(&facts, 1, false)).await,
             Some(key) => self.insert_keyed(&facts, key).await,
         };
         // Only a failed write or a committed one says anything about the store's health.
@@ -412,14 +402,15 @@ impl Intake {
     }
 
     /// The record for part `part` of the submission: the stored bytes carry that part's
-    /// upstream key, so each part number renders its own.
-    fn record(&self, facts: &RecordFacts<'_>, part: u32) -> NewRecord {
+    /// upstream key, so each part number renders its own. `keeps_client_key`: part 1 of a
+    /// header key reaches the upstream unchanged (`keeps_client_keys`).
+    fn record(&self, facts: &RecordFacts<'_>, part: u32, keeps_client_key: bool) -> NewRecord {
         let RecordFacts {
             origin, sub, scan, ..
         } = *facts;
         let upstream_key = facts
             .key
-            .map(|k| upstream_key(&origin.scope, k, part, facts.keeps_client_key));
+            .map(|k| upstream_key(&origin.scope, k, part, keeps_client_key));
         let (state, reply, content) = if scan.has_from {
             let received = ReceivedLine {
                 helo: &sub.helo,
@@ -496,13 +487,23 @@ impl Intake {
     }
 
     async fn insert_keyed(&self, facts: &RecordFacts<'_>, key: &IdemKey) -> Decision {
-        let mut record = self.record(facts, 1);
-        let slot = (record.scope.clone(), key.value.clone());
+        let mut part = 1;
+        let slot = (facts.origin.scope.clone(), key.value.clone());
         // A few rounds: the other attempt may end without a record, and parts racing on other
         // instances may take the part number we tried.
         for _ in 0..4 {
             let mut rx = match self.claim(&slot) {
                 Claim::Mine(_guard) => {
+                    // Asked of the store once this submission holds the key here, so that a
+                    // retry of it waits for it (E01004) instead of for the store.
+                    let keeps = match key.source {
+                        KeySource::Header => match self.keeps_client_keys(&slot.0).await {
+                            Ok(keeps) => keeps,
+                            Err(err) => return unavailable(&err),
+                        },
+                        _ => false,
+                    };
+                    let mut record = self.record(facts, part, keeps);
                     for _ in 0..8 {
                         let started = std::time::Instant::now();
                         match self.store.insert(&record, self.settings.retention).await {
@@ -513,7 +514,10 @@ impl Intake {
                             Ok(Insert::Existing(parts)) => {
                                 match self.choose(&record, key, &parts) {
                                     Ok(decision) => return decision,
-                                    Err(part) => record = self.record(facts, part),
+                                    Err(next) => {
+                                        part = next;
+                                        record = self.record(facts, part, keeps);
+                                    }
                                 }
                             }
                             Err(err) => return unavailable(&err),
@@ -527,6 +531,9 @@ impl Intake {
                 Claim::Wait(rx) => rx,
             };
             let finished = tokio::time::timeout(self.settings.in_progress_wait, rx.changed()).await;
+            // What `choose` compares (fingerprints, recipients) is the same whatever the
+            // upstream key, so this rendering's is not asked of the store.
+            let record = self.record(facts, part, false);
             match self
                 .store
                 .lookup(&record.scope, &key.value, self.settings.retention)
@@ -542,7 +549,7 @@ impl Intake {
                 }
                 Ok(parts) => match self.choose(&record, key, &parts) {
                     Ok(decision) => return decision,
-                    Err(part) => record = self.record(facts, part),
+                    Err(next) => part = next,
                 },
                 Err(err) => return unavailable(&err),
             }
@@ -581,8 +588,6 @@ struct RecordFacts<'a> {
     fingerprint: Fingerprint,
     message_fp: Fingerprint,
     key: Option<&'a IdemKey>,
-    /// Part 1 of a header key reaches the upstream unchanged (`keeps_client_keys`).
-    keeps_client_key: bool,
     id: &'a str,
 }
 
