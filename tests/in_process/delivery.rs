@@ -55,6 +55,22 @@ async fn a_folded_key_header_means_the_same_key_to_the_relay_and_the_upstream() 
     assert_eq!(got[0].bytes, stored.content.unwrap());
 }
 
+/// A key that Python's `EmailMessage` encoded (205 characters, 273 as spelled) reaches the
+/// upstream plain: the sink, which does not decode encoded words, finds the application's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encoded_ascii_key_reaches_the_upstream_plain() {
+    use crate::intake::{python_message, PYTHON_LONG_FIELD, PYTHON_LONG_KEY};
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    let msg = python_message("r-205", PYTHON_LONG_FIELD);
+    let id = submit(&relay, "app@example.com", &["user@example.com"], &msg).await;
+    wait_state(&relay, &id, State::Delivered).await;
+    let got = sink.messages();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key.as_deref(), Some(PYTHON_LONG_KEY));
+    assert_eq!(got[0].bytes, relay.stored(&id).await.content.unwrap());
+}
+
 /// Header sections where a lenient parser and an RFC 5322 reader disagree about the key: the
 /// relay must either refuse them or record exactly the key the upstream (the sink, an
 /// independent RFC 5322 reader) finds in the bytes it is sent.
