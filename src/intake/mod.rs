@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{Existing, Insert, NewRecord, State, Store};
 use fingerprint::{fingerprint, message_fingerprint};
-use key::{derive_key, read_key_header, upstream_key, IdemKey, KeyHeader, KeySource};
+use key::{derive_key, key_field, read_key_header, upstream_key, IdemKey, KeyHeader, KeySource};
 use message::{
     bounded_header_section, has_header_section, scan_headers, with_relay_headers, ReceivedLine,
 };
@@ -382,10 +382,9 @@ impl Intake {
             KeyHeader::Invalid => {
                 Resolved::Refused(Reply::key_invalid(), SubmissionResult::InvalidKey)
             }
-            KeyHeader::Present(value) => Resolved::Keyed(IdemKey {
-                value,
-                source: KeySource::Header,
-            }),
+            KeyHeader::Present(value) => {
+                Resolved::Keyed(IdemKey::from_header(value, &scan.key_values))
+            }
             KeyHeader::Absent => match self.settings.missing_key {
                 MissingKey::Derive => Resolved::Keyed(derive_key(
                     &origin.scope,
@@ -422,14 +421,24 @@ impl Intake {
             }
             .render();
             // The upstream sees its own key whenever it is not the client's header as sent.
+            let client_fields = scan.key_fields.as_slice();
             let (key_line, replaced) = match (facts.key, upstream_key.as_deref()) {
-                (Some(k), Some(up)) if k.source == KeySource::Header && up != k.value => {
-                    (Some(up), scan.key_fields.as_slice())
+                (Some(k), Some(up)) if k.source != KeySource::Header => {
+                    (Some(up.to_string()), &[][..])
                 }
-                (Some(k), Some(up)) if k.source != KeySource::Header => (Some(up), &[][..]),
+                (Some(k), Some(up)) if up != k.value => {
+                    (Some(key_field(up, k.encoded)), client_fields)
+                }
+                // The client's key in encoded words: written plain when it can be (ASCII), so
+                // that every reader finds it, whether it decodes encoded words or not. A
+                // non-ASCII key could only be written encoded again: the client's field stays.
+                (Some(k), Some(_)) if k.encoded && key_field(&k.value, true) == k.value => {
+                    (Some(k.value.clone()), client_fields)
+                }
                 _ => (None, &[][..]),
             };
-            let content = with_relay_headers(&sub.message, &received, key_line, replaced);
+            let content =
+                with_relay_headers(&sub.message, &received, key_line.as_deref(), replaced);
             (State::Queued, Reply::queued(facts.id), Some(content))
         } else {
             // Stored (not only answered) so a retry replays it and the key stays bound to it.
@@ -488,6 +497,27 @@ impl Intake {
 
     async fn insert_keyed(&self, facts: &RecordFacts<'_>, key: &IdemKey) -> Decision {
         let mut part = 1;
+        // Before encoded words were decoded, a key spelled in them was stored as spelled. A
+        // retry of such a record must replay it and another message under it is a reuse, as
+        // before the upgrade; one more part of a split message (disjoint recipients) is stored
+        // under the decoded key. Costs a lookup only for encoded keys, and finds nothing once
+        // the records from before have expired.
+        if let Some(spelled) = &key.undecoded {
+            let record = self.record(facts, 1, false);
+            match self
+                .store
+                .lookup(&record.scope, spelled, self.settings.retention)
+                .await
+            {
+                Ok(parts) if !parts.is_empty() => {
+                    if let Ok(decision) = self.choose(&record, key, &parts) {
+                        return decision;
+                    }
+                }
+                Ok(_) => {}
+                Err(err) => return unavailable(&err),
+            }
+        }
         let slot = (facts.origin.scope.clone(), key.value.clone());
         // A few rounds: the other attempt may end without a record, and parts racing on other
         // instances may take the part number we tried.

@@ -16,8 +16,10 @@ pub enum PartChoice<'a> {
     Reuse,
 }
 
-/// `parts`: the live records under the key. Recipients are compared without case (a
-/// mailbox's case may or may not matter to its domain), which errs towards E01005.
+/// `parts`: the live records under the key. Recipients are compared without case, local part
+/// included (a mailbox's case may or may not matter to its domain; Unicode case for U-labels),
+/// which errs towards E01005: stricter than the rule that makes two RCPTs one mailbox, on
+/// purpose, since a wrong "disjoint" here delivers twice.
 pub fn choose_part<'a>(
     fingerprint: &Fingerprint,
     message_fp: &Fingerprint,
@@ -27,12 +29,10 @@ pub fn choose_part<'a>(
     if let Some(same) = parts.iter().find(|p| p.fingerprint == *fingerprint) {
         return PartChoice::Replay(same);
     }
-    let ours: Vec<String> = rcpt_to.iter().map(|r| r.to_ascii_lowercase()).collect();
+    let ours: Vec<String> = rcpt_to.iter().map(|r| r.to_lowercase()).collect();
     let another_part = parts.iter().all(|p| {
         p.message_fp.as_ref() == Some(message_fp)
-            && p.rcpt_to
-                .iter()
-                .all(|r| !ours.contains(&r.to_ascii_lowercase()))
+            && p.rcpt_to.iter().all(|r| !ours.contains(&r.to_lowercase()))
     });
     match parts.iter().map(|p| p.part).max() {
         Some(last) if another_part => PartChoice::New(last.saturating_add(1)),
@@ -71,9 +71,10 @@ mod tests {
         let second = part(2, 20, Some(1), &["c@x"]);
         let both = [first.clone(), second.clone()];
         let old = [part(1, 10, None, &["a@x"])];
+        let unicode = [part(1, 10, Some(1), &["u@bücher.example"])];
         // (submission's fingerprint, message fingerprint, recipients, parts, expected)
         type Row<'a> = (u8, u8, &'a [&'a str], &'a [Existing], PartChoice<'a>);
-        let table: [Row; 8] = [
+        let table: [Row; 9] = [
             // A retry of a part, whichever it is.
             (10, 1, &["a@x", "b@x"], &both, PartChoice::Replay(&both[0])),
             (20, 1, &["c@x"], &both, PartChoice::Replay(&both[1])),
@@ -82,6 +83,7 @@ mod tests {
             (40, 1, &["d@x", "e@x"], &both, PartChoice::New(3)),
             // Overlapping recipients (case aside), or other bytes: a reuse.
             (50, 1, &["B@X", "d@x"], &both, PartChoice::Reuse),
+            (50, 1, &["u@BÜCHER.example"], &unicode, PartChoice::Reuse),
             (60, 2, &["d@x"], &both, PartChoice::Reuse),
             // A record from before parts existed takes none.
             (70, 1, &["d@x"], &old, PartChoice::Reuse),

@@ -55,6 +55,48 @@ async fn a_folded_key_header_means_the_same_key_to_the_relay_and_the_upstream() 
     assert_eq!(got[0].bytes, stored.content.unwrap());
 }
 
+/// A key that Python's `EmailMessage` encoded (205 characters, 273 as spelled) reaches the
+/// upstream plain: the sink, which does not decode encoded words, finds the application's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encoded_ascii_key_reaches_the_upstream_plain() {
+    use crate::intake::{python_message, PYTHON_LONG_FIELD, PYTHON_LONG_KEY};
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    let msg = python_message("r-205", PYTHON_LONG_FIELD);
+    let id = submit(&relay, "app@example.com", &["user@example.com"], &msg).await;
+    wait_state(&relay, &id, State::Delivered).await;
+    let got = sink.messages();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key.as_deref(), Some(PYTHON_LONG_KEY));
+    assert_eq!(got[0].bytes, relay.stored(&id).await.content.unwrap());
+}
+
+/// One mailbox named twice in a transaction, its domain in another case, reaches the upstream
+/// once (as Postfix forwards it), under one spelling; a local part in another case is another
+/// mailbox and goes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recipient_repeated_in_another_case_is_forwarded_once() {
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    let mut c = Client::ready(relay.addr).await;
+    assert_eq!(c.cmd("MAIL FROM:<sender@example.com>").await.code, 250);
+    for rcpt in ["dup@example.net", "dup@EXAMPLE.NET", "Dup@example.net"] {
+        let answer = c.cmd(&format!("RCPT TO:<{rcpt}>")).await;
+        assert_eq!(answer.code, 250, "{rcpt}: {answer:?}");
+    }
+    let answer = c.data(&message(Some("dup-case-1"), "s", "b")).await;
+    c.quit().await;
+    let id = answer
+        .queue_id()
+        .unwrap_or_else(|| panic!("not queued: {answer:?}"));
+    wait_state(&relay, &id, State::Delivered).await;
+    let forwarded = vec!["dup@EXAMPLE.NET", "Dup@example.net"];
+    let got = sink.transactions();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].rcpt_to, forwarded);
+    assert_eq!(relay.stored(&id).await.rcpt_to, forwarded);
+}
+
 /// Header sections where a lenient parser and an RFC 5322 reader disagree about the key: the
 /// relay must either refuse them or record exactly the key the upstream (the sink, an
 /// independent RFC 5322 reader) finds in the bytes it is sent.

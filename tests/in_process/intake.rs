@@ -820,3 +820,133 @@ async fn an_oversized_header_section_is_refused_before_parsing() {
     );
     assert_eq!(relay.count("messages").await, 0);
 }
+
+/// What Python's `email.message.EmailMessage` with `policy=email.policy.SMTP` writes for a key
+/// header (Python 3.11, byte for byte): past 77 characters, or with non-ASCII text, the value is
+/// RFC 2047-encoded and folded.
+pub(crate) fn python_message(message_id: &str, key_field: &str) -> Vec<u8> {
+    format!(
+        "From: app@example.com\r\nTo: user@example.com\r\nSubject: Receipt\r\n\
+         Date: Sun, 29 Nov 2026 10:00:00 +0000\r\nMessage-ID: <{message_id}@example.com>\r\n\
+         X-Bird-Idempotency-Key: {key_field}\r\n\
+         Content-Type: text/plain; charset=\"utf-8\"\r\nContent-Transfer-Encoding: 7bit\r\n\
+         MIME-Version: 1.0\r\n\r\nThank you.\r\n"
+    )
+    .into_bytes()
+}
+
+/// A 205-character key (inside 1-255) as Python spells it: four Q words, 273 characters.
+pub(crate) const PYTHON_LONG_KEY: &str = "receipt-2026-11-29-0000-0001-0002-0003-0004-0005-0006-0007-0008-0009-0010-0011-0012-0013-0014-0015-0016-0017-0018-0019-0020-0021-0022-0023-0024-0025-0026-0027-0028-0029-0030-0031-0032-0033-0034-0035-0036-0";
+pub(crate) const PYTHON_LONG_FIELD: &str = "=?utf-8?q?receipt-2026-11-29-0000-0001-0002-0003-000?=\r\n =?utf-8?q?4-0005-0006-0007-0008-0009-0010-0011-0012-0013-0014-0015-0016-001?=\r\n =?utf-8?q?7-0018-0019-0020-0021-0022-0023-0024-0025-0026-0027-0028-0029-003?=\r\n =?utf-8?q?0-0031-0032-0033-0034-0035-0036-0?=";
+/// A Cyrillic key as Python spells it: a B word, then a Q word.
+const PYTHON_CYRILLIC_KEY: &str = "заказ-1234-квитанция";
+const PYTHON_CYRILLIC_FIELD: &str =
+    "=?utf-8?b?0LfQsNC60LDQty0xMjM0LdC60LLQuNGC0LDQvdGG?=\r\n =?utf-8?q?=D0=B8=D1=8F?=";
+
+/// A path segment for the admin API: every byte but the unreserved ones percent-encoded.
+fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// The key is what the application set, whatever encoding its mail library chose: stored and
+/// found under it, replayed on a retry of the same bytes, and written for the upstream in a
+/// form every reader takes for that key.
+#[tokio::test]
+async fn keys_encoded_by_mail_libraries_are_the_applications_keys() {
+    let relay = TestRelay::start().await;
+    let long = python_message("r-205", PYTHON_LONG_FIELD);
+    let cyrillic = python_message("r-20", PYTHON_CYRILLIC_FIELD);
+    let mut ids = Vec::new();
+    for (key, msg) in [(PYTHON_LONG_KEY, &long), (PYTHON_CYRILLIC_KEY, &cyrillic)] {
+        let first = submit_once(&relay, &["user@example.com"], msg).await;
+        let id = first
+            .queue_id()
+            .unwrap_or_else(|| panic!("{key}: not accepted: {first:?}"));
+        let shown = common::http::get(
+            relay.admin(),
+            &format!("/api/v1/keys/default/{}", path_segment(key)),
+            None,
+        )
+        .await;
+        assert_eq!(shown.status, 200, "{key}: {}", shown.body);
+        let shown = shown.json();
+        assert_eq!(shown["id"], id.as_str());
+        assert_eq!(shown["key"], key);
+        assert_eq!(shown["key_source"], "header");
+        assert_eq!(shown["upstream_key"], key);
+        let again = submit_once(&relay, &["user@example.com"], msg).await;
+        assert_eq!(
+            again.line(),
+            format!("250 2.0.0 OK queued as {id} (idempotent replay)")
+        );
+        ids.push(id);
+    }
+    assert_eq!(relay.count("messages").await, 2);
+
+    // An ASCII key goes upstream plain, in place of the client's encoded field: every reader
+    // finds it, whether or not it decodes encoded words (spelled encoded, this one is longer
+    // than a key may be).
+    let stored = relay.stored(&ids[0]).await.content.unwrap();
+    let text = String::from_utf8(stored).unwrap();
+    let header = &text[..text.find("\r\n\r\n").unwrap() + 2];
+    assert!(
+        header.contains(&format!(
+            "\r\nX-Bird-Idempotency-Key: {PYTHON_LONG_KEY}\r\n"
+        )),
+        "{header}"
+    );
+    assert_eq!(
+        header.matches("X-Bird-Idempotency-Key:").count(),
+        1,
+        "{header}"
+    );
+    assert!(!header.contains("=?utf-8?q?receipt"), "{header}");
+    // A key that is not ASCII can only be written encoded in a message that is not SMTPUTF8:
+    // the client's field goes as it came.
+    let stored = relay.stored(&ids[1]).await.content.unwrap();
+    let text = String::from_utf8(stored).unwrap();
+    assert!(
+        text.contains(&format!(
+            "\r\nX-Bird-Idempotency-Key: {PYTHON_CYRILLIC_FIELD}\r\n"
+        )),
+        "{text}"
+    );
+    assert_eq!(text.matches("X-Bird-Idempotency-Key:").count(), 1, "{text}");
+}
+
+/// Earlier versions stored a key spelled in encoded words as spelled. A client's retry that
+/// reaches an upgraded relay (within retention) must still replay that record, not become a
+/// second message under the decoded key.
+#[tokio::test]
+async fn a_record_stored_under_the_encoded_spelling_still_replays() {
+    let relay = TestRelay::start().await;
+    let msg = python_message("r-20", PYTHON_CYRILLIC_FIELD);
+    let first = submit_once(&relay, &["user@example.com"], &msg).await;
+    let id = first.queue_id().expect("queued");
+    // The record as an earlier version stored it: under the unfolded spelling.
+    let spelled = PYTHON_CYRILLIC_FIELD.replace("\r\n", "");
+    common::backend::execute(
+        relay.settings.store.expose(),
+        &format!("UPDATE messages SET idem_key = '{spelled}' WHERE id = '{id}'"),
+    )
+    .await;
+    let again = submit_once(&relay, &["user@example.com"], &msg).await;
+    assert_eq!(
+        again.line(),
+        format!("250 2.0.0 OK queued as {id} (idempotent replay)")
+    );
+    assert_eq!(relay.count("messages").await, 1);
+    // And another message under that key is a reuse, as it was before the upgrade.
+    let other = python_message("r-21", PYTHON_CYRILLIC_FIELD);
+    let answer = submit_once(&relay, &["user@example.com"], &other).await;
+    assert_eq!(answer.line(), E01005);
+    assert_eq!(relay.count("messages").await, 1);
+}

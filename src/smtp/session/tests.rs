@@ -91,6 +91,26 @@ fn a_whole_transaction() {
     assert_eq!(sub.helo, "c");
 }
 
+/// A mailbox named twice, its domain in another case, is one recipient: the second RCPT gets
+/// 250 (as Postfix answers) and counts neither as a recipient nor towards `max_recipients`
+/// (3 here). Local parts that differ in case are two mailboxes. Of two spellings the one that
+/// sorts first is kept, where the first came, so the envelope does not depend on their order.
+#[test]
+fn one_mailbox_spelled_twice_is_one_recipient() {
+    let t = run(b"EHLO c\r\nMAIL FROM:<a@x>\r\nRCPT TO:<dup@example.net>\r\nRCPT TO:<dup@EXAMPLE.NET>\r\nRCPT TO:<Dup@example.net>\r\nRCPT TO:<c@x>\r\nRCPT TO:<c@X>\r\nRCPT TO:<d@x>\r\nDATA\r\nSubject: s\r\n\r\nb\r\n.\r\n");
+    assert_eq!(
+        codes(&t),
+        vec![250, 250, 250, 250, 250, 250, 250, 452, 354, 250]
+    );
+    assert_eq!(
+        t.submissions[0].envelope.rcpt_to,
+        vec!["dup@EXAMPLE.NET", "Dup@example.net", "c@X"]
+    );
+    let t = run("EHLO c\r\nMAIL FROM:<a@x> SMTPUTF8\r\nRCPT TO:<u@bücher.example>\r\nRCPT TO:<u@BÜCHER.example>\r\nDATA\r\nSubject: s\r\n\r\nb\r\n.\r\n".as_bytes());
+    assert_eq!(codes(&t), vec![250, 250, 250, 250, 354, 250]);
+    assert_eq!(t.submissions[0].envelope.rcpt_to, vec!["u@BÜCHER.example"]);
+}
+
 #[test]
 fn sequence_errors() {
     let t = run(b"MAIL FROM:<a@x>\r\nHELO c\r\nRCPT TO:<b@x>\r\nDATA\r\nMAIL FROM:<a@x>\r\nMAIL FROM:<a@x>\r\nDATA\r\n");

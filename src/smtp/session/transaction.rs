@@ -3,7 +3,7 @@
 
 use super::guards::{has_control_chars, line_error_reply};
 use super::{Answer, Mode, Output, Progress, Session, Transaction};
-use crate::mail::{BodyType, Envelope, Submission};
+use crate::mail::{merge_same_mailbox, BodyType, Envelope, Submission};
 use crate::reply::Reply;
 use crate::smtp::address;
 use crate::smtp::framing::{BodyFault, BodyLimits, BodyReceiver, BodyStatus};
@@ -113,7 +113,9 @@ impl Session {
                 &param.keyword.to_ascii_uppercase(),
             ));
         }
-        if txn.rcpt_to.iter().any(|r| r == mailbox) {
+        // A mailbox already named (its domain perhaps in another case): 250, as Postfix
+        // answers, but one recipient, not counted again towards the limit.
+        if merge_same_mailbox(&mut txn.rcpt_to, mailbox) {
             return Answer::Reply(Reply::recipient_ok());
         }
         if txn.rcpt_to.len() >= max {
