@@ -256,6 +256,15 @@ impl Hosts {
     /// Makes `i` the host new connections go to (at start, before the pool exists).
     pub(super) fn start_at(&self, i: usize) {
         self.current.store(i, Ordering::Relaxed);
+        if self.several() {
+            tracing::info!(
+                target: "idemrelay::store",
+                host = %self.hosts[i].label,
+                hosts = self.hosts.len(),
+                target_session_attrs = self.target.name(),
+                "the store's connections go to this host of the URL"
+            );
+        }
     }
 
     /// Walks the list again and moves `pool` to the first host that suits, if that is not
