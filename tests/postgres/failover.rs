@@ -172,6 +172,28 @@ impl Cluster {
         pids
     }
 
+    /// A postmaster killed with -9 leaves its pid file and its small System V shared memory
+    /// segment behind; a next start in the same data directory would remove the segment, but
+    /// the directory is about to go, so it is removed here (line 7 of the pid file: key, id).
+    fn remove_orphaned_segment(&self) {
+        if !self.processes().is_empty() {
+            return;
+        }
+        let Ok(pid_file) = std::fs::read_to_string(self.data.join("postmaster.pid")) else {
+            return;
+        };
+        if let Some(id) = pid_file
+            .lines()
+            .nth(6)
+            .and_then(|l| l.split_whitespace().nth(1))
+        {
+            let _ = Command::new("ipcrm")
+                .args(["-m", id])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+
     /// Sends `signal` to the postmaster and its children, in one `kill`; returns how many.
     fn signal_all(&self, signal: &str) -> usize {
         let pids = self.processes();
@@ -207,6 +229,7 @@ impl Drop for Pair {
                     .args(["-m", "immediate", "-w", "-t", "20", "stop"])
                     .output();
             }
+            cluster.remove_orphaned_segment();
         }
     }
 }
@@ -335,11 +358,13 @@ async fn start_pair(bin: PgBin, replication: Replication) -> Pair {
     // The base backup copied the primary's settings; the standby gets its own port. Once
     // promoted it has no standby of its own, and naming one would make every commit wait
     // for a server that does not exist: a failover tool clears (or repoints) this setting,
-    // here it is cleared in advance (it has no effect while the server is a standby).
+    // here it is cleared in advance (it has no effect while the server is a standby). With
+    // its primary gone, a standby retries the connection every wal_retrieve_retry_interval
+    // (5 s by default), and a promotion asked meanwhile could wait that long.
     append(
         &standby.data.join("postgresql.conf"),
         &format!(
-            "\nport = {}\nsynchronous_standby_names = ''\n",
+            "\nport = {}\nsynchronous_standby_names = ''\nwal_retrieve_retry_interval = '200ms'\n",
             standby.port
         ),
     );
