@@ -4,8 +4,8 @@
 //! hosts, six SMTP clients submitting distinct keys (each retrying a key until it gets a
 //! 250, as a mailer does), and the test sink upstream. Mid-load the standby goes down
 //! (commits now wait for it), then every process of the primary is SIGKILLed while commits
-//! wait, and the standby comes back and is promoted. The relays must find the new primary by
-//! themselves, answer only 421 4.3.2 at connect or 451 4.3.0 at the dot (E01033) meanwhile,
+//! wait, and the standby comes back, read-only, and is promoted once both relays have passed
+//! over it. The relays must find the new primary by themselves, answer only 421 4.3.2 at connect or 451 4.3.0 at the dot (E01033) meanwhile,
 //! and every key that got a 250 must be in the promoted store under the id it was given and
 //! reach the upstream exactly once.
 //!
@@ -704,7 +704,9 @@ async fn drill(bin: PgBin, replication: Replication) -> Figures {
     // Taken once `kill` has returned: no commit of the primary can end after this.
     let killed_at = Instant::now();
     assert!(killed >= 2, "primary processes: {killed}");
-    // The standby comes back with what it had flushed, and is promoted.
+    // The standby comes back with what it had flushed, read-only. It is promoted only once
+    // both relays have looked for a writable host and passed over it (as a failover tool
+    // that takes its time to decide): a relay must not take a standby for the new primary.
     let standby_log = standby.data.with_extension("log").display().to_string();
     pair.bin.run(
         "pg_ctl",
@@ -719,6 +721,20 @@ async fn drill(bin: PgBin, replication: Replication) -> Figures {
             "start",
         ],
     );
+    let passed_over = format!("{s}: not read-write");
+    let deadline = Instant::now() + LIMIT;
+    while !relays.iter().all(|r| r.log().contains(&passed_over)) {
+        assert!(
+            Instant::now() < deadline,
+            "the relays did not look for a writable host; logs:\n{}",
+            relays
+                .iter()
+                .map(|r| tail(&r.log()))
+                .collect::<Vec<_>>()
+                .join("\n----\n")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     pair.bin.run(
         "pg_ctl",
         &["-D", &standby_data, "-w", "-t", "30", "promote"],

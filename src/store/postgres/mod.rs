@@ -3,6 +3,7 @@
 //! instances with skewed clocks still agree. Claims use `FOR UPDATE SKIP LOCKED`; every write
 //! of a lease holder is fenced by the lease token.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +38,8 @@ pub(crate) struct PostgresStore {
     /// The URL's hosts, and which one the pool connects to (`hosts.rs`).
     hosts: Arc<Hosts>,
     busy_timeout: Duration,
+    /// The last health probe failed (with several hosts, the next one walks them first).
+    probe_failed: AtomicBool,
 }
 
 impl PostgresStore {
@@ -77,6 +80,7 @@ impl PostgresStore {
             intake,
             hosts,
             busy_timeout,
+            probe_failed: AtomicBool::new(false),
         })
     }
 
@@ -213,14 +217,31 @@ impl Store for PostgresStore {
     /// that now takes writes (a promoted standby): the probe runs every
     /// `store_probe_interval`, so the relay finds the new primary by itself.
     async fn probe(&self) -> Result<(), StoreError> {
-        let probed = self.probe_writable().await;
-        if probed.is_err() && self.hosts.several() {
-            let busy = self.busy_timeout;
-            self.hosts
-                .follow(&self.pool, busy, |o| session_options(o, busy))
-                .await?;
+        if !self.hosts.several() {
             return self.probe_writable().await;
         }
+        let busy = self.busy_timeout;
+        let follow = || {
+            self.hosts
+                .follow(&self.pool, busy, |o| session_options(o, busy))
+        };
+        let probed = async {
+            // Once a probe has failed, the list is walked first: the pool's host may be the
+            // dead primary, and waiting for a connection to it (`store_busy_timeout` + 1 s)
+            // at every probe would put off the move to a standby promoted meanwhile by that
+            // much each time.
+            if self.probe_failed.load(Ordering::Relaxed) {
+                follow().await?;
+                return self.probe_writable().await;
+            }
+            if self.probe_writable().await.is_ok() {
+                return Ok(());
+            }
+            follow().await?;
+            self.probe_writable().await
+        }
+        .await;
+        self.probe_failed.store(probed.is_err(), Ordering::Relaxed);
         probed
     }
 
