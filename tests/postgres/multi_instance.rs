@@ -30,7 +30,7 @@ fn write_config(path: &std::path::Path) {
 }
 
 /// Delivery settings for quick tests: `connections` workers, `dot` as the final-dot timeout.
-fn write_delivery_config(path: &std::path::Path, connections: usize, dot: &str) {
+pub(crate) fn write_delivery_config(path: &std::path::Path, connections: usize, dot: &str) {
     // Every phase is listed: `[delivery.timeouts]` does not accept a partial table.
     let text = format!(
         r#"

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use common::{backend, message, Client, TestRelay};
 use sqlx::{Connection, Executor};
 
-const E01033_AT_DOT: &str = "451 4.3.0 idempotency store unavailable; message not accepted, retry later (E01033 IdempotencyUnavailable)";
-const E01033_AT_CONNECT: &str =
+pub(crate) const E01033_AT_DOT: &str = "451 4.3.0 idempotency store unavailable; message not accepted, retry later (E01033 IdempotencyUnavailable)";
+pub(crate) const E01033_AT_CONNECT: &str =
     "421 4.3.2 idempotency store unavailable; try again later (E01033 IdempotencyUnavailable)";
 
 async fn admin(base: &str) -> sqlx::PgConnection {

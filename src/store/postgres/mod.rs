@@ -3,7 +3,8 @@
 //! instances with skewed clocks still agree. Claims use `FOR UPDATE SKIP LOCKED`; every write
 //! of a lease holder is fenced by the lease token.
 
-use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,6 +12,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, Row};
 
+use self::hosts::Hosts;
 use self::intake::Intake;
 use crate::store::backend::Store;
 use crate::store::listing::{self, ListFilter, Page};
@@ -24,6 +26,7 @@ use crate::store::retention::Retention;
 use crate::store::rows;
 use crate::store::webhook::{EventRow, WebhookApplied, WebhookReceipt};
 
+mod hosts;
 mod intake;
 mod webhook;
 mod write;
@@ -32,41 +35,82 @@ pub(crate) struct PostgresStore {
     pool: PgPool,
     /// The intake writers (group commit).
     intake: Intake,
+    /// The URL's hosts, and which one the pool connects to (`hosts.rs`).
+    hosts: Arc<Hosts>,
+    busy_timeout: Duration,
+    /// The last health probe failed (with several hosts, the next one walks them first).
+    probe_failed: AtomicBool,
 }
 
 impl PostgresStore {
     /// `busy_timeout` bounds each statement and each wait for a pooled connection, so an
     /// unreachable or wedged database turns into a prompt E01033 rather than a hung client.
     pub(crate) async fn open(url: &str, busy_timeout: Duration) -> Result<Self, StoreError> {
-        let options = PgConnectOptions::from_str(url)?.application_name("idemrelay");
+        let hosts = Arc::new(Hosts::parse(url, |o| o.application_name("idemrelay"))?);
+        let first = hosts.first_suitable(busy_timeout).await?;
+        hosts.start_at(first);
         // Migrations run on a connection of their own, without the statement timeout: a
         // future migration of a big table may rightly take longer than a store write.
-        let mut migrating = PgConnection::connect_with(&options).await?;
+        let mut migrating = PgConnection::connect_with(&hosts.current()).await?;
         Migrator::new(Embedded(migrate::POSTGRES))
             .await?
             .run(&mut migrating)
             .await?;
         migrating.close().await?;
-        let timeout_ms = retention_ms(busy_timeout).max(1);
+        let (checked, fresh) = (hosts.clone(), hosts.clone());
         let pool = PgPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(busy_timeout + Duration::from_secs(1))
-            .after_connect(|conn, _| Box::pin(async move { durable_commits(conn).await }))
-            .connect_with(options.options([
-                ("statement_timeout", timeout_ms),
-                ("lock_timeout", timeout_ms),
-            ]))
+            .after_connect(move |conn, _| {
+                let hosts = checked.clone();
+                Box::pin(async move {
+                    hosts.check(conn).await?;
+                    durable_commits(conn).await
+                })
+            })
+            .before_acquire(move |_, meta| {
+                let fresh = fresh.fresh(meta.age);
+                Box::pin(async move { Ok(fresh) })
+            })
+            .connect_with(session_options(hosts.current(), busy_timeout))
             .await?;
         let intake = Intake::start(pool.clone());
-        Ok(PostgresStore { pool, intake })
+        Ok(PostgresStore {
+            pool,
+            intake,
+            hosts,
+            busy_timeout,
+            probe_failed: AtomicBool::new(false),
+        })
     }
+
+    /// The health probe's own test: takes, and gives back, the lock an insert needs.
+    async fn probe_writable(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        tx.execute("LOCK TABLE messages IN ROW EXCLUSIVE MODE")
+            .await?;
+        tx.rollback().await?;
+        Ok(())
+    }
+}
+
+/// The pool's connections bound each statement and lock wait by the busy timeout.
+fn session_options(options: PgConnectOptions, busy_timeout: Duration) -> PgConnectOptions {
+    let timeout_ms = retention_ms(busy_timeout).max(1);
+    options.options([
+        ("statement_timeout", timeout_ms),
+        ("lock_timeout", timeout_ms),
+    ])
 }
 
 /// A commit must be on disk before its 250: `synchronous_commit=off` would acknowledge
 /// commits a crash can still lose, and `local` does not wait for synchronous replicas. The
 /// level is set on every connection, even when the server's is already durable: a session's
 /// own setting outlives a later reload of the server's configuration, which would otherwise
-/// apply to this session too. Stronger settings (remote_write, remote_apply) are kept.
+/// apply to this session too. `remote_write` is raised to `on` as well: it waits only until
+/// a synchronous standby has handed the commit to its operating system, not until it is on
+/// the standby's disk, so a standby's power cut after a failover could lose an acknowledged
+/// message. `remote_apply` (stronger than `on`) is kept.
 async fn durable_commits(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     let mode: String = sqlx::query_scalar("SHOW synchronous_commit")
         .fetch_one(&mut *conn)
@@ -79,7 +123,6 @@ async fn durable_commits(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
 fn durable_commit_statement(mode: &str) -> &'static str {
     match mode {
         "remote_apply" => "SET synchronous_commit = remote_apply",
-        "remote_write" => "SET synchronous_commit = remote_write",
         _ => "SET synchronous_commit = on",
     }
 }
@@ -169,13 +212,37 @@ impl Store for PostgresStore {
 
     /// Takes, and gives back, the lock an insert needs: this fails on a read-only standby
     /// (as after a failover to a replica that was not promoted), without the privilege to
-    /// write records, and, after `lock_timeout`, while another session blocks writers.
+    /// write records, and, after `lock_timeout`, while another session blocks writers. With
+    /// several hosts in the URL, a failure walks them again, and the pool moves to the one
+    /// that now takes writes (a promoted standby): the probe runs every
+    /// `store_probe_interval`, so the relay finds the new primary by itself.
     async fn probe(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        tx.execute("LOCK TABLE messages IN ROW EXCLUSIVE MODE")
-            .await?;
-        tx.rollback().await?;
-        Ok(())
+        if !self.hosts.several() {
+            return self.probe_writable().await;
+        }
+        let busy = self.busy_timeout;
+        let follow = || {
+            self.hosts
+                .follow(&self.pool, busy, |o| session_options(o, busy))
+        };
+        let probed = async {
+            // Once a probe has failed, the list is walked first: the pool's host may be the
+            // dead primary, and waiting for a connection to it (`store_busy_timeout` + 1 s)
+            // at every probe would put off the move to a standby promoted meanwhile by that
+            // much each time.
+            if self.probe_failed.load(Ordering::Relaxed) {
+                follow().await?;
+                return self.probe_writable().await;
+            }
+            if self.probe_writable().await.is_ok() {
+                return Ok(());
+            }
+            follow().await?;
+            self.probe_writable().await
+        }
+        .await;
+        self.probe_failed.store(probed.is_err(), Ordering::Relaxed);
+        probed
     }
 
     async fn purge_expired(&self, retention: Retention) -> Result<u64, StoreError> {
@@ -561,12 +628,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn commit_levels_are_at_least_on_and_stronger_ones_are_kept() {
+    fn commit_levels_are_at_least_on_and_remote_apply_is_kept() {
         for (server, set) in [
             ("off", "SET synchronous_commit = on"),
             ("local", "SET synchronous_commit = on"),
             ("on", "SET synchronous_commit = on"),
-            ("remote_write", "SET synchronous_commit = remote_write"),
+            // Weaker than `on` on the standby's side: written there, not yet flushed.
+            ("remote_write", "SET synchronous_commit = on"),
             ("remote_apply", "SET synchronous_commit = remote_apply"),
         ] {
             assert_eq!(durable_commit_statement(server), set, "{server}");
