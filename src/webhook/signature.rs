@@ -2,10 +2,16 @@
 //! `webhook-id`, `webhook-timestamp` and `webhook-signature` (space-separated `v1,<base64>`
 //! entries), the signed content `<id>.<timestamp>.<body>`, HMAC-SHA256 under the key that is
 //! the base64 after a secret's `whsec_`. Any configured key may match any `v1` entry; the
-//! comparison is constant-time (ring's `hmac::verify`).
+//! comparison is constant-time (`subtle`).
+//!
+//! The listener faces the internet, so what an unauthenticated request may cost is bounded:
+//! the timestamp is checked first (free), the header's length and its number of entries are
+//! capped, and each configured key's HMAC over the body is computed once, however many
+//! entries there are, then compared with each entry.
 
 use base64::Engine;
 use ring::hmac;
+use subtle::ConstantTimeEq;
 
 /// How far a request's timestamp may be from now, either way: an old signed request replayed
 /// later is refused, as is one from a clock far off.
@@ -13,6 +19,14 @@ pub(crate) const TOLERANCE_SECS: i64 = 5 * 60;
 
 /// The longest `webhook-id` taken (svix ids are about 30 characters).
 const MAX_ID: usize = 255;
+
+/// The most `v1,` entries a `webhook-signature` may carry: a sender signs with one secret,
+/// two while it rotates them; a few more leave room. More is refused as unsigned.
+pub(crate) const MAX_ENTRIES: usize = 8;
+
+/// The longest `webhook-signature` taken: `MAX_ENTRIES` entries of an HMAC-SHA256 (47
+/// characters each with their version), with room for other versions' entries.
+pub(crate) const MAX_SIGNATURE_LEN: usize = 1024;
 
 /// Why a request is refused before its body is read as events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,9 +55,9 @@ pub(crate) struct Verified {
     pub timestamp: i64,
 }
 
-/// Checks a request: its headers' form, its signature under any of `keys`, then its age. The
-/// signature is checked before the age so that a refusal for staleness is only ever given
-/// to a request that was really signed.
+/// Checks a request: its headers' form, its age, then its signature under any of `keys`.
+/// The age comes before the signature because it costs nothing: a stale request is refused
+/// without an HMAC over its body.
 pub(crate) fn verify(
     keys: &[Vec<u8>],
     headers: Headers<'_>,
@@ -56,22 +70,33 @@ pub(crate) fn verify(
         .ok_or(Refusal::Headers)?;
     let stamp = headers.timestamp.ok_or(Refusal::Headers)?;
     let timestamp = parse_timestamp(stamp).ok_or(Refusal::Headers)?;
-    let signature = headers.signature.ok_or(Refusal::Signature)?;
-    let content = signed_content(id, stamp, body);
-    let matched = signature
-        .split(' ')
-        .filter_map(|entry| entry.strip_prefix("v1,"))
-        .filter_map(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
-        .any(|tag| {
-            keys.iter().any(|key| {
-                hmac::verify(&hmac::Key::new(hmac::HMAC_SHA256, key), &content, &tag).is_ok()
-            })
-        });
-    if !matched {
-        return Err(Refusal::Signature);
-    }
     if (now_secs - timestamp).abs() > TOLERANCE_SECS {
         return Err(Refusal::Timestamp);
+    }
+    let signature = headers
+        .signature
+        .filter(|s| s.len() <= MAX_SIGNATURE_LEN)
+        .ok_or(Refusal::Signature)?;
+    let entries: Vec<&str> = signature.split(' ').filter(|e| !e.is_empty()).collect();
+    if entries.len() > MAX_ENTRIES {
+        return Err(Refusal::Signature);
+    }
+    let tags: Vec<Vec<u8>> = entries
+        .iter()
+        .filter_map(|entry| entry.strip_prefix("v1,"))
+        .filter_map(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
+        .collect();
+    if tags.is_empty() {
+        return Err(Refusal::Signature);
+    }
+    let content = signed_content(id, stamp, body);
+    let matched = keys.iter().any(|key| {
+        let expected = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), &content);
+        tags.iter()
+            .any(|tag| bool::from(tag.as_slice().ct_eq(expected.as_ref())))
+    });
+    if !matched {
+        return Err(Refusal::Signature);
     }
     Ok(Verified {
         id: id.to_string(),
@@ -208,6 +233,11 @@ mod tests {
         );
         assert_eq!(missing(|h| h.timestamp = Some("-5")), Err(Refusal::Headers));
         assert_eq!(missing(|h| h.signature = None), Err(Refusal::Signature));
+        // The age is checked before the signature: a stale request costs no HMAC.
+        assert_eq!(
+            verify(&keys, headers("v1,bm9wZQ=="), BODY, TS + TOLERANCE_SECS + 1),
+            Err(Refusal::Timestamp)
+        );
         // Five minutes either way, not a second more.
         assert!(verify(&keys, headers(SIGNATURE), BODY, TS + TOLERANCE_SECS).is_ok());
         assert!(verify(&keys, headers(SIGNATURE), BODY, TS - TOLERANCE_SECS).is_ok());
@@ -218,6 +248,24 @@ mod tests {
         assert_eq!(
             verify(&keys, headers(SIGNATURE), BODY, TS - TOLERANCE_SECS - 1),
             Err(Refusal::Timestamp)
+        );
+    }
+
+    #[test]
+    fn too_many_entries_or_too_long_a_header_is_unsigned() {
+        let keys = [key()];
+        let wrong = "v1,bm9wZQ==";
+        let at_most = format!("{} {SIGNATURE}", [wrong; MAX_ENTRIES - 1].join(" "));
+        assert!(verify(&keys, headers(&at_most), BODY, TS).is_ok());
+        let too_many = format!("{} {SIGNATURE}", [wrong; MAX_ENTRIES].join(" "));
+        assert_eq!(
+            verify(&keys, headers(&too_many), BODY, TS),
+            Err(Refusal::Signature)
+        );
+        let too_long = format!("{}{SIGNATURE}", " ".repeat(MAX_SIGNATURE_LEN));
+        assert_eq!(
+            verify(&keys, headers(&too_long), BODY, TS),
+            Err(Refusal::Signature)
         );
     }
 }

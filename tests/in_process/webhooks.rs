@@ -215,9 +215,13 @@ async fn every_refusal_stores_nothing_and_is_counted_by_reason() {
     .await;
     assert_eq!(no_id.status, 400);
 
+    // A name that is not configured gets the very answer a bad signature gets: the listener
+    // does not tell which source names exist.
     let unknown = post_signed(&relay, "nobody", "msg_1", now, Some(SECRET), &body).await;
-    assert_eq!(unknown.status, 404);
-    assert_eq!(unknown.json()["code"], "unknown_source");
+    assert_eq!(
+        (unknown.status, unknown.body.as_str()),
+        (unsigned.status, unsigned.body.as_str())
+    );
 
     // Over 1 MiB: declared (refused before it is read) and undeclared (refused as it passes
     // the limit), even when correctly signed.
@@ -259,6 +263,69 @@ async fn every_refusal_stores_nothing_and_is_counted_by_reason() {
     assert_eq!(old.status, 200, "{}", old.body);
     assert_eq!(old.json()["unmatched"], 1);
     assert_eq!(relay.count("webhook_receipts").await, 1);
+    relay.relay.shutdown().await;
+}
+
+/// The webhook listener faces the internet: a request whose `webhook-signature` carries
+/// thousands of entries over a large body costs the relay one HMAC per configured secret at
+/// most, off the threads that serve SMTP. Two such requests in flight leave SMTP greeting at
+/// once, and each is refused without reading its entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_signature_entries_is_refused_at_once_and_smtp_keeps_greeting() {
+    let relay = TestRelay::start_with(with_webhooks).await;
+    let addr = relay.relay.webhook_addr().unwrap();
+    let body = vec![b' '; 512 * 1024];
+    // 8,000 well-formed entries (about 380 KB, under the HTTP server's header limit), none
+    // of them right.
+    let entry = format!("v1,{}", "A".repeat(43) + "=");
+    let flood = vec![entry; 8_000].join(" ");
+    let stamp = now_secs().to_string();
+    let mut requests = Vec::new();
+    for n in 0..2 {
+        let (flood, body, stamp) = (flood.clone(), body.clone(), stamp.clone());
+        requests.push(tokio::spawn(async move {
+            let id = format!("msg_flood_{n}");
+            send(
+                addr,
+                "POST",
+                "/webhooks/upstream",
+                &[
+                    ("webhook-id", id.as_str()),
+                    ("webhook-timestamp", stamp.as_str()),
+                    ("webhook-signature", flood.as_str()),
+                ],
+                Body::Bytes(&body),
+            )
+            .await
+        }));
+    }
+    // The SMTP client is an OS thread with the wall clock: a timer of the relay's own runtime
+    // would stall with it and measure nothing.
+    let smtp = relay.addr;
+    let greeted = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::thread::sleep(Duration::from_millis(300));
+        let started = std::time::Instant::now();
+        let stream = std::net::TcpStream::connect(smtp).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stream).read_line(&mut line);
+        (line, started.elapsed())
+    });
+    let (greeting, waited) = tokio::task::spawn_blocking(move || greeted.join().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        greeting.starts_with("220 ") && waited < Duration::from_secs(1),
+        "SMTP greeted {greeting:?} after {waited:?} while the flood was checked"
+    );
+    for request in requests {
+        let answer = request.await.unwrap();
+        assert_eq!(answer.status, 401, "{}", answer.body);
+    }
+    assert_eq!(relay.count("webhook_receipts").await, 0);
     relay.relay.shutdown().await;
 }
 
