@@ -119,8 +119,15 @@ impl Relay {
     ) -> anyhow::Result<Relay> {
         let started = Instant::now();
         if let Some(addr) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
-            if !addr.ip().is_loopback() && settings.admin_token.is_none() {
-                tracing::warn!(%addr, "the admin API is reachable beyond loopback without admin_token: anyone who can connect may requeue or cancel mail");
+            // Said at every start without a token, loopback included: any program on the
+            // host can connect to loopback, and so can a browser's pages (the Host and Origin
+            // checks stop those, but the operator should know what the listener holds).
+            if settings.admin_token.is_none() {
+                if settings.admin_allow_changes_without_token {
+                    tracing::warn!(%addr, "the admin API has no admin_token and admin_allow_changes_without_token is on: anyone who can connect may read the ledger, pause delivery, requeue or cancel mail");
+                } else {
+                    tracing::warn!(%addr, "the admin API has no admin_token: anyone who can connect may read the ledger; operator actions are refused until admin_token is set (or admin_allow_changes_without_token = true)");
+                }
             }
             // Logged before the SMTP "listening on" lines, which tell a supervisor (and the
             // tests) that the relay is up; "listening on" itself is kept for SMTP.
@@ -343,6 +350,11 @@ impl Relay {
                     .admin_token
                     .as_ref()
                     .map(|t| t.expose().to_string()),
+                allow_changes_without_token: settings.admin_allow_changes_without_token,
+                hosts: std::iter::once(&settings.hostname)
+                    .chain(&settings.admin_hosts)
+                    .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+                    .collect(),
                 wedged_after: settings.upstream.as_ref().map(|_| wedge_limit(settings)),
                 started,
                 delivery_hint: hint,

@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 
+use super::guard::{changes_allowed, CHANGES_NEED_TOKEN};
 use super::ops::{self, OpError, OpResult};
 use super::state::{error, AdminState};
 use super::waiting::RelayFacts;
@@ -79,7 +80,7 @@ pub(crate) async fn list(
     respond(result.await)
 }
 
-/// The parameters of an action, in the query string or a JSON body.
+/// The parameters of an action, in a JSON body.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ActionParams {
@@ -88,31 +89,57 @@ pub(crate) struct ActionParams {
     confirm: Option<String>,
 }
 
-/// The reason and confirmation from the query string and the body (either may carry them).
+/// Whether the request says its body is JSON (`application/json`, any parameters).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The reason and confirmation from the JSON body. Only JSON, and nothing in the query
+/// string: a page of another origin can post a form or a `text/plain` body (and put anything
+/// in the URL) without asking, but not `application/json`, which needs a CORS preflight the
+/// relay never grants. An empty body is `{}`; a DELETE may come without a type.
 fn action_params(
-    query: Result<Query<ActionParams>, axum::extract::rejection::QueryRejection>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<ActionParams, OpError> {
-    let Query(mut params) =
-        query.map_err(|r| OpError::new(StatusCode::BAD_REQUEST, "bad_query", r.body_text()))?;
-    if !body.iter().all(u8::is_ascii_whitespace) {
-        let from_body: ActionParams = serde_json::from_slice(body).map_err(|e| {
-            OpError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_body",
-                format!("the body must be JSON like {{\"reason\": \"...\"}}: {e}"),
-            )
-        })?;
-        params.reason = params.reason.or(from_body.reason);
-        params.confirm = params.confirm.or(from_body.confirm);
+    let empty = body.iter().all(u8::is_ascii_whitespace);
+    if !is_json(headers) && (*method == Method::POST || !empty) {
+        return Err(OpError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "json_required",
+            "an action takes Content-Type: application/json and its parameters as a JSON body, e.g. {\"reason\": \"...\"} (an empty body is {})",
+        ));
     }
-    Ok(params)
+    if uri.query().is_some_and(|q| !q.is_empty()) {
+        return Err(OpError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_query",
+            "an action takes no query parameters: send them as a JSON body, e.g. {\"reason\": \"...\", \"confirm\": \"duplicate-risk\"}",
+        ));
+    }
+    if empty {
+        return Ok(ActionParams::default());
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        OpError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_body",
+            format!("the body must be JSON like {{\"reason\": \"...\"}}: {e}"),
+        )
+    })
 }
 
 /// An operator action's request, as every action handler takes it: who acts and why (the
-/// token, the person the client names, the reason) and the confirmation, from the query string
-/// or a JSON body. A bad query or body is refused with 400 before the handler runs. It reads the
-/// body, so it is the handler's last argument.
+/// token, the person the client names, the reason) and the confirmation, from a JSON body.
+/// Refused before the handler runs: without a token unless changes are allowed without one
+/// (403), without a JSON body (415), with a query or a bad body (400). It reads the body, so
+/// it is the handler's last argument.
 pub(crate) struct Action {
     by: Operator,
     confirm: Option<String>,
@@ -122,12 +149,23 @@ impl FromRequest<Arc<AdminState>> for Action {
     type Rejection = Response;
 
     async fn from_request(req: Request, state: &Arc<AdminState>) -> Result<Self, Response> {
-        let query = Query::<ActionParams>::try_from_uri(req.uri());
-        let headers = req.headers().clone();
+        if !changes_allowed(state) {
+            return Err(error(
+                StatusCode::FORBIDDEN,
+                "changes_need_token",
+                CHANGES_NEED_TOKEN,
+            ));
+        }
+        let (method, uri, headers) = (
+            req.method().clone(),
+            req.uri().clone(),
+            req.headers().clone(),
+        );
         let body = Bytes::from_request(req, state)
             .await
             .map_err(IntoResponse::into_response)?;
-        let params = action_params(query, &body).map_err(|err| respond(Err(err)))?;
+        let params =
+            action_params(&method, &uri, &headers, &body).map_err(|err| respond(Err(err)))?;
         Ok(Action {
             by: operator(state, &headers, params.reason),
             confirm: params.confirm,
@@ -188,7 +226,9 @@ pub(crate) async fn retry(
         Some(other) => {
             return bad_request(
                 "bad_confirmation",
-                format!("confirm={other:?}: the only confirmation is confirm=duplicate-risk"),
+                format!(
+                    "confirm {other:?}: the only confirmation is \"confirm\": \"duplicate-risk\""
+                ),
             )
         }
     };
@@ -196,7 +236,7 @@ pub(crate) async fn retry(
     respond(wake_workers_if_ok(&state, result).map_err(|mut e| {
         if e.code == "confirmation_required" {
             e.message
-                .push_str(", then POST again with ?confirm=duplicate-risk");
+                .push_str(", then POST again with {\"confirm\": \"duplicate-risk\"}");
         }
         e
     }))
@@ -208,7 +248,7 @@ pub(crate) async fn cancel(
     action: Action,
 ) -> Response {
     if action.confirm.is_some() {
-        return bad_request("bad_query", "cancel takes no confirmation");
+        return bad_request("bad_body", "cancel takes no confirmation");
     }
     respond(ops::cancel(state.store.as_ref(), &id, &action.by).await)
 }

@@ -2,11 +2,14 @@
 //!
 //! `/healthz` and `/readyz` are always open (container and load-balancer probes carry no
 //! credentials); `/metrics` and `/api/` need `Authorization: Bearer <admin_token>` when a
-//! token is configured. `/console` is the web console for a browser (see `console`).
+//! token is configured. `/console` is the web console for a browser (see `console`). Every
+//! other request passes `guard` first (Host, Origin); operator actions need a token or
+//! `admin_allow_changes_without_token`.
 
 pub(crate) mod api;
 pub(crate) mod client;
 pub(crate) mod console;
+pub(crate) mod guard;
 pub(crate) mod health;
 pub(crate) mod healthcheck;
 pub(crate) mod ops;
@@ -45,11 +48,21 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router {
         .route("/api/v1/queue/status", get(api::status))
         .route("/api/v1/keys/{scope}/{*key}", get(api::show_key))
         .route_layer(middleware::from_fn_with_state(state.clone(), bearer));
+    // Host and Origin are checked before the token: a rebound or cross-site request is
+    // refused whatever it carries. The health checks are left out: probes from load balancers
+    // and orchestrators send whatever Host they were configured with, and they show nothing
+    // a page could use.
+    let guarded = Router::new()
+        .merge(protected)
+        .merge(console::router(state.clone()))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::same_origin,
+        ));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
-        .merge(protected)
-        .merge(console::router(state.clone()))
+        .merge(guarded)
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .with_state(state)
 }

@@ -26,6 +26,12 @@ pub(crate) struct AdminState {
     /// The relay's stop signal: given once shutdown has begun (health turns 503).
     pub stopping: Stop,
     pub token: Option<String>,
+    /// `admin_allow_changes_without_token`: without a token, operator actions are refused
+    /// unless this is set.
+    pub allow_changes_without_token: bool,
+    /// The host names (lowercase) `Host` may carry besides IP addresses and `localhost`:
+    /// `hostname` and `admin_hosts`.
+    pub hosts: Vec<String>,
     /// With an upstream: how long the delivery workers may go without making progress before
     /// the relay is reported not ready. None without an upstream (nothing to wedge).
     pub wedged_after: Option<Duration>,

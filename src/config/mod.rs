@@ -162,6 +162,14 @@ pub struct Settings {
     /// Bearer token required by `/metrics` and `/api/` when set (health checks stay open).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<Secret>,
+    /// Without `admin_token`, operator actions (pause, retry, cancel...) through the admin
+    /// listener are refused unless this is on: any program on the host, or any web page the
+    /// operator's browser shows that finds a way in, could otherwise act as the operator.
+    pub admin_allow_changes_without_token: bool,
+    /// Host names the admin listener answers to besides IP addresses, `localhost` and
+    /// `hostname` (e.g. the name a reverse proxy forwards); any other `Host` is refused, which
+    /// is what stops a DNS rebinding page.
+    pub admin_hosts: Vec<String>,
     /// Delivery upstream (used only when `upstream` is set).
     pub delivery: DeliveryConfig,
     /// Listener for upstream events (`POST /webhooks/{name}`, DESIGN §7); unset: off. TLS when
@@ -217,6 +225,8 @@ impl Default for Settings {
             auth_failure_window: Duration::from_secs(15 * 60),
             admin: AdminListen(Some(SocketAddr::from(([127, 0, 0, 1], 8025)))),
             admin_token: None,
+            admin_allow_changes_without_token: false,
+            admin_hosts: Vec::new(),
             delivery: DeliveryConfig::default(),
             webhook_listen: None,
             webhooks: BTreeMap::new(),
@@ -336,6 +346,18 @@ pub(crate) struct ConfigArgs {
         hide_env_values = true
     )]
     pub admin_token: Option<String>,
+    /// Allow operator actions through the admin API and console without `admin_token`
+    /// (refused by default).
+    #[arg(
+        global = true,
+        long,
+        env = "IDEMRELAY_ADMIN_ALLOW_CHANGES_WITHOUT_TOKEN",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub admin_allow_changes_without_token: Option<bool>,
     /// Listener for signed upstream events (`POST /webhooks/{name}`), e.g. 127.0.0.1:8027;
     /// the sources are configured in the file (`[webhooks.NAME]`).
     #[arg(global = true, long, env = "IDEMRELAY_WEBHOOK_LISTEN")]
@@ -442,6 +464,9 @@ impl Settings {
         if let Some(token) = &args.admin_token {
             s.admin_token = Some(Secret(token.clone()));
         }
+        if let Some(allow) = args.admin_allow_changes_without_token {
+            s.admin_allow_changes_without_token = allow;
+        }
         if let Some(addr) = args.webhook_listen {
             s.webhook_listen = Some(addr);
         }
@@ -516,6 +541,15 @@ impl Settings {
             let t = token.expose();
             if t.len() < 16 || t.bytes().any(|b| !b.is_ascii_graphic()) {
                 bail!("admin_token: must be at least 16 printable characters without spaces");
+            }
+        }
+        for name in &self.admin_hosts {
+            let ok = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+            if !ok {
+                bail!("admin_hosts: {name:?} is not a host name (letters, digits, - and . only, no port)");
             }
         }
         if !is_valid_key(&self.scope) {

@@ -649,6 +649,23 @@ async fn a_missing_store_or_relay_is_an_error_and_nothing_is_created() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_an_action_is_refused_and_says_how_to_allow_it() {
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |s| s.admin_allow_changes_without_token = false).await;
+    let refused = refused(&relay, &["pause", "--reason", "drill"]).await;
+    assert!(
+        refused.stderr.contains("admin_allow_changes_without_token")
+            && refused.stderr.contains("admin_token"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(relay.store().paused().await.unwrap(), None);
+    // Reads still work without a token.
+    let status = ok(&relay, &["status", "--json"]).await;
+    assert_eq!(status.json()["paused"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_needs_the_token_and_records_its_name_as_who() {
     const TOKEN: &str = "queue-cli-admin-token-0123";
     let sink = start_sink().await;

@@ -5,11 +5,13 @@
 use crate::common;
 #[path = "admin/console.rs"]
 mod console;
+#[path = "admin/cross_site.rs"]
+mod cross_site;
 
 use std::time::Duration;
 
 use common::backend::{self, WriteLock};
-use common::http::{get, request, sample};
+use common::http::{get, post_json, request, sample};
 use common::{message, relay_for, start_sink, wait_state, Client, TestRelay};
 use idemrelay::config::Secret;
 use idemrelay::sink::{FaultRule, FaultStage};
@@ -156,11 +158,11 @@ async fn records_are_read_by_id_and_key_listed_in_pages_and_retried() {
     }
 
     // Retry of the failed record: it is delivered once, with its ledger kept.
-    let retry = request(
+    let retry = post_json(
         admin,
-        "POST",
         &format!("/api/v1/messages/{failed}/retry"),
         None,
+        "{}",
     )
     .await;
     assert_eq!(retry.status, 200, "{}", retry.body);
@@ -176,11 +178,11 @@ async fn records_are_read_by_id_and_key_listed_in_pages_and_retried() {
         .map(|a| a["outcome"].as_str().unwrap())
         .collect();
     assert_eq!(outcomes, ["permanent", "accepted"]);
-    let again = request(
+    let again = post_json(
         admin,
-        "POST",
         &format!("/api/v1/messages/{failed}/retry"),
         None,
+        "{}",
     )
     .await;
     assert_eq!(again.status, 409);
@@ -189,7 +191,7 @@ async fn records_are_read_by_id_and_key_listed_in_pages_and_retried() {
         .as_str()
         .unwrap()
         .contains("is delivered"));
-    let none = request(admin, "POST", "/api/v1/messages/NOSUCHID/retry", None).await;
+    let none = post_json(admin, "/api/v1/messages/NOSUCHID/retry", None, "").await;
     assert_eq!(none.status, 404);
 }
 
@@ -221,7 +223,7 @@ async fn an_unresolved_record_is_requeued_only_with_the_confirmation() {
     );
 
     let path = format!("/api/v1/messages/{id}/retry");
-    let refused = request(admin, "POST", &path, None).await;
+    let refused = post_json(admin, &path, None, "{}").await;
     assert_eq!(refused.status, 409, "{}", refused.body);
     let body = refused.json();
     assert_eq!(body["code"], "confirmation_required");
@@ -230,8 +232,8 @@ async fn an_unresolved_record_is_requeued_only_with_the_confirmation() {
         text.contains("unresolved") && text.contains("second copy"),
         "{text}"
     );
-    assert!(text.contains("confirm=duplicate-risk"), "{text}");
-    let wrong = request(admin, "POST", &format!("{path}?confirm=yes"), None).await;
+    assert!(text.contains(r#"{"confirm": "duplicate-risk"}"#), "{text}");
+    let wrong = post_json(admin, &path, None, r#"{"confirm": "yes"}"#).await;
     assert_eq!(wrong.status, 400);
     assert_eq!(wrong.json()["code"], "bad_confirmation");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -239,13 +241,7 @@ async fn an_unresolved_record_is_requeued_only_with_the_confirmation() {
     assert_eq!(relay.store().attempts(&id).await.unwrap().len(), before);
 
     common::wait_out_held_replies(&relay, &id).await;
-    let confirmed = request(
-        admin,
-        "POST",
-        &format!("{path}?confirm=duplicate-risk"),
-        None,
-    )
-    .await;
+    let confirmed = post_json(admin, &path, None, r#"{"confirm": "duplicate-risk"}"#).await;
     assert_eq!(confirmed.status, 200, "{}", confirmed.body);
     assert_eq!(confirmed.json()["state"], "queued");
     wait_state(&relay, &id, State::Delivered).await;
@@ -327,7 +323,12 @@ async fn a_token_guards_the_api_and_metrics_but_not_health() {
         } else {
             format!("/api/v1/messages/{id}")
         };
-        assert_eq!(request(admin, method, &path, None).await.status, 401);
+        let refused = if method == "POST" {
+            post_json(admin, &path, None, "{}").await
+        } else {
+            request(admin, method, &path, None).await
+        };
+        assert_eq!(refused.status, 401);
     }
     // Nothing was cancelled by the refused DELETE.
     assert_eq!(relay.stored(&id).await.state, State::Queued);
@@ -820,11 +821,11 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
 
     // An operator's pause is the reason above all others (and, as no worker claims anything
     // while it lasts, no flush below meets a lease).
-    let paused = request(
+    let paused = post_json(
         admin,
-        "POST",
-        "/api/v1/queue/pause?reason=maintenance",
+        "/api/v1/queue/pause",
         None,
+        r#"{"reason": "maintenance"}"#,
     )
     .await;
     assert_eq!(paused.status, 200, "{}", paused.body);
@@ -839,11 +840,11 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
     .await;
 
     let flushed = common::eventually(LIMIT, "a flush that meets no lease", || async {
-        let answer = request(
+        let answer = post_json(
             admin,
-            "POST",
-            &format!("/api/v1/messages/{id}/flush?reason=probe%20now"),
+            &format!("/api/v1/messages/{id}/flush"),
             None,
+            r#"{"reason": "probe now"}"#,
         )
         .await;
         let leased = answer.status == 409 && answer.json()["code"] == "leased";
@@ -892,17 +893,17 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
     .await;
     assert_eq!(bad_body.status, 400, "{}", bad_body.body);
     assert_eq!(bad_body.json()["code"], "bad_body");
-    let all = request(admin, "POST", "/api/v1/queue/flush", None).await;
+    let all = post_json(admin, "/api/v1/queue/flush", None, "{}").await;
     assert_eq!(all.status, 200, "{}", all.body);
     assert!(all.json()["flushed"].is_u64());
-    let missing = request(admin, "POST", "/api/v1/messages/NOSUCHID/flush", None).await;
+    let missing = post_json(admin, "/api/v1/messages/NOSUCHID/flush", None, "{}").await;
     assert_eq!(missing.status, 404);
     // Parameters an action does not take are refused, not ignored.
-    let typo = request(
+    let typo = post_json(
         admin,
-        "POST",
-        &format!("/api/v1/messages/{id}/flush?reasn=x"),
+        &format!("/api/v1/messages/{id}/flush"),
         None,
+        r#"{"reasn": "x"}"#,
     )
     .await;
     assert_eq!(typo.status, 400, "{}", typo.body);
@@ -915,7 +916,7 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
         .contains("maintenance"));
     let status = get(admin, "/api/v1/queue/status", None).await.json();
     assert_eq!(status["recent_actions"][0]["action"], "pause", "{status}");
-    let resumed = request(admin, "POST", "/api/v1/queue/resume", None).await;
+    let resumed = post_json(admin, "/api/v1/queue/resume", None, "").await;
     assert_eq!(resumed.status, 200);
     assert_eq!(resumed.json()["paused"], false);
 }

@@ -648,11 +648,11 @@ async fn an_operator_pause_made_during_a_probe_survives_its_success() {
         (sink.faults()[1].fired == 1).then_some(())
     })
     .await;
-    let paused = common::http::request(
+    let paused = common::http::post_json(
         relay.admin(),
-        "POST",
-        "/api/v1/queue/pause?reason=operator%20hold",
+        "/api/v1/queue/pause",
         None,
+        r#"{"reason": "operator hold"}"#,
     )
     .await;
     assert_eq!(paused.status, 200, "{}", paused.body);

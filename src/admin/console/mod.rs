@@ -4,7 +4,9 @@
 //!
 //! Access: the admin token as `Authorization: Bearer` (like the API), or a session cookie
 //! from the login form (see `session`). Every POST needs its session's CSRF token, unless it
-//! came with the bearer header, which no other site's page can make a browser send.
+//! came with the bearer header, which no other site's page can make a browser send. Host and
+//! Origin are checked before any of this (`admin::guard`); without a token, actions are
+//! refused unless `admin_allow_changes_without_token` is set.
 
 mod headers;
 mod pages;
@@ -22,6 +24,7 @@ use maud::Markup;
 use serde::Deserialize;
 
 use super::api::{reason_or_default, token_actor, wake_workers_if_ok};
+use super::guard::{changes_allowed, CHANGES_NEED_TOKEN};
 use super::ops::{self, OpError};
 use super::state::AdminState;
 use super::waiting::{why_waiting, RecordFacts, RelayFacts, Waiting};
@@ -169,9 +172,12 @@ async fn hardened(mut response: Response) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // `same-origin`, not `no-referrer`: under `no-referrer` a browser sends `Origin: null` on
+    // the console's own form posts, which the origin check (`admin::guard`) must refuse.
+    // Nothing leaves for other sites either way.
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     response
 }
@@ -591,6 +597,13 @@ impl FromRequest<Arc<AdminState>> for Action {
         let key = session::key(state.token.as_deref());
         if !access.allows_post(&key, form.csrf.as_deref()) {
             return Err(forbidden_form(&access));
+        }
+        // As on the API: without a token, only when the operator allowed it.
+        if !changes_allowed(state) {
+            return Err(html(
+                StatusCode::FORBIDDEN,
+                pages::notice("Not allowed", CHANGES_NEED_TOKEN, Some(&access.csrf)),
+            ));
         }
         Ok(Action {
             by: operator(state, &access, form.reason),
