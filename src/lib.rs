@@ -18,6 +18,8 @@ pub mod delivery;
 pub(crate) mod hostname;
 pub(crate) mod human_duration;
 pub mod intake;
+pub(crate) mod log_budget;
+pub mod log_format;
 pub mod mail;
 pub mod metrics;
 pub mod reply;

@@ -31,7 +31,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Json => logs.json().with_current_span(false).init(),
-        LogFormat::Human => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        // Every value escaped and cut, so that no value can start a line of its own.
+        LogFormat::Human => logs
+            .with_ansi(std::io::stderr().is_terminal())
+            .fmt_fields(idemrelay::log_format::EscapedFields)
+            .init(),
     }
     let names = std::env::vars_os().map(|(name, _)| name);
     let known = known_variables(&Cli::command());

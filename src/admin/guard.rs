@@ -123,6 +123,14 @@ pub(crate) async fn same_origin(
 ) -> Response {
     let host = host_of(&request).unwrap_or_default();
     if !host_name(&host).is_some_and(|name| serves(&state, &name)) {
+        if state.log_budget.allow() {
+            tracing::warn!(
+                target: "idemrelay::admin",
+                host = %host,
+                path = %request.uri().path(),
+                "admin listener refused a request for a Host it does not serve (DNS rebinding?)"
+            );
+        }
         return error(
             StatusCode::MISDIRECTED_REQUEST,
             "unknown_host",
@@ -134,6 +142,22 @@ pub(crate) async fn same_origin(
         Method::GET | Method::HEAD | Method::OPTIONS
     );
     if !safe && from_another_origin(&state, request.headers(), &host) {
+        if state.log_budget.allow() {
+            let said = |name: &str| {
+                request
+                    .headers()
+                    .get(name)
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                    .unwrap_or_else(|| "-".into())
+            };
+            tracing::warn!(
+                target: "idemrelay::admin",
+                origin = %said("origin"),
+                sec_fetch_site = %said("sec-fetch-site"),
+                path = %request.uri().path(),
+                "admin listener refused a state change from a page of another origin"
+            );
+        }
         return error(
             StatusCode::FORBIDDEN,
             "cross_origin",

@@ -94,6 +94,13 @@ async fn bearer(State(state): State<Arc<AdminState>>, request: Request, next: Ne
             next.run(request).await
         }
         _ => {
+            if state.log_budget.allow() {
+                tracing::warn!(
+                    target: "idemrelay::admin",
+                    path = %request.uri().path(),
+                    "admin API refused: no or wrong bearer token"
+                );
+            }
             let mut response = error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",

@@ -44,6 +44,9 @@ pub(crate) struct AdminState {
     pub store_url: String,
     /// The queue counts `/metrics` shows.
     pub stats: stats_cache::StatsCache,
+    /// Lines about refused unauthenticated requests (wrong token, foreign Host, another
+    /// origin): bounded, since anyone who reaches the listener can cause them.
+    pub log_budget: crate::log_budget::LogBudget,
 }
 
 /// A JSON error body: `{"error": "...", "code": "..."}`.

@@ -131,6 +131,7 @@ pub fn main(prog: &str, args: Vec<OsString>) -> u8 {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(false)
+        .fmt_fields(crate::log_format::EscapedFields)
         .try_init();
     // The other commands warn about these in main.rs, after clap, which sendmail bypasses.
     let known =

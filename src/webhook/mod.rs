@@ -21,6 +21,7 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 
 use crate::config::WebhookSource;
+use crate::log_budget::LogBudget;
 use crate::metrics::{Metrics, WebhookRefusal};
 use crate::shutdown::Stop;
 use crate::smtp::tls::TlsCerts;
@@ -47,6 +48,9 @@ pub(crate) struct WebhookState {
     pub store: Arc<dyn Store>,
     pub sources: BTreeMap<String, Source>,
     pub metrics: Arc<Metrics>,
+    /// Lines about requests refused before they were authenticated: bounded, since anyone
+    /// who reaches the listener can cause them.
+    pub log_budget: LogBudget,
 }
 
 impl WebhookState {
@@ -72,6 +76,7 @@ impl WebhookState {
             store,
             sources,
             metrics,
+            log_budget: LogBudget::new("webhook"),
         })
     }
 }
@@ -124,8 +129,9 @@ async fn receive(
     let webhook_id = header_text(&parts.headers, "webhook-id")
         .unwrap_or("-")
         .to_string();
-    let refused = |reason: WebhookRefusal, status: StatusCode, message: String| {
-        state.metrics.webhook_refused(reason);
+    // Values are escaped and cut by the log's formatter (`log_format`); `name` is whatever
+    // the client put in the path.
+    let log_refusal = |reason: WebhookRefusal, status: StatusCode, message: &str| {
         tracing::warn!(
             target: "idemrelay::webhook",
             source = %name,
@@ -134,6 +140,19 @@ async fn receive(
             reason = reason.as_str(),
             "webhook refused: {message}"
         );
+    };
+    // Before the request is known to come from a configured source: within the budget.
+    let refused = |reason: WebhookRefusal, status: StatusCode, message: String| {
+        state.metrics.webhook_refused(reason);
+        if state.log_budget.allow() {
+            log_refusal(reason, status, &message);
+        }
+        refuse(status, reason.as_str(), message)
+    };
+    // After it was verified: every one is logged.
+    let refused_signed = |reason: WebhookRefusal, status: StatusCode, message: String| {
+        state.metrics.webhook_refused(reason);
+        log_refusal(reason, status, &message);
         refuse(status, reason.as_str(), message)
     };
     // An unknown name is checked like a known one against no key at all, so it gets the
@@ -191,15 +210,17 @@ async fn receive(
     let Some(source) = source else {
         // Counted and logged as what it is; answered as a bad signature.
         state.metrics.webhook_refused(WebhookRefusal::UnknownSource);
-        tracing::warn!(
-            target: "idemrelay::webhook",
-            // Quoted and cut: the name is whatever an unauthenticated client put in the path.
-            source = ?name.chars().take(64).collect::<String>(),
-            webhook_id = ?webhook_id,
-            status = StatusCode::UNAUTHORIZED.as_u16(),
-            reason = WebhookRefusal::UnknownSource.as_str(),
-            "webhook refused: no such source is configured"
-        );
+        if state.log_budget.allow() {
+            tracing::warn!(
+                target: "idemrelay::webhook",
+                // Cut shorter than the formatter would: a name is never this long.
+                source = %name.chars().take(64).collect::<String>(),
+                webhook_id = %webhook_id,
+                status = StatusCode::UNAUTHORIZED.as_u16(),
+                reason = WebhookRefusal::UnknownSource.as_str(),
+                "webhook refused: no such source is configured"
+            );
+        }
         return refuse(
             StatusCode::UNAUTHORIZED,
             WebhookRefusal::Signature.as_str(),
@@ -236,7 +257,7 @@ async fn receive(
     let events = match events::parse(&body, &source.config, verified.timestamp) {
         Ok(events) => events,
         Err(malformed) => {
-            return refused(
+            return refused_signed(
                 WebhookRefusal::Malformed,
                 StatusCode::BAD_REQUEST,
                 malformed.to_string(),
@@ -290,7 +311,7 @@ async fn receive(
         }
         Err(err) => {
             // Nothing committed: the sender retries the same id later.
-            refused(
+            refused_signed(
                 WebhookRefusal::Store,
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("the store could not commit ({err}); retry later"),

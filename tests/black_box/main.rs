@@ -9,4 +9,5 @@ mod common;
 
 mod binary;
 mod delivery_crash;
+mod logs;
 mod queue_cli;

@@ -219,7 +219,9 @@ async fn login(State(state): State<Arc<AdminState>>, Form(form): Form<LoginForm>
         return see_other("/console");
     };
     if !crate::admin::state::constant_time_eq(form.token.as_bytes(), token.as_bytes()) {
-        tracing::warn!(target: "idemrelay::admin", "console login refused: wrong admin token");
+        if state.log_budget.allow() {
+            tracing::warn!(target: "idemrelay::admin", "console login refused: wrong admin token");
+        }
         return html(
             StatusCode::UNAUTHORIZED,
             pages::login(Some("That is not the admin token.")),
