@@ -349,6 +349,7 @@ impl Relay {
                 retention: settings.retention_policy(),
                 store_url: settings.store.redacted(),
                 stats: admin::stats_cache::StatsCache::new(admin::stats_cache::STATS_MAX_AGE),
+                login_throttle: Default::default(),
             });
             admin_addr = Some(addr);
             admin_task = Some(tokio::spawn(admin::serve(

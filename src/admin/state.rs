@@ -38,6 +38,8 @@ pub(crate) struct AdminState {
     pub store_url: String,
     /// The queue counts `/metrics` shows.
     pub stats: stats_cache::StatsCache,
+    /// Wrong admin tokens at the console's login form.
+    pub login_throttle: super::login_throttle::LoginThrottle,
 }
 
 /// A JSON error body: `{"error": "...", "code": "..."}`.
