@@ -56,7 +56,11 @@ pub async fn send(
     body: Body<'_>,
 ) -> HttpResponse {
     let mut stream = TcpStream::connect(addr).await.expect("connect to admin");
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    // A `Host` among `headers` replaces the address (a rebinding attack names another host).
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        head.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
