@@ -362,6 +362,7 @@ impl Relay {
                 store_url: settings.store.redacted(),
                 stats: admin::stats_cache::StatsCache::new(admin::stats_cache::STATS_MAX_AGE),
                 log_budget: crate::log_budget::LogBudget::new("admin"),
+                login_throttle: Default::default(),
             });
             admin_addr = Some(addr);
             admin_task = Some(tokio::spawn(admin::serve(

@@ -12,6 +12,7 @@ pub(crate) mod console;
 pub(crate) mod guard;
 pub(crate) mod health;
 pub(crate) mod healthcheck;
+pub(crate) mod login_throttle;
 pub(crate) mod ops;
 pub(crate) mod state;
 pub(crate) mod stats_cache;

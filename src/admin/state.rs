@@ -47,6 +47,8 @@ pub(crate) struct AdminState {
     /// Lines about refused unauthenticated requests (wrong token, foreign Host, another
     /// origin): bounded, since anyone who reaches the listener can cause them.
     pub log_budget: crate::log_budget::LogBudget,
+    /// Wrong admin tokens at the console's login form.
+    pub login_throttle: super::login_throttle::LoginThrottle,
 }
 
 /// A JSON error body: `{"error": "...", "code": "..."}`.

@@ -6,9 +6,13 @@ use std::collections::BTreeMap;
 use super::waiting::Waiting;
 use crate::store::{ActionRow, AttemptRow, DailyCounts, EventRow, MessageSummary, StoredMessage};
 
-/// RFC 3339 UTC with milliseconds, from Unix milliseconds.
+/// RFC 3339 UTC with milliseconds, from Unix milliseconds, clamped to what RFC 3339 can
+/// write (1970 to the end of 9999): the formatter panics past the year 9999, and a stored
+/// time must never make a record unviewable.
 pub(crate) fn time_ms(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    const LATEST_MS: i64 = 253_402_300_799_999;
+    let ms = ms.clamp(0, LATEST_MS) as u64;
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_millis(t).to_string()
 }
 
@@ -165,4 +169,14 @@ pub(crate) fn daily_json(r: &DailyCounts) -> serde_json::Value {
         "resolved_by_event": r.resolved_by_event,
         "bounced": r.bounced,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn any_stored_time_prints() {
+        assert_eq!(super::time_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(super::time_ms(i64::MAX), "9999-12-31T23:59:59.999Z");
+        assert_eq!(super::time_ms(i64::MIN), "1970-01-01T00:00:00.000Z");
+    }
 }

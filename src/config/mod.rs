@@ -542,6 +542,9 @@ impl Settings {
             if t.len() < 16 || t.bytes().any(|b| !b.is_ascii_graphic()) {
                 bail!("admin_token: must be at least 16 printable characters without spaces");
             }
+            if guessable_token(t) {
+                bail!("admin_token: too easy to guess (it repeats itself or uses fewer than 6 different characters); make one with `openssl rand -hex 24`");
+            }
         }
         for name in &self.admin_hosts {
             let ok = !name.is_empty()
@@ -608,6 +611,22 @@ impl Settings {
             .map(|table| table.keys().cloned().collect())
             .unwrap_or_default()
     }
+}
+
+/// A token that repeats a shorter string (`passwordpassword`) or draws on fewer than 6
+/// different characters: guessable whatever its length. A random token of 16 hex digits or
+/// more passes (fewer than 6 different digits in 16 random ones is a chance of about 1 in
+/// 10,000,000).
+fn guessable_token(token: &str) -> bool {
+    let bytes = token.as_bytes();
+    let distinct = bytes
+        .iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    let repeats = (1..=bytes.len() / 2).any(|n| {
+        bytes.len().is_multiple_of(n) && bytes.chunks(n).all(|chunk| chunk == &bytes[..n])
+    });
+    distinct < 6 || repeats
 }
 
 #[cfg(test)]
@@ -774,6 +793,14 @@ bounced = ["bounce"]
         assert!(Settings::from_toml("admin = \"nowhere\"").is_err());
         let short = Settings::from_toml("admin_token = \"short\"").unwrap();
         assert!(short.validate().is_err());
+        for weak in [
+            "passwordpassword",
+            "aaaaaaaaaaaaaaaaaaaa",
+            "abababab12121212",
+        ] {
+            let s = Settings::from_toml(&format!("admin_token = \"{weak}\"")).unwrap();
+            assert!(s.validate().is_err(), "{weak}");
+        }
     }
 
     #[test]

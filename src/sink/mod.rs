@@ -106,6 +106,7 @@ pub(crate) mod faults;
 mod key;
 pub(crate) mod ledger;
 mod life;
+mod same_site;
 mod search;
 mod smtp;
 mod state;
@@ -193,17 +194,28 @@ pub(crate) struct SinkArgs {
     pub implicit_tls: bool,
     #[arg(long = "fault", value_name = "RULE", value_parser = parse_fault, long_help = FAULT_HELP, help = "Fault rule, repeatable (e.g. 'phase=dot,action=drop,times=1'); see --help")]
     pub faults: Vec<FaultRule>,
-    /// Require AUTH PLAIN/LOGIN with this user before MAIL
-    #[arg(long, env = "IDEMRELAY_SINK_AUTH_USER", requires = "auth_password")]
+    /// Require AUTH PLAIN/LOGIN with this user before MAIL (with --auth-password-file or
+    /// IDEMRELAY_SINK_AUTH_PASSWORD)
+    #[arg(long, env = "IDEMRELAY_SINK_AUTH_USER")]
     pub auth_user: Option<String>,
-    /// Password for --auth-user
+    /// Password for --auth-user. Prefer the environment variable or --auth-password-file: a
+    /// flag's value is visible to every local user in the process list
     #[arg(
         long,
         env = "IDEMRELAY_SINK_AUTH_PASSWORD",
         requires = "auth_user",
+        conflicts_with = "auth_password_file",
         hide_env_values = true
     )]
     pub auth_password: Option<String>,
+    /// File holding the password for --auth-user (its first line)
+    #[arg(
+        long,
+        env = "IDEMRELAY_SINK_AUTH_PASSWORD_FILE",
+        requires = "auth_user",
+        value_name = "FILE"
+    )]
+    pub auth_password_file: Option<PathBuf>,
     /// Largest message accepted (advertised as SIZE)
     #[arg(long, env = "IDEMRELAY_SINK_MAX_MESSAGE_SIZE", default_value_t = 25 * 1024 * 1024)]
     pub max_message_size: usize,
@@ -216,15 +228,11 @@ pub(crate) struct SinkArgs {
     pub hostname: String,
     /// Post signed events (Standard Webhooks) for every accepted message to this http:// URL:
     /// an `injection` batch at acceptance, a `delivery` (or `bounce`) batch a moment later
-    #[arg(
-        long,
-        env = "IDEMRELAY_SINK_WEBHOOK",
-        value_name = "URL",
-        requires = "webhook_secrets"
-    )]
+    #[arg(long, env = "IDEMRELAY_SINK_WEBHOOK", value_name = "URL")]
     pub webhook: Option<Url>,
     /// Signing secret for --webhook (whsec_<base64>); repeat it (or separate with commas) to
-    /// sign with several, as during a rotation
+    /// sign with several, as during a rotation. Prefer the environment variable or
+    /// --webhook-secret-file: a flag's value is visible in the process list
     #[arg(
         long = "webhook-secret",
         env = "IDEMRELAY_SINK_WEBHOOK_SECRET",
@@ -234,6 +242,14 @@ pub(crate) struct SinkArgs {
         requires = "webhook"
     )]
     pub webhook_secrets: Vec<String>,
+    /// File holding signing secrets for --webhook, one per line
+    #[arg(
+        long = "webhook-secret-file",
+        env = "IDEMRELAY_SINK_WEBHOOK_SECRET_FILE",
+        value_name = "FILE",
+        requires = "webhook"
+    )]
+    pub webhook_secret_file: Option<PathBuf>,
     /// How long after acceptance the delivery (or bounce) batch is due
     #[arg(long, env = "IDEMRELAY_SINK_WEBHOOK_DELIVERY_DELAY", default_value = "200ms", value_parser = parse_duration)]
     pub webhook_delivery_delay: Duration,
@@ -280,6 +296,8 @@ impl fmt::Debug for SinkArgs {
                 "auth_password",
                 &self.auth_password.as_ref().map(|_| "<redacted>"),
             )
+            .field("auth_password_file", &self.auth_password_file)
+            .field("webhook_secret_file", &self.webhook_secret_file)
             .field("max_message_size", &self.max_message_size)
             .field("hostname", &self.hostname)
             .field("webhook", &self.webhook)
@@ -302,6 +320,18 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| e.to_string())
 }
 
+/// The non-empty lines of a secrets file, trimmed (never printed: an error names the file).
+fn secret_lines(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect())
+}
+
 fn parse_fault(s: &str) -> Result<FaultRule, String> {
     s.parse().map_err(|e: FaultError| e.to_string())
 }
@@ -313,19 +343,37 @@ impl SinkArgs {
             (None, None) => None,
             _ => anyhow::bail!("--tls-cert and --tls-key go together"),
         };
-        let require_auth = match (self.auth_user, self.auth_password) {
+        let password = match (self.auth_password, &self.auth_password_file) {
+            (Some(pass), _) => Some(pass),
+            (None, Some(file)) => Some(
+                secret_lines(file)?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("{}: no password in it", file.display()))?,
+            ),
+            (None, None) => None,
+        };
+        let require_auth = match (self.auth_user, password) {
             (Some(user), Some(pass)) => Some((user, pass)),
             (None, None) => None,
-            _ => anyhow::bail!("--auth-user and --auth-password go together"),
+            _ => anyhow::bail!(
+                "--auth-user needs a password (--auth-password-file or IDEMRELAY_SINK_AUTH_PASSWORD)"
+            ),
         };
+        let mut secret_texts = self.webhook_secrets.clone();
+        if let Some(file) = &self.webhook_secret_file {
+            secret_texts.extend(secret_lines(file)?);
+        }
         let webhook = match self.webhook {
             Some(url) => {
-                let secrets = self
-                    .webhook_secrets
+                let secrets = secret_texts
                     .iter()
                     .filter(|s| !s.trim().is_empty())
                     .map(|s| s.parse::<Secret>())
                     .collect::<Result<Vec<_>, _>>()?;
+                if secrets.is_empty() {
+                    anyhow::bail!("--webhook needs a signing secret (--webhook-secret-file or IDEMRELAY_SINK_WEBHOOK_SECRET)");
+                }
                 Some(WebhookConfig {
                     delivery_delay: self.webhook_delivery_delay,
                     bounce: self.webhook_bounce,
@@ -424,7 +472,8 @@ impl Sink {
             let router = axum::Router::new()
                 .merge(api::router(shared.clone()))
                 .merge(console::router(shared.clone()))
-                .fallback(api::not_found);
+                .fallback(api::not_found)
+                .layer(axum::middleware::from_fn(same_site::only));
             tasks.push(tokio::spawn(async move {
                 let stop = async move { life::shutting_down(&mut life).await };
                 if let Err(err) = axum::serve(listener, router)
@@ -616,6 +665,42 @@ mod tests {
         let cli = Cli::try_parse_from(std::iter::once("sink").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
         cli.sink.into_config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn secrets_are_read_from_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "s3cret pass\n").unwrap();
+        let secrets = dir.path().join("secrets");
+        std::fs::write(
+            &secrets,
+            "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\n\nwhsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n",
+        )
+        .unwrap();
+        let config = parse(&[
+            "--auth-user",
+            "relay",
+            "--auth-password-file",
+            password.to_str().unwrap(),
+            "--webhook",
+            "http://127.0.0.1:8027/webhooks/upstream",
+            "--webhook-secret-file",
+            secrets.to_str().unwrap(),
+        ])
+        .unwrap();
+        assert_eq!(
+            config.require_auth,
+            Some(("relay".into(), "s3cret pass".into()))
+        );
+        assert_eq!(config.webhook.unwrap().secrets.len(), 2);
+        let missing = parse(&[
+            "--auth-user",
+            "relay",
+            "--auth-password-file",
+            "/nonexistent",
+        ]);
+        assert!(missing.unwrap_err().contains("/nonexistent"));
     }
 
     #[test]

@@ -168,6 +168,9 @@ pub(crate) struct Shared {
     /// Posts events for accepted messages, with `--webhook`.
     hooks: Option<Sender>,
     state: Mutex<State>,
+    /// The maildir files this sink wrote and has not removed: the only ones a reset removes
+    /// (the directory may hold anyone's files; a request must never delete those).
+    written: Mutex<Vec<std::path::PathBuf>>,
 }
 
 fn body_fault_reply(fault: BodyFault) -> Reply {
@@ -202,7 +205,8 @@ pub(crate) fn e01001() -> Reply {
     )
 }
 
-fn write_atomically(dir: &Path, id: &str, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `<dir>/<id>.eml`; returns its path.
+fn write_atomically(dir: &Path, id: &str, bytes: &[u8]) -> std::io::Result<std::path::PathBuf> {
     use std::io::Write;
     // A reader listing `*.eml` never sees a half-written file.
     let tmp = dir.join(format!(".{id}.eml.tmp"));
@@ -210,7 +214,9 @@ fn write_atomically(dir: &Path, id: &str, bytes: &[u8]) -> std::io::Result<()> {
     file.write_all(bytes)?;
     file.sync_all()?;
     drop(file);
-    std::fs::rename(&tmp, dir.join(format!("{id}.eml")))
+    let path = dir.join(format!("{id}.eml"));
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
 }
 
 impl AttemptLog for Shared {
@@ -265,6 +271,7 @@ impl Shared {
                 webhook_stats: WebhookStats::default(),
                 next_webhook_attempt: 1,
             }),
+            written: Mutex::new(Vec::new()),
             config,
         })
     }
@@ -334,18 +341,18 @@ impl Shared {
         Ok(())
     }
 
-    /// Removes the `.eml` files of the maildir (with `--maildir`), the sink's own and any
-    /// other, so that a reset sink starts from an empty directory; returns how many.
+    /// Removes the `.eml` files this sink wrote to the maildir (with `--maildir`), and no
+    /// other file: the directory may be shared, and a reset is one HTTP request. Returns how
+    /// many.
     pub(crate) fn clear_maildir(&self) -> std::io::Result<usize> {
-        let Some(dir) = &self.config.maildir else {
-            return Ok(0);
-        };
+        let written = std::mem::take(&mut *self.written.lock().unwrap_or_else(|e| e.into_inner()));
         let mut removed = 0;
-        for entry in std::fs::read_dir(dir)? {
-            let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "eml") && path.is_file() {
-                std::fs::remove_file(&path)?;
-                removed += 1;
+        for path in written {
+            match std::fs::remove_file(&path) {
+                Ok(()) => removed += 1,
+                // Removed by someone else meanwhile: nothing left to do.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(removed)
@@ -477,9 +484,16 @@ impl Shared {
             None => Ok(()),
             Some(dir) => {
                 let (dir, id, bytes) = (dir.clone(), new.id.clone(), new.sub.bytes.clone());
-                tokio::task::spawn_blocking(move || write_atomically(&dir, &id, &bytes))
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+                let written =
+                    tokio::task::spawn_blocking(move || write_atomically(&dir, &id, &bytes))
+                        .await
+                        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                written.map(|path| {
+                    self.written
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(path);
+                })
             }
         };
         self.commit(new, stored, message_id)

@@ -100,8 +100,19 @@ fn event(
     })
 }
 
-/// Unix seconds (integer or fractional, as a number or a string of one) or RFC 3339.
+/// The latest event time taken: 9999-12-31T23:59:59Z, the last second RFC 3339 can write.
+/// Later times (and times before 1970) are refused as malformed: no upstream reports them,
+/// and a record's events must stay printable wherever they are shown.
+const LATEST_SECS: i64 = 253_402_300_799;
+
+/// Unix seconds (integer or fractional, as a number or a string of one) or RFC 3339, from
+/// 1970 to the end of year 9999.
 fn time_ms(value: &Value) -> Option<i64> {
+    let ms = any_time_ms(value)?;
+    (0..=LATEST_SECS * 1000 + 999).contains(&ms).then_some(ms)
+}
+
+fn any_time_ms(value: &Value) -> Option<i64> {
     let seconds = match value {
         Value::Number(n) => n.as_f64()?,
         Value::String(s) => match s.trim().parse::<f64>() {
@@ -233,6 +244,13 @@ mod tests {
             Some(0)
         );
         assert_eq!(time_ms(&serde_json::json!(1e300)), None);
+        // RFC 3339's range: the year 10000 and times before 1970 are refused.
+        assert_eq!(
+            time_ms(&serde_json::json!("9999-12-31T23:59:59.999Z")),
+            Some(253_402_300_799_999)
+        );
+        assert_eq!(time_ms(&serde_json::json!(253_402_300_800_i64)), None);
+        assert_eq!(time_ms(&serde_json::json!(-1)), None);
         assert_eq!(time_ms(&serde_json::json!(null)), None);
     }
 }

@@ -71,8 +71,8 @@ pub async fn send(
     body: Body<'_>,
 ) -> HttpResponse {
     let mut stream = TcpStream::connect(addr).await.expect("connect to admin");
+    // A `Host` among `headers` replaces the address (a rebinding attack names another host).
     let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
-    // The address as Host, unless the test names another (a rebound name, say).
     if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
         head.push_str(&format!("Host: {addr}\r\n"));
     }

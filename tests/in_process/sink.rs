@@ -1213,6 +1213,86 @@ async fn http_api_post_adds_fault_rules_and_put_replaces_them() {
     sink.shutdown().await;
 }
 
+/// The sink's API has no authentication, so a web page in the tester's browser must not drive
+/// it: a form or `no-cors` fetch from another origin is refused (nothing reset, no rule
+/// added), and so is a request naming a host in someone's DNS (rebinding). curl-like clients,
+/// which send no Origin, pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_api_refuses_other_sites_and_rebinding() {
+    let (sink, api) = start_with_api(SinkConfig::default()).await;
+    let mut c = session(sink.smtp_addr()).await;
+    c.submit(
+        "a@example.com",
+        &["b@example.com"],
+        &message(Some("x-1"), "x"),
+    )
+    .await
+    .unwrap();
+    let send = |method: &'static str,
+                path: &'static str,
+                headers: Vec<(&'static str, String)>,
+                body: &'static str| async move {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        crate::common::http::send(
+            api,
+            method,
+            path,
+            &headers,
+            crate::common::http::Body::Bytes(body.as_bytes()),
+        )
+        .await
+    };
+    let evil = || ("Origin", "http://evil.example".to_string());
+    let form = (
+        "Content-Type",
+        "application/x-www-form-urlencoded".to_string(),
+    );
+    let reset = send(
+        "POST",
+        "/reset",
+        vec![
+            evil(),
+            form.clone(),
+            ("Sec-Fetch-Site", "cross-site".into()),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(reset.status, 403, "{}", reset.body);
+    let rule = send(
+        "POST",
+        "/faults",
+        vec![evil(), ("Content-Type", "text/plain".into())],
+        r#"[{"phase":"dot","action":"drop"}]"#,
+    )
+    .await;
+    assert_eq!(rule.status, 403, "{}", rule.body);
+    let rebound = send(
+        "GET",
+        "/messages",
+        vec![("Host", "rebind.attacker.example:80".into())],
+        "",
+    )
+    .await;
+    assert_eq!(rebound.status, 403, "{}", rebound.body);
+    assert_eq!(sink.messages().len(), 1, "the reset went through");
+    assert!(sink.faults().is_empty(), "the rule was added");
+    // The sink's own page and local tools still work.
+    let own = send(
+        "POST",
+        "/reset",
+        vec![
+            ("Origin", format!("http://{api}")),
+            ("Sec-Fetch-Site", "same-origin".into()),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(own.status, 204, "{}", own.body);
+    assert_eq!(http(api, "GET", "/messages", "").await.0, 200);
+    sink.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_reset_also_empties_the_maildir() {
     let dir = tempfile::tempdir().unwrap();
@@ -1232,8 +1312,10 @@ async fn http_reset_also_empties_the_maildir() {
         .await
         .unwrap();
     }
-    // Something else in the directory that is not a message stays.
+    // Files the sink did not write stay, messages included: a reset is one HTTP request and
+    // the directory may be anyone's.
     std::fs::write(maildir.join("notes.txt"), "kept").unwrap();
+    std::fs::write(maildir.join("someone-elses.eml"), "kept").unwrap();
     let eml = |dir: &std::path::Path| -> usize {
         std::fs::read_dir(dir)
             .unwrap()
@@ -1246,12 +1328,13 @@ async fn http_reset_also_empties_the_maildir() {
             })
             .count()
     };
-    assert_eq!(eml(&maildir), 2);
+    assert_eq!(eml(&maildir), 3);
 
     let (status, _) = http(api, "POST", "/reset", "").await;
     assert_eq!(status, 204);
-    assert_eq!(eml(&maildir), 0);
+    assert_eq!(eml(&maildir), 1);
     assert!(maildir.join("notes.txt").exists());
+    assert!(maildir.join("someone-elses.eml").exists());
     assert_eq!(get_json(api, "/messages").await, serde_json::json!([]));
 
     // The sink goes on writing there after a reset.

@@ -329,6 +329,40 @@ async fn a_flood_of_signature_entries_is_refused_at_once_and_smtp_keeps_greeting
     relay.relay.shutdown().await;
 }
 
+/// An event time RFC 3339 cannot write (the year 10000, or before 1970) is refused as
+/// malformed: stored, it would make its record unprintable wherever times are shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_time_past_the_year_9999_is_refused() {
+    let relay = TestRelay::start_with(with_webhooks).await;
+    for (n, at) in ["253402300800", "10000-01-01T00:00:00Z", "-1"]
+        .iter()
+        .enumerate()
+    {
+        let answer = post(
+            &relay,
+            &format!("msg_far_{n}"),
+            &json!(event("delivery", at, Some("far-key"), "a@x")),
+        )
+        .await;
+        assert_eq!(answer.status, 400, "{at}: {}", answer.body);
+        assert_eq!(answer.json()["code"], "malformed", "{at}");
+    }
+    let last = post(
+        &relay,
+        "msg_far_ok",
+        &json!(event(
+            "delivery",
+            "9999-12-31T23:59:59Z",
+            Some("far-key"),
+            "a@x"
+        )),
+    )
+    .await;
+    assert_eq!(last.status, 200, "{}", last.body);
+    assert_eq!(relay.count("upstream_events").await, 1);
+    relay.relay.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_webhook_id_is_answered_200_and_changes_nothing() {
     let relay = TestRelay::start_with(with_webhooks).await;

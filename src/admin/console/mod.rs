@@ -103,7 +103,7 @@ async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let key = session::key(state.token.as_deref());
+    let key = session::key();
     let bearer = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -218,10 +218,25 @@ async fn login(State(state): State<Arc<AdminState>>, Form(form): Form<LoginForm>
     let Some(token) = &state.token else {
         return see_other("/console");
     };
+    let throttle = &state.login_throttle;
+    let now = std::time::Instant::now();
+    if let Some(wait) = throttle.wait(now) {
+        // Not even compared: guessing the token here costs a window per few guesses.
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, wait.as_secs().max(1).to_string())],
+            html(
+                StatusCode::TOO_MANY_REQUESTS,
+                pages::login(Some(
+                    "Too many wrong tokens: logins are paused for a minute.",
+                )),
+            ),
+        )
+            .into_response();
+    }
     if !crate::admin::state::constant_time_eq(form.token.as_bytes(), token.as_bytes()) {
-        if state.log_budget.allow() {
-            tracing::warn!(target: "idemrelay::admin", "console login refused: wrong admin token");
-        }
+        throttle.failed(now);
+        tracing::warn!(target: "idemrelay::admin", "console login refused: wrong admin token");
         return html(
             StatusCode::UNAUTHORIZED,
             pages::login(Some("That is not the admin token.")),
@@ -236,7 +251,7 @@ async fn login(State(state): State<Arc<AdminState>>, Form(form): Form<LoginForm>
             )),
         );
     }
-    let key = session::key(Some(token));
+    let key = session::key();
     let cookie = session::set_cookie(&ConsoleLogin::new(now_ms(), name).cookie_value(&key));
     tracing::info!(target: "idemrelay::admin", operator = ?name, "console login");
     ([(header::SET_COOKIE, cookie)], Redirect::to("/console")).into_response()
@@ -252,8 +267,13 @@ async fn logout(
     Extension(access): Extension<Access>,
     Form(form): Form<CsrfForm>,
 ) -> Response {
-    if !access.allows_post(&session::key(state.token.as_deref()), form.csrf.as_deref()) {
+    if !access.allows_post(&session::key(), form.csrf.as_deref()) {
         return forbidden_form(&access);
+    }
+    // The cookie is cleared in the browser and refused here from now on, should a copy of it
+    // be replayed.
+    if let Some(session) = &access.session {
+        session.revoke(now_ms());
     }
     let to = if state.token.is_some() {
         "/console/login"
@@ -596,7 +616,7 @@ impl FromRequest<Arc<AdminState>> for Action {
         let Form(form) = Form::<ActionForm>::from_request(Request::from_parts(parts, body), state)
             .await
             .map_err(IntoResponse::into_response)?;
-        let key = session::key(state.token.as_deref());
+        let key = session::key();
         if !access.allows_post(&key, form.csrf.as_deref()) {
             return Err(forbidden_form(&access));
         }

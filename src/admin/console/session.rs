@@ -1,14 +1,17 @@
 //! The console's browser session: a signed cookie, and the CSRF token its forms carry.
 //!
 //! A browser cannot send `Authorization: Bearer` from a link, so the console takes the admin
-//! token once through a login form and answers with a cookie. The cookie is signed with a key
-//! derived from the admin token (HMAC-SHA256), so the relay keeps no session table: changing
-//! the token ends every session, and a restart ends none. Each form carries a second HMAC of
-//! the same session (the CSRF token); `SameSite=Strict` already keeps other sites' forms from
-//! sending the cookie, and the token also stops a form posted from a page that could read no
-//! console page.
+//! token once through a login form and answers with a cookie. The cookie is signed
+//! (HMAC-SHA256) with a random key this process drew at start: nothing about the admin token
+//! can be guessed offline from a cookie, and a restart ends every session. Logging out
+//! revokes the session in this process (a list of revoked sessions, each kept until it would
+//! have expired anyway). Each form carries a second HMAC of the same session (the CSRF
+//! token); `SameSite=Strict` already keeps other sites' forms from sending the cookie, and
+//! the token also stops a form posted from a page that could read no console page. Wrong
+//! tokens at the login form are throttled (`admin::login_throttle`).
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use ring::hmac;
@@ -18,17 +21,21 @@ pub(crate) const COOKIE: &str = "idemrelay_console";
 /// How long a login lasts.
 pub(crate) const LIFETIME: Duration = Duration::from_secs(12 * 3600);
 
-/// The signing key: from the admin token, or without one a random key for this process (the
-/// console is then open like the API, and the key only ties forms to their session).
-pub(crate) fn key(token: Option<&str>) -> hmac::Key {
+/// The signing key: random, drawn once per process. Not derived from the admin token: a
+/// cookie signed with the token (or a fast function of it) would let whoever holds one cookie
+/// test guesses of the token offline.
+pub(crate) fn key() -> hmac::Key {
     static PROCESS_KEY: OnceLock<[u8; 32]> = OnceLock::new();
-    match token {
-        Some(token) => hmac::Key::new(hmac::HMAC_SHA256, token.as_bytes()),
-        None => {
-            let bytes = PROCESS_KEY.get_or_init(random_bytes::<32>);
-            hmac::Key::new(hmac::HMAC_SHA256, bytes)
-        }
-    }
+    hmac::Key::new(
+        hmac::HMAC_SHA256,
+        PROCESS_KEY.get_or_init(random_bytes::<32>),
+    )
+}
+
+/// Sessions logged out before their `LIFETIME` ended: nonce → when it would have expired.
+fn revoked() -> &'static Mutex<HashMap<String, i64>> {
+    static REVOKED: OnceLock<Mutex<HashMap<String, i64>>> = OnceLock::new();
+    REVOKED.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -112,6 +119,13 @@ impl ConsoleLogin {
         if !(0..LIFETIME.as_millis() as i64).contains(&age) {
             return None;
         }
+        if revoked()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(nonce)
+        {
+            return None;
+        }
         let (_, name_hex) = nonce.split_once('-')?;
         let operator = String::from_utf8(unhex(name_hex)?).ok()?;
         Some(ConsoleLogin {
@@ -119,6 +133,17 @@ impl ConsoleLogin {
             nonce: nonce.to_string(),
             operator,
         })
+    }
+
+    /// Ends this session in this process: its cookie is refused from now on. Entries are
+    /// dropped once the session would have expired anyway, so the list stays small.
+    pub(crate) fn revoke(&self, now_ms: i64) {
+        let mut revoked = revoked().lock().unwrap_or_else(|e| e.into_inner());
+        revoked.retain(|_, until| *until > now_ms);
+        revoked.insert(
+            self.nonce.clone(),
+            self.issued_ms + LIFETIME.as_millis() as i64,
+        );
     }
 
     /// The token this session's forms carry.
@@ -161,7 +186,7 @@ mod tests {
 
     #[test]
     fn a_session_verifies_under_its_key_only_and_expires() {
-        let key = key(Some("secret-token"));
+        let key = key();
         let session = ConsoleLogin::new(NOW, "Ada");
         let value = session.cookie_value(&key);
         assert_eq!(
@@ -182,7 +207,7 @@ mod tests {
             Some(session.clone())
         );
 
-        let other = super::key(Some("another-token"));
+        let other = hmac::Key::new(hmac::HMAC_SHA256, b"another process's key");
         assert_eq!(ConsoleLogin::verify(&value, &other, NOW), None);
         let late = NOW + LIFETIME.as_millis() as i64;
         assert_eq!(ConsoleLogin::verify(&value, &key, late), None);
@@ -197,7 +222,7 @@ mod tests {
 
     #[test]
     fn the_csrf_token_belongs_to_one_session() {
-        let key = key(Some("secret-token"));
+        let key = key();
         let a = ConsoleLogin::new(NOW, "");
         let b = ConsoleLogin::new(NOW, "");
         let token = a.csrf(&key);
@@ -207,6 +232,17 @@ mod tests {
         // The CSRF token is not the cookie's signature: a page that learns one does not have
         // the other.
         assert!(!a.cookie_value(&key).contains(&token));
+    }
+
+    #[test]
+    fn a_revoked_session_is_refused() {
+        let key = key();
+        let session = ConsoleLogin::new(NOW, "Ada");
+        let value = session.cookie_value(&key);
+        let other = ConsoleLogin::new(NOW, "Bob").cookie_value(&key);
+        session.revoke(NOW + 5);
+        assert_eq!(ConsoleLogin::verify(&value, &key, NOW + 10), None);
+        assert!(ConsoleLogin::verify(&other, &key, NOW + 10).is_some());
     }
 
     #[test]

@@ -109,6 +109,65 @@ fn csrf_of(page: &str) -> String {
     page[at..at + page[at..].find('"').unwrap()].to_string()
 }
 
+/// Logging out ends the session for good: the cookie, replayed, no longer opens a page. The
+/// login form stops comparing tokens after a few wrong ones a minute, the right one included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logout_revokes_the_session_and_wrong_tokens_are_throttled() {
+    let relay = TestRelay::start_with(|s| s.admin_token = Some(Secret(TOKEN.into()))).await;
+    let admin = relay.admin();
+    let login = http(
+        admin,
+        "POST",
+        "/console/login",
+        &[FORM],
+        &format!("token={TOKEN}&name=Ada"),
+    )
+    .await;
+    assert_eq!(login.status, 303, "{login:?}");
+    let cookie = session_cookie(&login);
+    let page = http(admin, "GET", "/console", &[("Cookie", &cookie)], "").await;
+    assert_eq!(page.status, 200, "{page:?}");
+    let csrf = csrf_of(&page.body);
+    let out = http(
+        admin,
+        "POST",
+        "/console/logout",
+        &[("Cookie", &cookie), FORM],
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(out.status, 303, "{out:?}");
+    let replayed = http(admin, "GET", "/console", &[("Cookie", &cookie)], "").await;
+    assert_eq!(
+        (replayed.status, replayed.header("location")),
+        (303, Some("/console/login")),
+        "the logged-out cookie still opens the console"
+    );
+
+    for n in 0..10 {
+        let wrong = http(
+            admin,
+            "POST",
+            "/console/login",
+            &[FORM],
+            &format!("token=guess-{n}"),
+        )
+        .await;
+        assert_eq!(wrong.status, 401, "guess {n}");
+    }
+    let throttled = http(
+        admin,
+        "POST",
+        "/console/login",
+        &[FORM],
+        &format!("token={TOKEN}"),
+    )
+    .await;
+    assert_eq!(throttled.status, 429, "{throttled:?}");
+    assert!(throttled.header("set-cookie").is_none());
+    assert!(throttled.header("retry-after").is_some());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_needs_the_token_a_session_and_its_csrf_token() {
     let sink = sink_with_api().await;
