@@ -66,7 +66,8 @@ pub(crate) type OpResult = Result<Value, OpError>;
 
 /// The one log line of an operator action: `grep id=ID` finds it with the record's others.
 fn log_action(action: Action, id: Option<&str>, by: &Operator, detail: Option<&str>) {
-    // Every field bare (Display), as on the relay's other lines.
+    // Every field as Display, as on the relay's other lines; the log's formatter (`log_format`)
+    // quotes and escapes a reason with spaces or line breaks.
     tracing::info!(
         target: "idemrelay::operator",
         id = %id.unwrap_or("-"),

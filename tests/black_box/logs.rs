@@ -214,3 +214,29 @@ async fn a_huge_value_is_cut_and_a_flood_of_refusals_writes_few_lines() {
     let said = log.lines().find(|l| l.contains("suppressed")).unwrap();
     assert!(said.contains("suppressed="), "{said}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_api_without_a_token_is_a_warning_at_start_even_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = serve_args(&dir.path().join("relay.db"), &[]);
+    let relay = RelayProcess::spawn(&args).ready().await;
+    let log = relay.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("the admin API has no admin_token"))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    assert!(
+        warning.contains("operator actions are refused"),
+        "{warning}"
+    );
+    drop(relay);
+    let with_token = serve_args(&dir.path().join("relay.db"), &[]);
+    let quiet =
+        RelayProcess::spawn_with_env(&with_token, &[("IDEMRELAY_ADMIN_TOKEN", TOKEN.to_string())]);
+    let quiet = quiet.ready().await;
+    assert!(
+        !quiet.log().contains("has no admin_token"),
+        "{}",
+        quiet.log()
+    );
+}
