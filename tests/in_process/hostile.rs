@@ -1104,7 +1104,7 @@ async fn auth_failures_are_counted_and_the_submission_line_names_the_user() {
     assert!(
         log.lines().any(|l| l.contains("command refused")
             && l.contains("reason=auth")
-            && l.contains("reply=535 5.7.8")),
+            && l.contains("reply=\"535 5.7.8")),
         "{log}"
     );
     assert!(!log.contains("wrong password") && !log.contains("correct horse"));
