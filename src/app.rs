@@ -249,6 +249,7 @@ impl Relay {
                 listener,
                 tls.clone(),
                 state,
+                settings.http_limits(),
                 shutdown.stop_signal(),
             )));
         }
@@ -355,6 +356,7 @@ impl Relay {
             admin_task = Some(tokio::spawn(admin::serve(
                 listener,
                 state,
+                settings.http_limits(),
                 shutdown.last_signal(),
             )));
         }

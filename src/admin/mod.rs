@@ -27,6 +27,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 
+use crate::http_serve::{self, HttpLimits};
 use crate::shutdown::Stop;
 use state::constant_time_eq;
 pub(crate) use state::{error, AdminState};
@@ -57,15 +58,15 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router {
 
 /// Serves until `stop` is given. The relay gives it only after its own shutdown has drained,
 /// so `/healthz` can answer 503 during the drain.
-pub(crate) async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: Stop) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    limits: HttpLimits,
+    stop: Stop,
+) {
     let app = router(state);
     let shutdown = async move { stop.stopped().await };
-    if let Err(err) = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        tracing::error!(target: "idemrelay::admin", error = %err, "admin listener failed");
-    }
+    http_serve::serve("admin", listener, None, app, limits, shutdown).await;
 }
 
 async fn bearer(State(state): State<Arc<AdminState>>, request: Request, next: Next) -> Response {
