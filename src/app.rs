@@ -351,6 +351,7 @@ impl Relay {
                 store_url: settings.store.redacted(),
                 stats: admin::stats_cache::StatsCache::new(admin::stats_cache::STATS_MAX_AGE),
                 login_throttle: Default::default(),
+                ready_probe: admin::health::ReadyProbe::new(admin::health::READY_PROBE_MAX_AGE),
             });
             admin_addr = Some(addr);
             admin_task = Some(tokio::spawn(admin::serve(

@@ -12,6 +12,9 @@
 //!   head still arriving) are closed at once, and requests in flight get `shutdown_grace`.
 //!
 //! The caps also keep the process's descriptors for SMTP and the store: see `connection_cap`.
+//! Every answer carries `Cache-Control: no-store` and `X-Content-Type-Options: nosniff` unless
+//! its handler set its own: the answers are the ledger's and the queue's state, for no cache to
+//! keep, and a JSON or text answer must not be run by a browser as something else.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,6 +25,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody};
+use axum::http::{header, HeaderValue};
+use axum::middleware::map_response;
 use axum::response::Response;
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
@@ -109,7 +114,7 @@ pub(crate) async fn serve(
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
     let http = Arc::new(http);
-    let service = TowerToHyperService::new(router);
+    let service = TowerToHyperService::new(router.layer(map_response(no_store_nosniff)));
     let cap = limits.max_connections.max(1);
     let permits = Arc::new(Semaphore::new(cap));
     let (stopping, stop_seen) = watch::channel(false);
@@ -170,6 +175,17 @@ pub(crate) async fn serve(
     let _ = stopping.send(true);
     // Every connection holds a permit until it ends: all of them back means all are closed.
     let _ = permits.acquire_many(cap as u32).await;
+}
+
+async fn no_store_nosniff(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    headers
+        .entry(header::X_CONTENT_TYPE_OPTIONS)
+        .or_insert(HeaderValue::from_static("nosniff"));
+    response
 }
 
 async fn connection<I>(

@@ -20,7 +20,7 @@ pub(crate) mod wire;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -69,20 +69,23 @@ pub(crate) async fn serve(
     http_serve::serve("admin", listener, None, app, limits, shutdown).await;
 }
 
-async fn bearer(State(state): State<Arc<AdminState>>, request: Request, next: Next) -> Response {
+/// Whether a request passes the API's token check: it presents the configured token, or none
+/// is configured.
+pub(crate) fn authorized(state: &AdminState, headers: &HeaderMap) -> bool {
     let Some(token) = &state.token else {
-        return next.run(request).await;
+        return true;
     };
-    let presented = request
-        .headers()
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match presented {
-        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => {
-            next.run(request).await
-        }
-        _ => {
+    presented.is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes()))
+}
+
+async fn bearer(State(state): State<Arc<AdminState>>, request: Request, next: Next) -> Response {
+    match authorized(&state, request.headers()) {
+        true => next.run(request).await,
+        false => {
             let mut response = error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",

@@ -1,7 +1,8 @@
-//! The HTTP listeners (admin, webhooks) against clients that open connections and never finish
-//! them: a partial head and an idle keep-alive connection are closed after the header timeout,
-//! connections beyond the cap are refused at once while SMTP keeps greeting, and shutdown does
-//! not wait for a slow client.
+//! The HTTP listeners (admin, webhooks) as an internet client meets them: a partial head and an
+//! idle keep-alive connection are closed after the header timeout, connections beyond the cap
+//! are refused at once while SMTP keeps greeting, shutdown does not wait for a slow client;
+//! `/readyz` tells a stranger only whether the relay is ready, and probes the store at most
+//! once a second however often it is asked; answers are neither cached nor sniffed.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -10,6 +11,8 @@ use idemrelay::config::Settings;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::common::backend::WriteLock;
+use crate::common::http::{get, request};
 use crate::common::{Client, TestRelay};
 
 /// A listener for upstream events with no sources: enough to reach its HTTP layer.
@@ -195,5 +198,94 @@ async fn shutdown_does_not_wait_for_a_slow_or_idle_client() {
         assert!(closed_within(stream, Duration::from_secs(2))
             .await
             .is_some());
+    }
+}
+
+const TOKEN: &str = "a-long-enough-admin-token";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_without_the_token_says_ready_in_a_word_and_shows_no_pause_reason() {
+    // With an upstream, so that there is a delivery whose pause could be shown.
+    let sink = crate::common::start_sink().await;
+    let relay = crate::common::relay_for(&sink, |s| {
+        s.admin_token = Some(idemrelay::config::Secret(TOKEN.into()));
+    })
+    .await;
+    relay
+        .store()
+        .pause("call Jane about the Acme outage", false)
+        .await
+        .unwrap();
+    let open = get(relay.admin(), "/readyz", None).await;
+    assert_eq!(open.status, 200, "{}", open.body);
+    assert!(!open.body.contains("Jane"), "{}", open.body);
+    assert!(!open.body.contains("paused"), "{}", open.body);
+    assert_eq!(
+        open.json(),
+        serde_json::json!({ "ready": true, "status": "ready" })
+    );
+    // A wrong token is no token.
+    let wrong = get(relay.admin(), "/readyz", Some("not-the-token-at-all")).await;
+    assert!(!wrong.body.contains("Jane"), "{}", wrong.body);
+    // The operator sees why.
+    let detailed = get(relay.admin(), "/readyz", Some(TOKEN)).await.json();
+    assert_eq!(detailed["ready"], true, "{detailed}");
+    assert_eq!(detailed["store"], "writable", "{detailed}");
+    assert_eq!(
+        detailed["delivery"]["paused_reason"], "call Jane about the Acme outage",
+        "{detailed}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_probes_the_store_at_most_once_a_second() {
+    let relay = TestRelay::start_with(|s| s.store_busy_timeout = Duration::from_millis(200)).await;
+    let admin = relay.admin();
+    assert_eq!(get(admin, "/readyz", None).await.status, 200);
+    // With another writer holding the lock a probe would fail: answers that stay 200 within
+    // the second after the first probe were given without probing.
+    let lock = WriteLock::hold(relay.settings.store.expose()).await;
+    let mut answered = 0;
+    let until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < until {
+        let ready = get(admin, "/readyz", None).await;
+        assert_eq!(ready.status, 200, "probed again: {}", ready.body);
+        answered += 1;
+    }
+    assert!(answered > 5, "{answered}");
+    // A second later the store is probed again and found locked.
+    crate::common::eventually(Duration::from_secs(5), "a new probe", || async {
+        let ready = get(admin, "/readyz", None).await;
+        (ready.status == 503).then_some(())
+    })
+    .await;
+    let ready = get(admin, "/readyz", None).await.json();
+    assert_eq!(ready["ready"], false, "{ready}");
+    assert_eq!(ready["status"], "store_not_writable", "{ready}");
+    lock.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_metrics_and_webhook_answers_are_not_cached_or_sniffed() {
+    let relay = TestRelay::start_with(with_webhook_listener).await;
+    let webhooks = relay.relay.webhook_addr().unwrap();
+    let answers = [
+        get(relay.admin(), "/metrics", None).await,
+        get(relay.admin(), "/api/v1/queue/status", None).await,
+        get(relay.admin(), "/readyz", None).await,
+        get(relay.admin(), "/nothing-here", None).await,
+        request(webhooks, "POST", "/webhooks/nosuch", None).await,
+    ];
+    for answer in answers {
+        assert_eq!(
+            answer.header("x-content-type-options"),
+            Some("nosniff"),
+            "{answer:?}"
+        );
+        assert_eq!(
+            answer.header("cache-control"),
+            Some("no-store"),
+            "{answer:?}"
+        );
     }
 }
