@@ -289,3 +289,26 @@ async fn api_metrics_and_webhook_answers_are_not_cached_or_sniffed() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_beyond_16_kib_is_refused_on_each_listener() {
+    let relay = TestRelay::start_with(with_webhook_listener).await;
+    let webhooks = relay.relay.webhook_addr().unwrap();
+    for addr in [relay.admin(), webhooks] {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "GET /healthz HTTP/1.1\r\nHost: relay.test\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(64 * 1024)
+        );
+        // The server may close while this is still being written.
+        let _ = stream.write_all(head.as_bytes()).await;
+        let answer = closed_within(&mut stream, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("{addr}: a 64 KiB head left the connection open"));
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+            "{addr}: {answer}"
+        );
+    }
+}
