@@ -312,3 +312,38 @@ async fn a_request_head_beyond_16_kib_is_refused_on_each_listener() {
         );
     }
 }
+
+/// A request being answered when shutdown begins (here: its body still arriving, on the sink's
+/// API, which shares the listeners' serving) is answered, not cut with the idle ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_shutdown_a_request_in_flight_is_answered() {
+    let sink = idemrelay::sink::Sink::start(idemrelay::sink::SinkConfig {
+        api: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let api = sink.api_addr().unwrap();
+    let mut stream = TcpStream::connect(api).await.unwrap();
+    stream
+        .write_all(b"POST /faults HTTP/1.1\r\nHost: sink.test\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stopping = tokio::spawn({
+        let sink = sink.clone();
+        async move { sink.shutdown().await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream.write_all(b"]").await.unwrap();
+    let answer = closed_within(&mut stream, Duration::from_secs(5))
+        .await
+        .expect("the connection closed after its answer");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 "), "{answer:?}");
+    assert!(!answer.starts_with("HTTP/1.1 503"), "{answer}");
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .expect("the sink stopped")
+        .unwrap();
+}
