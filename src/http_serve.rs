@@ -115,7 +115,11 @@ pub(crate) async fn serve(
         .keep_alive(true);
     let http = Arc::new(http);
     let service = TowerToHyperService::new(router.layer(map_response(no_store_nosniff)));
-    let cap = limits.max_connections.max(1);
+    // At most what `acquire_many` counts (u32) and a semaphore holds: far above any
+    // descriptor limit.
+    let cap = limits
+        .max_connections
+        .clamp(1, (u32::MAX as usize).min(Semaphore::MAX_PERMITS));
     let permits = Arc::new(Semaphore::new(cap));
     let (stopping, stop_seen) = watch::channel(false);
     tokio::pin!(stop);
@@ -174,7 +178,9 @@ pub(crate) async fn serve(
     drop(listener);
     let _ = stopping.send(true);
     // Every connection holds a permit until it ends: all of them back means all are closed.
-    let _ = permits.acquire_many(cap as u32).await;
+    let _ = permits
+        .acquire_many(u32::try_from(cap).unwrap_or(u32::MAX))
+        .await;
 }
 
 async fn no_store_nosniff(mut response: Response) -> Response {
