@@ -9,4 +9,5 @@ mod common;
 
 mod binary;
 mod delivery_crash;
+mod descriptors;
 mod queue_cli;
