@@ -1,8 +1,10 @@
 //! The admin HTTP listener: health checks, Prometheus metrics and the ledger API (DESIGN §5).
 //!
 //! `/healthz` and `/readyz` are always open (container and load-balancer probes carry no
-//! credentials); `/metrics` and `/api/` need `Authorization: Bearer <admin_token>` when a
-//! token is configured. `/console` is the web console for a browser (see `console`).
+//! credentials; `/readyz` shows its details only to a caller that passes the token check);
+//! `/metrics` and `/api/` need `Authorization: Bearer <admin_token>` when a token is
+//! configured. `/console` is the web console for a browser (see `console`). Connections are
+//! served with the limits of `http_serve`.
 
 pub(crate) mod api;
 pub(crate) mod client;
@@ -57,7 +59,8 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router {
 }
 
 /// Serves until `stop` is given. The relay gives it only after its own shutdown has drained,
-/// so `/healthz` can answer 503 during the drain.
+/// so `/healthz` can answer 503 during the drain. Requests in flight then get `limits`'
+/// shutdown grace.
 pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<AdminState>,

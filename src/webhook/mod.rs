@@ -83,8 +83,9 @@ pub(crate) fn router(state: Arc<WebhookState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until `stop` is given, then lets the requests in flight finish (their commits decide
-/// their answers). With `tls`, every connection is TLS (HTTPS).
+/// Serves until `stop` is given, then lets the requests in flight finish within `limits`'
+/// shutdown grace (their commits decide their answers); idle and half-sent connections are
+/// closed at once. With `tls`, every connection is TLS (HTTPS).
 pub(crate) async fn serve(
     listener: TcpListener,
     tls: Option<Arc<TlsCerts>>,
