@@ -326,7 +326,7 @@ async fn at_shutdown_a_request_in_flight_is_answered() {
     let api = sink.api_addr().unwrap();
     let mut stream = TcpStream::connect(api).await.unwrap();
     stream
-        .write_all(b"POST /faults HTTP/1.1\r\nHost: sink.test\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[")
+        .write_all(b"POST /faults HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[")
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
