@@ -256,6 +256,7 @@ impl Relay {
                 listener,
                 tls.clone(),
                 state,
+                settings.http_limits(),
                 shutdown.stop_signal(),
             )));
         }
@@ -363,11 +364,13 @@ impl Relay {
                 stats: admin::stats_cache::StatsCache::new(admin::stats_cache::STATS_MAX_AGE),
                 log_budget: crate::log_budget::LogBudget::new("admin"),
                 login_throttle: Default::default(),
+                ready_probe: admin::health::ReadyProbe::new(admin::health::READY_PROBE_MAX_AGE),
             });
             admin_addr = Some(addr);
             admin_task = Some(tokio::spawn(admin::serve(
                 listener,
                 state,
+                settings.http_limits(),
                 shutdown.last_signal(),
             )));
         }

@@ -16,6 +16,7 @@ pub mod config;
 pub mod config_env;
 pub mod delivery;
 pub(crate) mod hostname;
+pub(crate) mod http_serve;
 pub(crate) mod human_duration;
 pub mod intake;
 pub(crate) mod log_budget;

@@ -1,7 +1,7 @@
 //! `/healthz` (the process is up), `/readyz` (it can take and move mail) and `/metrics`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::state::AdminState;
+use crate::intake::Intake;
 use crate::metrics::{Format, PauseReason, Snapshot};
 
 pub(crate) async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
@@ -19,18 +20,78 @@ pub(crate) async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
     Json(serde_json::json!({ "status": "ok" })).into_response()
 }
 
-pub(crate) async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
+/// How long a store probe's result answers `/readyz`. A probe is a write transaction: a
+/// load balancer (or anyone) asking many times a second must not put that many writes in
+/// front of the mail. A second is well inside any probe period worth configuring.
+pub(crate) const READY_PROBE_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// The last store probe `/readyz` ran, with its time. One probe at a time: callers arriving
+/// while it runs wait for its result instead of starting their own.
+pub(crate) struct ReadyProbe {
+    last: tokio::sync::Mutex<Option<(Instant, bool)>>,
+    max_age: Duration,
+}
+
+impl ReadyProbe {
+    pub(crate) fn new(max_age: Duration) -> ReadyProbe {
+        ReadyProbe {
+            last: tokio::sync::Mutex::new(None),
+            max_age,
+        }
+    }
+
+    async fn writable(&self, intake: &Intake) -> bool {
+        let mut last = self.last.lock().await;
+        if let Some((at, writable)) = *last {
+            if at.elapsed() < self.max_age {
+                return writable;
+            }
+        }
+        let writable = intake.check_store().await;
+        *last = Some((Instant::now(), writable));
+        writable
+    }
+}
+
+/// Ready or not, and why in a word, to anyone: load balancers carry no credentials. The
+/// details (the store, the delivery's progress, an operator's pause reason, the breaker) only
+/// to a caller that passes the API's token check: a pause reason is the operator's free text.
+pub(crate) async fn readyz(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
     let stopping = state.stopping.is_stopping();
-    let writable = state.intake.check_store().await;
+    let writable = state.ready_probe.writable(&state.intake).await;
+    let idle = state.wedged_after.map(|limit| {
+        let idle = state
+            .metrics
+            .since_delivery_heartbeat()
+            .unwrap_or_else(|| state.started.elapsed());
+        (idle, idle > limit)
+    });
+    let wedged = matches!(idle, Some((_, true)));
+    // A pause is the relay doing its job (an account-level refusal, or an operator): it
+    // still accepts mail, so it stays ready; a wedge or an unwritable store does not.
+    let (ready, word) = if stopping {
+        (false, "shutting_down")
+    } else if !writable {
+        (false, "store_not_writable")
+    } else if wedged {
+        (false, "delivery_wedged")
+    } else {
+        (true, "ready")
+    };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    if !super::authorized(&state, &headers) {
+        let body = serde_json::json!({ "ready": ready, "status": word });
+        return (status, Json(body)).into_response();
+    }
     let paused = state.store.paused().await.ok().flatten();
-    let delivery = match state.wedged_after {
+    let delivery = match idle {
         None => serde_json::json!({ "status": "not configured" }),
-        Some(limit) => {
-            let idle = state
-                .metrics
-                .since_delivery_heartbeat()
-                .unwrap_or_else(|| state.started.elapsed());
-            let status = if idle > limit {
+        Some((idle, wedged)) => {
+            let status = if wedged {
                 "wedged"
             } else if paused.is_some() {
                 "paused"
@@ -44,25 +105,18 @@ pub(crate) async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
             })
         }
     };
-    // A pause is the relay doing its job (an account-level refusal, or an operator): it
-    // still accepts mail, so it stays ready; a wedge or an unwritable store does not.
-    let ready = !stopping && writable && delivery["status"] != "wedged";
     // An open breaker is the relay protecting the upstream while it keeps accepting mail:
     // like a pause it is shown, not made a reason to be taken out of rotation (another
     // instance would meet the same upstream).
     let breaker = state.wedged_after.map(|_| state.metrics.breaker_now());
     let body = serde_json::json!({
         "ready": ready,
+        "status": word,
         "shutting_down": stopping,
         "store": if writable { "writable" } else { "not writable" },
         "delivery": delivery,
         "breaker": breaker.unwrap_or("not configured"),
     });
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
     (status, Json(body)).into_response()
 }
 

@@ -1,10 +1,12 @@
 //! The admin HTTP listener: health checks, Prometheus metrics and the ledger API (DESIGN §5).
 //!
 //! `/healthz` and `/readyz` are always open (container and load-balancer probes carry no
-//! credentials); `/metrics` and `/api/` need `Authorization: Bearer <admin_token>` when a
-//! token is configured. `/console` is the web console for a browser (see `console`). Every
-//! other request passes `guard` first (Host, Origin); operator actions need a token or
-//! `admin_allow_changes_without_token`.
+//! credentials; `/readyz` shows its details only to a caller that passes the token check);
+//! `/metrics` and `/api/` need `Authorization: Bearer <admin_token>` when a token is
+//! configured. `/console` is the web console for a browser (see `console`). Every other
+//! request passes `guard` first (Host, Origin); operator actions need a token or
+//! `admin_allow_changes_without_token`. Connections are served with the limits of
+//! `http_serve`.
 
 pub(crate) mod api;
 pub(crate) mod client;
@@ -23,13 +25,14 @@ pub(crate) mod wire;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 
+use crate::http_serve::{self, HttpLimits};
 use crate::shutdown::Stop;
 use state::constant_time_eq;
 pub(crate) use state::{error, AdminState};
@@ -69,32 +72,36 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router {
 }
 
 /// Serves until `stop` is given. The relay gives it only after its own shutdown has drained,
-/// so `/healthz` can answer 503 during the drain.
-pub(crate) async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: Stop) {
+/// so `/healthz` can answer 503 during the drain. Requests in flight then get `limits`'
+/// shutdown grace.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    limits: HttpLimits,
+    stop: Stop,
+) {
     let app = router(state);
     let shutdown = async move { stop.stopped().await };
-    if let Err(err) = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        tracing::error!(target: "idemrelay::admin", error = %err, "admin listener failed");
-    }
+    http_serve::serve("admin", listener, None, app, limits, shutdown).await;
 }
 
-async fn bearer(State(state): State<Arc<AdminState>>, request: Request, next: Next) -> Response {
+/// Whether a request passes the API's token check: it presents the configured token, or none
+/// is configured.
+pub(crate) fn authorized(state: &AdminState, headers: &HeaderMap) -> bool {
     let Some(token) = &state.token else {
-        return next.run(request).await;
+        return true;
     };
-    let presented = request
-        .headers()
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match presented {
-        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => {
-            next.run(request).await
-        }
-        _ => {
+    presented.is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes()))
+}
+
+async fn bearer(State(state): State<Arc<AdminState>>, request: Request, next: Next) -> Response {
+    match authorized(&state, request.headers()) {
+        true => next.run(request).await,
+        false => {
             if state.log_budget.allow() {
                 tracing::warn!(
                     target: "idemrelay::admin",

@@ -49,6 +49,8 @@ pub(crate) struct AdminState {
     pub log_budget: crate::log_budget::LogBudget,
     /// Wrong admin tokens at the console's login form.
     pub login_throttle: super::login_throttle::LoginThrottle,
+    /// `/readyz`'s store probe, run at most once per `health::READY_PROBE_MAX_AGE`.
+    pub ready_probe: super::health::ReadyProbe,
 }
 
 /// A JSON error body: `{"error": "...", "code": "..."}`.

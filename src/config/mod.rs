@@ -179,6 +179,14 @@ pub struct Settings {
     /// Webhook sources by name (the `{name}` of the endpoint).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub webhooks: BTreeMap<String, WebhookSource>,
+    /// The HTTP listeners (admin, webhooks): how long a client has, from connecting or from
+    /// its previous response, to send a complete request head; idle keep-alive connections
+    /// are closed after it too.
+    #[serde(with = "crate::human_duration")]
+    pub http_header_timeout: Duration,
+    /// Connections open at once per HTTP listener (503 and closed beyond it); never more than
+    /// a quarter of the process's open-files limit, so SMTP keeps its descriptors.
+    pub http_max_connections: usize,
 }
 
 impl Default for Settings {
@@ -230,6 +238,8 @@ impl Default for Settings {
             delivery: DeliveryConfig::default(),
             webhook_listen: None,
             webhooks: BTreeMap::new(),
+            http_header_timeout: Duration::from_secs(10),
+            http_max_connections: 256,
         }
     }
 }
@@ -365,6 +375,16 @@ pub(crate) struct ConfigArgs {
 }
 
 impl Settings {
+    /// The limits of the relay's HTTP listeners (admin, webhooks), the connection cap bounded
+    /// by the descriptor limit (`http_serve::connection_cap`).
+    pub(crate) fn http_limits(&self) -> crate::http_serve::HttpLimits {
+        crate::http_serve::HttpLimits {
+            header_timeout: self.http_header_timeout,
+            max_connections: crate::http_serve::connection_cap(self.http_max_connections),
+            shutdown_grace: self.shutdown_grace,
+        }
+    }
+
     /// Parses a settings file. Errors name the line but never quote it: the line may hold
     /// the upstream password.
     pub fn from_toml(text: &str) -> anyhow::Result<Settings> {
@@ -485,6 +505,9 @@ impl Settings {
             !self.submission_listen.is_empty() || !self.submissions_listen.is_empty();
         if tls_listeners && (self.tls_cert.is_none() || self.tls_key.is_none()) {
             bail!("tls_cert and tls_key are required by submission_listen/submissions_listen");
+        }
+        if self.http_max_connections == 0 || self.http_header_timeout.is_zero() {
+            bail!("http_max_connections and http_header_timeout must be positive");
         }
         if self.max_connections == 0
             || self.max_connections_per_ip == 0

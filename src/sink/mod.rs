@@ -425,6 +425,16 @@ fn validate(config: &SinkConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The sink API's limits: a test tool, but one that may be reachable from a network, held to the
+/// relay's defaults. Its clients are scripts and a browser, a few connections at a time.
+fn api_limits() -> crate::http_serve::HttpLimits {
+    crate::http_serve::HttpLimits {
+        header_timeout: Duration::from_secs(10),
+        max_connections: crate::http_serve::connection_cap(128),
+        shutdown_grace: Duration::from_secs(5),
+    }
+}
+
 /// Starts the sink inside the current runtime.
 pub struct Sink;
 
@@ -476,12 +486,7 @@ impl Sink {
                 .layer(axum::middleware::from_fn(same_site::only));
             tasks.push(tokio::spawn(async move {
                 let stop = async move { life::shutting_down(&mut life).await };
-                if let Err(err) = axum::serve(listener, router)
-                    .with_graceful_shutdown(stop)
-                    .await
-                {
-                    tracing::error!(error = %err, "sink API stopped");
-                }
+                crate::http_serve::serve("sink", listener, None, router, api_limits(), stop).await;
             }));
         }
         tracing::info!(%smtp_addr, api = ?api_addr, "sink started");

@@ -5,7 +5,6 @@
 
 pub(crate) mod events;
 pub mod signature;
-mod tls;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -21,6 +20,7 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 
 use crate::config::WebhookSource;
+use crate::http_serve::{self, HttpLimits};
 use crate::log_budget::LogBudget;
 use crate::metrics::{Metrics, WebhookRefusal};
 use crate::shutdown::Stop;
@@ -88,31 +88,19 @@ pub(crate) fn router(state: Arc<WebhookState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until `stop` is given, then lets the requests in flight finish (their commits decide
-/// their answers). With `tls`, every connection is TLS (HTTPS).
+/// Serves until `stop` is given, then lets the requests in flight finish within `limits`'
+/// shutdown grace (their commits decide their answers); idle and half-sent connections are
+/// closed at once. With `tls`, every connection is TLS (HTTPS).
 pub(crate) async fn serve(
     listener: TcpListener,
     tls: Option<Arc<TlsCerts>>,
     state: Arc<WebhookState>,
+    limits: HttpLimits,
     stop: Stop,
 ) {
     let app = router(state);
     let shutdown = async move { stop.stopped().await };
-    let served = match tls {
-        Some(certs) => {
-            axum::serve(tls::TlsListener::new(listener, certs), app)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-    };
-    if let Err(err) = served {
-        tracing::error!(target: "idemrelay::webhook", error = %err, "webhook listener failed");
-    }
+    http_serve::serve("webhooks", listener, tls, app, limits, shutdown).await;
 }
 
 fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Response {

@@ -9,5 +9,6 @@ mod common;
 
 mod binary;
 mod delivery_crash;
+mod descriptors;
 mod logs;
 mod queue_cli;

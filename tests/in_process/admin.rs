@@ -336,7 +336,14 @@ async fn a_token_guards_the_api_and_metrics_but_not_health() {
     let health = get(admin, "/healthz", None).await;
     assert_eq!(health.status, 200);
     assert_eq!(health.json()["status"], "ok");
+    // Without the token, ready or not in a word; the details with it.
     let ready = get(admin, "/readyz", None).await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(
+        ready.json(),
+        serde_json::json!({ "ready": true, "status": "ready" })
+    );
+    let ready = get(admin, "/readyz", Some(TOKEN)).await;
     assert_eq!(ready.status, 200, "{}", ready.body);
     let ready = ready.json();
     assert_eq!(ready["ready"], true);
@@ -718,15 +725,22 @@ async fn readiness_follows_the_store() {
     assert_eq!(get(admin, "/readyz", None).await.status, 200);
     // Another writer holds the store's write lock, as a stuck process would.
     let lock = WriteLock::hold(relay.settings.store.expose()).await;
-    let ready = get(admin, "/readyz", None).await;
-    assert_eq!(ready.status, 503, "{}", ready.body);
+    // The probe's result answers for a second; the next one finds the lock.
+    let ready = common::eventually(LIMIT, "/readyz 503", || async {
+        let ready = get(admin, "/readyz", None).await;
+        (ready.status == 503).then_some(ready)
+    })
+    .await;
     assert_eq!(ready.json()["store"], "not writable");
     assert_eq!(ready.json()["ready"], false);
     // Alive all the same: a restart would not help.
     assert_eq!(get(admin, "/healthz", None).await.status, 200);
     lock.release().await;
-    let ready = get(admin, "/readyz", None).await;
-    assert_eq!(ready.status, 200, "{}", ready.body);
+    let ready = common::eventually(LIMIT, "/readyz 200", || async {
+        let ready = get(admin, "/readyz", None).await;
+        (ready.status == 200).then_some(ready)
+    })
+    .await;
     assert_eq!(ready.json()["store"], "writable");
 }
 

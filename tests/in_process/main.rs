@@ -17,6 +17,7 @@ mod delivery_races;
 mod example_config;
 mod fuzz_session;
 mod hostile;
+mod http_listeners;
 mod intake;
 mod proxy;
 mod sink;

@@ -275,10 +275,10 @@ async fn a_flood_of_signature_entries_is_refused_at_once_and_smtp_keeps_greeting
     let relay = TestRelay::start_with(with_webhooks).await;
     let addr = relay.relay.webhook_addr().unwrap();
     let body = vec![b' '; 512 * 1024];
-    // 8,000 well-formed entries (about 380 KB, under the HTTP server's header limit), none
-    // of them right.
+    // 250 well-formed entries (about 12 KB, under the HTTP listeners' 16 KiB head limit, so
+    // the signature check is what meets them), none of them right.
     let entry = format!("v1,{}", "A".repeat(43) + "=");
-    let flood = vec![entry; 8_000].join(" ");
+    let flood = vec![entry; 250].join(" ");
     let stamp = now_secs().to_string();
     let mut requests = Vec::new();
     for n in 0..2 {
