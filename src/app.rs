@@ -364,7 +364,9 @@ impl Relay {
                 stats: admin::stats_cache::StatsCache::new(admin::stats_cache::STATS_MAX_AGE),
                 log_budget: crate::log_budget::LogBudget::new("admin"),
                 login_throttle: Default::default(),
-                ready_probe: admin::health::ReadyProbe::new(admin::health::READY_PROBE_MAX_AGE),
+                ready_probe: admin::ready_probe::ReadyProbe::new(
+                    admin::ready_probe::READY_PROBE_MAX_AGE,
+                ),
             });
             admin_addr = Some(addr);
             admin_task = Some(tokio::spawn(admin::serve(

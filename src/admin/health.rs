@@ -1,7 +1,7 @@
 //! `/healthz` (the process is up), `/readyz` (it can take and move mail) and `/metrics`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -9,7 +9,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::state::AdminState;
-use crate::intake::Intake;
 use crate::metrics::{Format, PauseReason, Snapshot};
 
 pub(crate) async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
@@ -18,39 +17,6 @@ pub(crate) async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
     Json(serde_json::json!({ "status": "ok" })).into_response()
-}
-
-/// How long a store probe's result answers `/readyz`. A probe is a write transaction: a
-/// load balancer (or anyone) asking many times a second must not put that many writes in
-/// front of the mail. A second is well inside any probe period worth configuring.
-pub(crate) const READY_PROBE_MAX_AGE: Duration = Duration::from_secs(1);
-
-/// The last store probe `/readyz` ran, with its time. One probe at a time: callers arriving
-/// while it runs wait for its result instead of starting their own.
-pub(crate) struct ReadyProbe {
-    last: tokio::sync::Mutex<Option<(Instant, bool)>>,
-    max_age: Duration,
-}
-
-impl ReadyProbe {
-    pub(crate) fn new(max_age: Duration) -> ReadyProbe {
-        ReadyProbe {
-            last: tokio::sync::Mutex::new(None),
-            max_age,
-        }
-    }
-
-    async fn writable(&self, intake: &Intake) -> bool {
-        let mut last = self.last.lock().await;
-        if let Some((at, writable)) = *last {
-            if at.elapsed() < self.max_age {
-                return writable;
-            }
-        }
-        let writable = intake.check_store().await;
-        *last = Some((Instant::now(), writable));
-        writable
-    }
 }
 
 /// Ready or not, and why in a word, to anyone: load balancers carry no credentials. The
@@ -83,7 +49,7 @@ pub(crate) async fn readyz(State(state): State<Arc<AdminState>>, headers: Header
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    if !super::authorized(&state, &headers) {
+    if !super::state::authorized(&state, &headers) {
         let body = serde_json::json!({ "ready": ready, "status": word });
         return (status, Json(body)).into_response();
     }

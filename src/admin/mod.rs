@@ -16,6 +16,7 @@ pub(crate) mod health;
 pub(crate) mod healthcheck;
 pub(crate) mod login_throttle;
 pub(crate) mod ops;
+pub(crate) mod ready_probe;
 pub(crate) mod state;
 pub(crate) mod stats_cache;
 pub(crate) mod view;
@@ -25,7 +26,7 @@ pub(crate) mod wire;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -34,7 +35,6 @@ use tokio::net::TcpListener;
 
 use crate::http_serve::{self, HttpLimits};
 use crate::shutdown::Stop;
-use state::constant_time_eq;
 pub(crate) use state::{error, AdminState};
 
 pub(crate) fn router(state: Arc<AdminState>) -> Router {
@@ -85,21 +85,8 @@ pub(crate) async fn serve(
     http_serve::serve("admin", listener, None, app, limits, shutdown).await;
 }
 
-/// Whether a request passes the API's token check: it presents the configured token, or none
-/// is configured.
-pub(crate) fn authorized(state: &AdminState, headers: &HeaderMap) -> bool {
-    let Some(token) = &state.token else {
-        return true;
-    };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    presented.is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes()))
-}
-
 async fn bearer(State(state): State<Arc<AdminState>>, request: Request, next: Next) -> Response {
-    match authorized(&state, request.headers()) {
+    match state::authorized(&state, request.headers()) {
         true => next.run(request).await,
         false => {
             if state.log_budget.allow() {
@@ -124,7 +111,7 @@ async fn bearer(State(state): State<Arc<AdminState>>, request: Request, next: Ne
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::state::constant_time_eq;
 
     #[test]
     fn token_comparison() {

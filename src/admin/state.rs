@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tokio::sync::Notify;
@@ -49,8 +49,8 @@ pub(crate) struct AdminState {
     pub log_budget: crate::log_budget::LogBudget,
     /// Wrong admin tokens at the console's login form.
     pub login_throttle: super::login_throttle::LoginThrottle,
-    /// `/readyz`'s store probe, run at most once per `health::READY_PROBE_MAX_AGE`.
-    pub ready_probe: super::health::ReadyProbe,
+    /// `/readyz`'s store probe, run at most once per `ready_probe::READY_PROBE_MAX_AGE`.
+    pub ready_probe: super::ready_probe::ReadyProbe,
 }
 
 /// A JSON error body: `{"error": "...", "code": "..."}`.
@@ -65,4 +65,17 @@ pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) 
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     use subtle::ConstantTimeEq;
     bool::from(a.ct_eq(b))
+}
+
+/// Whether a request passes the API's token check: it presents the configured token, or none
+/// is configured.
+pub(crate) fn authorized(state: &AdminState, headers: &HeaderMap) -> bool {
+    let Some(token) = &state.token else {
+        return true;
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    presented.is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes()))
 }
