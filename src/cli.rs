@@ -263,12 +263,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 CompletionShell::Fish => clap_complete::Shell::Fish,
             };
             let mut command = Cli::command();
-            clap_complete::generate(shell, &mut command, "idemrelay", &mut std::io::stdout());
-            Ok(())
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "idemrelay", &mut script);
+            write_stdout(&script)
         }
         Command::Man => {
-            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
-            Ok(())
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+            write_stdout(&page)
         }
         // main.rs hands `idemrelay [global flags] sendmail ...` over before clap; this is
         // reached only by lines it leaves to clap (a global flag's value that is not UTF-8).
@@ -282,6 +284,18 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 .build()?
                 .block_on(crate::sink::run(config))
         }
+    }
+}
+
+/// Writes a generated text to stdout. A reader that stops early (`| head`) closes the pipe:
+/// that is the reader's choice, not an error of this command's, so it ends quietly with 0
+/// (clap_complete's own writer would panic with a backtrace).
+fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
     }
 }
 

@@ -383,6 +383,29 @@ fn the_systemd_unit_is_hardened_and_verifies() {
     assert!(out.status.success() && report.trim().is_empty(), "{report}");
 }
 
+/// `idemrelay completions bash | head` and `idemrelay man | head`: a reader that stops early
+/// is not an error of the command's (no panic, no backtrace, exit 0). Here the pipe's
+/// reading end is closed before the command starts, so every write meets a closed pipe.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    for args in [&["completions", "bash"][..], &["man"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = idemrelay()
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert!(
+            out.status.success() && !stderr.contains("panicked"),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+    }
+}
+
 #[test]
 fn completions_and_the_man_page_come_from_the_cli() {
     let dir = tempfile::tempdir().unwrap();
