@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::delivery::retry::RetryPolicy;
 use crate::delivery::upstream::PhaseTimeouts;
 
-/// How accepted messages are forwarded upstream (DESIGN §2).
+/// How accepted messages are forwarded upstream (README "What delivery does").
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeliveryConfig {

@@ -1,4 +1,4 @@
-//! Circuit breaker for the upstream (DESIGN §2): a run of transient/unknown failures stops
+//! Circuit breaker for the upstream (README "What delivery does"): a run of transient/unknown failures stops
 //! all attempts for a cooldown, then one probe decides whether traffic resumes.
 //!
 //! Time is passed in, so the breaker is a plain value a worker keeps behind its own lock.

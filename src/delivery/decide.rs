@@ -1,4 +1,4 @@
-//! What the relay does about one message, as data (DESIGN §2): before an attempt, whether it
+//! What the relay does about one message, as data (README "What delivery does"): before an attempt, whether it
 //! may be sent at all; after it, the ledger row, what becomes of the message, the account
 //! pause, what the breaker and the pace learn, and the metric label. The worker only carries
 //! these out (claim, intent, send, settle), so the exactly-once policy is read here, not in

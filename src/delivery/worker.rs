@@ -58,7 +58,7 @@ struct Shared {
     alive_until: Mutex<Instant>,
 }
 
-/// How often each relay process writes its heartbeat (DESIGN §2 "Liveness").
+/// How often each relay process writes its heartbeat (README "Running several instances (Postgres)").
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 /// A process whose heartbeat is older than this is dead: its leases are taken over.
 pub(crate) const STALE_AFTER: Duration = Duration::from_secs(10);
