@@ -17,7 +17,7 @@ use super::state::{error, AdminState};
 use super::waiting::RelayFacts;
 use super::wire::{ListQuery, OPERATOR_HEADER};
 use crate::delivery::breaker::BreakerState;
-use crate::store::Operator;
+use crate::store::{Operator, Resolution};
 
 fn respond(result: OpResult) -> Response {
     match result {
@@ -87,6 +87,9 @@ pub(crate) struct ActionParams {
     reason: Option<String>,
     /// `duplicate-risk`, for a retry that may send a second copy.
     confirm: Option<String>,
+    /// `delivered` or `failed`: how a resolve closes an unresolved record.
+    #[serde(rename = "as")]
+    resolution: Option<String>,
 }
 
 /// Whether the request says its body is JSON (`application/json`, any parameters).
@@ -143,6 +146,9 @@ fn action_params(
 pub(crate) struct Action {
     by: Operator,
     confirm: Option<String>,
+    resolution: Option<String>,
+    /// The body named a reason (`by.reason` says "no reason given" otherwise).
+    reason_given: bool,
 }
 
 impl FromRequest<Arc<AdminState>> for Action {
@@ -166,9 +172,15 @@ impl FromRequest<Arc<AdminState>> for Action {
             .map_err(IntoResponse::into_response)?;
         let params =
             action_params(&method, &uri, &headers, &body).map_err(|err| respond(Err(err)))?;
+        let reason_given = params
+            .reason
+            .as_deref()
+            .is_some_and(|r| !r.trim().is_empty());
         Ok(Action {
+            reason_given,
             by: operator(state, &headers, params.reason),
             confirm: params.confirm,
+            resolution: params.resolution,
         })
     }
 }
@@ -189,7 +201,9 @@ fn operator(state: &AdminState, headers: &HeaderMap, reason: Option<String>) -> 
         .get(OPERATOR_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim())
-        .filter(|v| !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_graphic()));
+        .filter(|v| {
+            !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c == ' ' || c.is_ascii_graphic())
+        });
     if let Some(person) = claimed {
         actor.push_str(&format!(" ({person})"));
     }
@@ -251,6 +265,51 @@ pub(crate) async fn cancel(
         return bad_request("bad_body", "cancel takes no confirmation");
     }
     respond(ops::cancel(state.store.as_ref(), &id, &action.by).await)
+}
+
+/// `{"as": "delivered"|"failed", "reason": "..."}`: closes an unresolved record without
+/// sending it again. The reason is required: it is what the next person reads.
+pub(crate) async fn resolve(
+    State(state): State<Arc<AdminState>>,
+    Path(id): Path<String>,
+    action: Action,
+) -> Response {
+    if action.confirm.is_some() {
+        return bad_request("bad_body", "resolve takes no confirmation");
+    }
+    let names = || {
+        Resolution::ALL
+            .iter()
+            .map(|r| format!("{:?}", r.as_str()))
+            .collect::<Vec<_>>()
+            .join(" or ")
+    };
+    let Some(resolution) = action.resolution.as_deref() else {
+        return bad_request(
+            "resolution_required",
+            format!(
+                "say how the record ends: {{\"as\": {}, \"reason\": \"...\"}}",
+                names()
+            ),
+        );
+    };
+    let Some(resolution) = Resolution::parse(resolution) else {
+        return bad_request(
+            "bad_resolution",
+            format!("\"as\": {resolution:?}: the record ends as {}", names()),
+        );
+    };
+    if !action.reason_given {
+        return bad_request(
+            "reason_required",
+            "resolve needs a reason (what the upstream's records showed): {\"as\": ..., \"reason\": \"...\"}",
+        );
+    }
+    let result = ops::resolve(state.store.as_ref(), &id, resolution, &action.by).await;
+    if result.is_ok() {
+        state.stats.forget().await;
+    }
+    respond(result)
 }
 
 pub(crate) async fn flush(

@@ -45,6 +45,7 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router {
         .route("/api/v1/messages/{id}/cancel", post(api::cancel))
         .route("/api/v1/messages/{id}/retry", post(api::retry))
         .route("/api/v1/messages/{id}/flush", post(api::flush))
+        .route("/api/v1/messages/{id}/resolve", post(api::resolve))
         .route("/api/v1/queue/flush", post(api::flush_all))
         .route("/api/v1/queue/pause", post(api::pause))
         .route("/api/v1/queue/resume", post(api::resume))

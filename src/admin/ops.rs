@@ -10,7 +10,8 @@ use super::view::{action_json, show_json, summary_json};
 use super::waiting::{why_waiting, RecordFacts, RelayFacts};
 use crate::delivery::breaker::BreakerState;
 use crate::store::{
-    Action, Flush, ListFilter, Operator, Requeue, Retention, State, Store, StoreError,
+    Action, Flush, ListFilter, Operator, Requeue, Resolution, Resolve, Retention, State, Store,
+    StoreError,
 };
 
 /// A refusal or failure, with the status the API answers it with.
@@ -209,6 +210,32 @@ pub(crate) async fn cancel(store: &dyn Store, id: &str, by: &Operator) -> OpResu
             ),
         ),
     })
+}
+
+/// Closes an `unresolved` record as delivered or failed after the operator has checked the
+/// upstream's own records: nothing is sent again, and no DSN goes out.
+pub(crate) async fn resolve(
+    store: &dyn Store,
+    id: &str,
+    resolution: Resolution,
+    by: &Operator,
+) -> OpResult {
+    match store.resolve(id, resolution, by).await? {
+        Resolve::Resolved => {
+            log_action(Action::Resolve, Some(id), by, Some(resolution.as_str()));
+            Ok(json!({ "id": id, "state": resolution.state().as_str(), "resolved": true }))
+        }
+        Resolve::NotFound => Err(OpError::not_found(id)),
+        Resolve::WrongState(state) => Err(OpError::new(
+            StatusCode::CONFLICT,
+            "wrong_state",
+            format!(
+                "{id} is {}: only unresolved records are resolved (a queued one is cancelled, \
+                 a finished one keeps its outcome)",
+                state.as_str()
+            ),
+        )),
+    }
 }
 
 pub(crate) async fn flush(store: &dyn Store, id: &str, by: &Operator) -> OpResult {

@@ -44,6 +44,12 @@ impl StatsCache {
         *last = Some((Instant::now(), stats.clone()));
         Ok(stats)
     }
+
+    /// After an operator changed a record's state: the next scrape counts afresh, so that
+    /// an alert on the old count (an unresolved record just resolved) clears at once.
+    pub(crate) async fn forget(&self) {
+        *self.last.lock().await = None;
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use crate::admin::client::AdminClient;
 use crate::admin::ops::{self, OpError, OpResult};
 use crate::admin::wire::{encode, ListQuery};
 use crate::config::Settings;
-use crate::store::{Operator, Retention, Store};
+use crate::store::{Operator, Resolution, Retention, Store};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum QueueCommand {
@@ -70,6 +70,20 @@ pub(crate) enum QueueCommand {
         /// Why (recorded with who did it).
         #[arg(long)]
         reason: Option<String>,
+    },
+    /// Close an `unresolved` record as delivered or failed, without sending it again and
+    /// without a DSN, once the upstream's own records (its logs, message search or support)
+    /// have told what became of the lost attempt.
+    Resolve {
+        #[command(flatten)]
+        record: RecordArg,
+        /// How the record ends: `delivered` (the upstream has it) or `failed` (it never got
+        /// there and will not be sent).
+        #[arg(long = "as", value_name = "OUTCOME", value_parser = ["delivered", "failed"])]
+        resolution: String,
+        /// What the upstream's records showed (required: recorded with who did it).
+        #[arg(long)]
+        reason: String,
     },
     /// Make a queued record (or, with --all, every waiting one) due now; records a worker
     /// holds are left alone, and a pause still holds them all.
@@ -363,6 +377,21 @@ impl Queue {
         }
     }
 
+    /// POST `/api/v1/messages/{id}/resolve`, or the same operation on the store.
+    async fn resolve(&self, id: &str, resolution: Resolution, reason: String) -> OpResult {
+        match self {
+            Queue::Api(api) => {
+                let path = format!("/api/v1/messages/{}/resolve", encode(id));
+                let body = serde_json::json!({ "as": resolution.as_str(), "reason": reason });
+                api.post(&path, body).await
+            }
+            Queue::Direct { store, .. } => {
+                let by = Queue::operator(Some(reason));
+                ops::resolve(store.as_ref(), id, resolution, &by).await
+            }
+        }
+    }
+
     /// An action on the whole relay: POST `/api/v1/queue/{action}`, or the same operation on
     /// the store.
     async fn relay_act(&self, action: RelayAction, reason: Option<String>) -> OpResult {
@@ -502,6 +531,19 @@ async fn execute(
             let id = queue.id_of(&record, scope).await?;
             queue.act(&id, RecordAction::Cancel, reason, false).await?;
             format!("cancelled {id}: no DSN sent\n")
+        }
+        QueueCommand::Resolve {
+            record,
+            resolution,
+            reason,
+        } => {
+            let id = queue.id_of(&record, scope).await?;
+            let resolution = Resolution::parse(&resolution).expect("clap checks the values");
+            queue.resolve(&id, resolution, reason).await?;
+            format!(
+                "resolved {id} as {}: not sent again, no DSN\n",
+                resolution.as_str()
+            )
         }
         QueueCommand::Flush {
             id,

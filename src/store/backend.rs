@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use super::listing::{Cursor, ListFilter, Page, StateFilter};
 use super::record::{
     Action, ActionRow, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Flush, Insert,
-    MessageSummary, NewRecord, Operator, Pause, QueueStats, Requeue, Settle, State, StoreError,
-    StoredMessage,
+    MessageSummary, NewRecord, Operator, Pause, QueueStats, Requeue, Resolution, Resolve, Settle,
+    State, StoreError, StoredMessage,
 };
 use super::retention::Retention;
 use super::webhook::{EventRow, WebhookApplied, WebhookReceipt};
@@ -120,6 +120,15 @@ pub trait Store: Send + Sync {
     /// Cancels a queued record whose job is not leased right now (no DSN), recorded as
     /// `by`'s action in the same commit. False otherwise.
     async fn cancel(&self, id: &str, by: &Operator) -> Result<bool, StoreError>;
+
+    /// Closes an `unresolved` record as delivered or failed without sending it again,
+    /// recorded as `by`'s action in the same commit (no DSN).
+    async fn resolve(
+        &self,
+        id: &str,
+        resolution: Resolution,
+        by: &Operator,
+    ) -> Result<Resolve, StoreError>;
 
     /// Makes a queued record that no worker holds due now, recorded as `by`'s action.
     async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError>;

@@ -462,6 +462,8 @@ pub enum Action {
     Retry,
     Flush,
     Purge,
+    /// An `unresolved` record closed as delivered or failed, without a resend.
+    Resolve,
 }
 
 impl Action {
@@ -473,6 +475,7 @@ impl Action {
             Action::Retry => "retry",
             Action::Flush => "flush",
             Action::Purge => "purge",
+            Action::Resolve => "resolve",
         }
     }
 }
@@ -501,6 +504,50 @@ pub enum Flush {
     NotQueued(State),
     /// A worker holds it right now (an attempt may be under way): left alone.
     Leased,
+}
+
+/// How an operator closes an `unresolved` record once the upstream's own logs (or its support)
+/// have told what happened to the lost attempt. Nothing is sent again either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// The upstream has the message: the record is `delivered`.
+    Delivered,
+    /// The upstream never took it and it will not be sent: the record is `failed` (no DSN;
+    /// whoever resolves it tells the sender, as with a cancel).
+    Failed,
+}
+
+impl Resolution {
+    pub const ALL: [Resolution; 2] = [Resolution::Delivered, Resolution::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolution::Delivered => "delivered",
+            Resolution::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+
+    /// The record's state once resolved this way.
+    pub fn state(self) -> State {
+        match self {
+            Resolution::Delivered => State::Delivered,
+            Resolution::Failed => State::Failed,
+        }
+    }
+}
+
+/// What `resolve` did to one record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolve {
+    /// Closed; the record is in the resolution's state.
+    Resolved,
+    NotFound,
+    /// Only `unresolved` records are resolved this way.
+    WrongState(State),
 }
 
 /// A queued record under `key`, for the store's unit tests.

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use super::record::{
-    accepted_upstream_id, report_damage, AttemptResult, Flush, NewRecord, Requeue, Settle, State,
+    accepted_upstream_id, report_damage, AttemptResult, Flush, NewRecord, Operator, Requeue,
+    Resolution, Resolve, Settle, State,
 };
 
 /// The reply a cancelled record keeps.
@@ -162,6 +163,30 @@ pub(crate) fn cancel(found: Option<CancelFacts>) -> Option<Finish> {
     })
 }
 
+/// Only an `unresolved` record is resolved by an operator: it ends in the resolution's state,
+/// its reply saying who closed it and why (the ledger keeps the attempts' own replies). Its
+/// job row is long gone (parking removed it), so no worker can be delivering it.
+pub(crate) fn resolve(
+    found: Option<State>,
+    resolution: Resolution,
+    by: &Operator,
+) -> Result<Finish, Resolve> {
+    match found {
+        None => Err(Resolve::NotFound),
+        Some(State::Unresolved) => Ok(Finish {
+            state: resolution.state(),
+            upstream_reply: format!(
+                "resolved as {} by an operator ({}), not sent again: {}",
+                resolution.as_str(),
+                by.actor,
+                by.reason
+            ),
+            close_open_intents: true,
+        }),
+        Some(other) => Err(Resolve::WrongState(other)),
+    }
+}
+
 /// A record whose body cannot be used is failed with the reason, so that it never blocks the
 /// queue and is never forwarded. Logs the ALERT an operator acts on.
 pub(crate) fn damaged(id: &str, reason: &str) -> Finish {
@@ -240,6 +265,33 @@ pub(crate) fn confirmation_reason(id: &str, state: State) -> String {
 mod tests {
     use super::*;
     use crate::store::record::test_record;
+
+    #[test]
+    fn only_an_unresolved_record_is_resolved_and_its_reply_says_by_whom() {
+        let by = Operator {
+            actor: "admin_token (ann)".into(),
+            reason: "upstream log shows 250 for it".into(),
+        };
+        for resolution in Resolution::ALL {
+            let finish = resolve(Some(State::Unresolved), resolution, &by).unwrap();
+            assert_eq!(finish.state, resolution.state());
+            assert_eq!(
+                finish.upstream_reply,
+                format!(
+                    "resolved as {} by an operator (admin_token (ann)), not sent again: \
+                     upstream log shows 250 for it",
+                    resolution.as_str()
+                )
+            );
+            assert_eq!(resolve(None, resolution, &by), Err(Resolve::NotFound));
+            for state in State::ALL.into_iter().filter(|s| *s != State::Unresolved) {
+                assert_eq!(
+                    resolve(Some(state), resolution, &by),
+                    Err(Resolve::WrongState(state))
+                );
+            }
+        }
+    }
 
     #[test]
     fn requeue_by_state_content_and_ledger() {

@@ -253,6 +253,100 @@ async fn an_unresolved_record_is_requeued_only_with_the_confirmation() {
     assert_eq!(copies, 1);
 }
 
+/// An operator who has checked the upstream's records closes an unresolved record as
+/// delivered (or failed): no attempt is made, nothing reaches the upstream again, the history
+/// says who and why, and the unresolved gauge drops at the next scrape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_record_is_resolved_without_a_resend_and_its_gauge_drops() {
+    let (sink, relay) = common::relay_whose_attempts_end_unknown().await;
+    let admin = relay.admin();
+    let delivered = submit(
+        &relay,
+        "a@example.com",
+        &message(Some("adm-res-1"), "s", "b"),
+    )
+    .await;
+    let failed = submit(
+        &relay,
+        "b@example.com",
+        &message(Some("adm-res-2"), "s", "b"),
+    )
+    .await;
+    wait_state(&relay, &delivered, State::Unresolved).await;
+    wait_state(&relay, &failed, State::Unresolved).await;
+    sink.set_faults(vec![]).unwrap();
+    let unresolved_gauge = |page: &str| sample(page, "idemrelay_queue_depth{state=\"unresolved\"}");
+    assert_eq!(unresolved_gauge(&scrape(admin, None).await.body), Some(2.0));
+    let attempts_before = relay.store().attempts(&delivered).await.unwrap().len();
+    let copies_before = sink.messages().len();
+
+    let path = format!("/api/v1/messages/{delivered}/resolve");
+    for (body, code) in [
+        (r#"{"reason": "seen upstream"}"#, "resolution_required"),
+        (
+            r#"{"as": "sent", "reason": "seen upstream"}"#,
+            "bad_resolution",
+        ),
+        (r#"{"as": "delivered"}"#, "reason_required"),
+        (r#"{"as": "delivered", "reason": "  "}"#, "reason_required"),
+    ] {
+        let refused = post_json(admin, &path, None, body).await;
+        assert_eq!(refused.status, 400, "{body}: {}", refused.body);
+        assert_eq!(refused.json()["code"], code, "{body}");
+    }
+    assert_eq!(relay.stored(&delivered).await.state, State::Unresolved);
+
+    let reason = r#"{"as": "delivered", "reason": "upstream log: 250 queued as 9f2c"}"#;
+    let done = post_json(admin, &path, None, reason).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(done.json()["state"], "delivered");
+    let done = post_json(
+        admin,
+        &format!("/api/v1/messages/{failed}/resolve"),
+        None,
+        r#"{"as": "failed", "reason": "upstream has no trace of it"}"#,
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    // Gauges follow at once: the scrape after an operator's change counts afresh.
+    let page = scrape(admin, None).await.body;
+    assert_eq!(unresolved_gauge(&page), Some(0.0), "{page}");
+
+    let shown = get(admin, &format!("/api/v1/messages/{delivered}"), None)
+        .await
+        .json();
+    assert_eq!(shown["state"], "delivered");
+    let reply = shown["upstream_reply"].as_str().unwrap();
+    assert!(
+        reply.contains("resolved as delivered") && reply.contains("9f2c"),
+        "{reply}"
+    );
+    let history = shown["history"].as_array().expect("history");
+    assert!(
+        history.iter().any(|a| a["action"] == "resolve"
+            && a["detail"] == "delivered"
+            && a["reason"] == "upstream log: 250 queued as 9f2c"),
+        "{history:?}"
+    );
+    assert_eq!(relay.stored(&failed).await.state, State::Failed);
+
+    // Nothing more is sent, and no DSN: no attempt, no new message at the upstream.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        relay.store().attempts(&delivered).await.unwrap().len(),
+        attempts_before
+    );
+    assert_eq!(sink.messages().len(), copies_before);
+    assert_eq!(relay.stored(&delivered).await.state, State::Delivered);
+
+    // A record that is not unresolved keeps its outcome.
+    let again = post_json(admin, &path, None, reason).await;
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert_eq!(again.json()["code"], "wrong_state");
+    let missing = post_json(admin, "/api/v1/messages/nope/resolve", None, reason).await;
+    assert_eq!(missing.status, 404);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_record_is_cancelled_with_delete() {
     let sink = start_sink().await;

@@ -14,8 +14,8 @@ use idemrelay::sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use idemrelay::smtp::server::ListenerKind;
 use idemrelay::store::{
     self, Action, ActionRow, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Flush,
-    Insert, ListFilter, NewRecord, Operator, Page, Pause, QueueStats, Requeue, Retention, Settle,
-    State, Store, StoreError, StoredMessage,
+    Insert, ListFilter, NewRecord, Operator, Page, Pause, QueueStats, Requeue, Resolution, Resolve,
+    Retention, Settle, State, Store, StoreError, StoredMessage,
 };
 
 async fn wait_terminal(relay: &TestRelay, id: &str, limit: Duration) -> State {
@@ -340,6 +340,14 @@ impl Store for FlakyIntent {
     }
     async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError> {
         self.inner.flush_all(by).await
+    }
+    async fn resolve(
+        &self,
+        id: &str,
+        resolution: Resolution,
+        by: &Operator,
+    ) -> Result<Resolve, StoreError> {
+        self.inner.resolve(id, resolution, by).await
     }
     async fn record_action(
         &self,

@@ -31,7 +31,8 @@ use super::waiting::{why_waiting, RecordFacts, RelayFacts, Waiting};
 use super::wire::ListQuery;
 use crate::delivery::breaker::BreakerState;
 use crate::store::{
-    AttemptRow, ListFilter, Operator, State as RecordState, StateFilter, StoreError, StoredMessage,
+    AttemptRow, ListFilter, Operator, Resolution, State as RecordState, StateFilter, StoreError,
+    StoredMessage,
 };
 use session::ConsoleLogin;
 
@@ -55,6 +56,7 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router<Arc<AdminState>> {
             get(retry_confirm).post(retry),
         )
         .route("/console/messages/{id}/cancel", post(cancel))
+        .route("/console/messages/{id}/resolve", post(resolve))
         .route("/console/messages/{id}/flush", post(flush))
         .route("/console/flush", post(flush_all))
         .route("/console/pause", post(pause))
@@ -247,7 +249,7 @@ async fn login(State(state): State<Arc<AdminState>>, Form(form): Form<LoginForm>
         return html(
             StatusCode::BAD_REQUEST,
             pages::login(Some(
-                "A name is up to 64 letters, digits, spaces and . - _ @ '",
+                "A name is up to 64 characters, without line breaks or other control characters.",
             )),
         );
     }
@@ -594,6 +596,9 @@ struct ActionForm {
     csrf: Option<String>,
     reason: Option<String>,
     confirm: Option<String>,
+    /// `delivered` or `failed`, for a resolve.
+    #[serde(rename = "as")]
+    resolution: Option<String>,
 }
 
 /// An action form's request, as every action handler takes it: how the request was let in,
@@ -603,6 +608,9 @@ struct Action {
     access: Access,
     by: Operator,
     confirm: Option<String>,
+    resolution: Option<String>,
+    /// The form named a reason (`by.reason` says "no reason given" otherwise).
+    reason_given: bool,
 }
 
 impl FromRequest<Arc<AdminState>> for Action {
@@ -627,9 +635,12 @@ impl FromRequest<Arc<AdminState>> for Action {
                 pages::notice("Not allowed", CHANGES_NEED_TOKEN, Some(&access.csrf)),
             ));
         }
+        let reason_given = form.reason.as_deref().is_some_and(|r| !r.trim().is_empty());
         Ok(Action {
+            reason_given,
             by: operator(state, &access, form.reason),
             confirm: form.confirm,
+            resolution: form.resolution,
             access,
         })
     }
@@ -659,6 +670,32 @@ async fn cancel(
     action: Action,
 ) -> Response {
     let result = ops::cancel(state.store.as_ref(), &id, &action.by).await;
+    after_action(result, &pages::message_href(&id), &action.access)
+}
+
+/// `ops::resolve`, as `POST /api/v1/messages/{id}/resolve` runs it (the form's reason field
+/// is required, as the API requires one).
+async fn resolve(
+    State(state): State<Arc<AdminState>>,
+    Path(id): Path<String>,
+    action: Action,
+) -> Response {
+    let resolution = action.resolution.as_deref().and_then(Resolution::parse);
+    let Some(resolution) = resolution.filter(|_| action.reason_given) else {
+        return html(
+            StatusCode::BAD_REQUEST,
+            pages::notice(
+                "Not done",
+                "Choose how the record ends (delivered or failed) and say what the upstream's \
+                 records showed.",
+                Some(&action.access.csrf),
+            ),
+        );
+    };
+    let result = ops::resolve(state.store.as_ref(), &id, resolution, &action.by).await;
+    if result.is_ok() {
+        state.stats.forget().await;
+    }
     after_action(result, &pages::message_href(&id), &action.access)
 }
 

@@ -162,6 +162,23 @@ fn action_form(action: &str, button: &str, csrf: &str, id: &str) -> Markup {
     }
 }
 
+/// Closing an unresolved record by hand: after checking the upstream's own records, the
+/// operator says what became of it. Nothing is sent again either way.
+fn resolve_form(action: &str, csrf: &str) -> Markup {
+    html! {
+        form.inline method="post" action=(action) id="resolve" {
+            input type="hidden" name="csrf" value=(csrf);
+            "Checked the upstream? Close it without sending again: "
+            label { input type="radio" name="as" value="delivered" required; " delivered" }
+            " "
+            label { input type="radio" name="as" value="failed"; " failed (no DSN)" }
+            " "
+            label { "Reason " input type="text" name="reason" required placeholder="what the upstream's records showed"; }
+            button type="submit" { "Resolve" }
+        }
+    }
+}
+
 fn actions_table(id: &str, actions: &[ActionRow]) -> Markup {
     html! {
         table id=(id) {
@@ -391,6 +408,9 @@ pub(crate) fn message(p: &MessagePage<'_>, csrf: &str) -> Markup {
             }
             p { (action_form(&format!("{href}/flush"), "Flush: attempt now", csrf, "flush")) }
             p { (action_form(&format!("{href}/cancel"), "Cancel delivery", csrf, "cancel")) }
+        }
+        @if m.state == State::Unresolved {
+            (resolve_form(&format!("{href}/resolve"), csrf))
         }
         h2 { "Envelope" }
         table #envelope {

@@ -19,8 +19,8 @@ use crate::store::listing::{self, ListFilter, Page};
 use crate::store::migrate::{self, Embedded};
 use crate::store::record::{
     queue_stats, retention_ms, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed,
-    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, Requeue, Settle,
-    State, StoreError, StoredMessage, FORGET_PROCESS_AFTER,
+    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, Requeue,
+    Resolution, Resolve, Settle, State, StoreError, StoredMessage, FORGET_PROCESS_AFTER,
 };
 use crate::store::retention::Retention;
 use crate::store::rows;
@@ -455,6 +455,15 @@ impl Store for PostgresStore {
 
     async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError> {
         write::flush(&self.pool, id, by).await
+    }
+
+    async fn resolve(
+        &self,
+        id: &str,
+        resolution: Resolution,
+        by: &Operator,
+    ) -> Result<Resolve, StoreError> {
+        write::resolve(&self.pool, id, resolution, by).await
     }
 
     async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError> {

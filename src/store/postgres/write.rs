@@ -8,7 +8,7 @@ use sqlx::Row;
 use super::webhook;
 use crate::store::record::{
     body_checksum, retention_ms, Action, AttemptResult, Flush, NewRecord, Operator, Requeue,
-    Settle, State, StoreError,
+    Resolution, Resolve, Settle, State, StoreError,
 };
 use crate::store::transition::{self, CancelFacts, FlushFacts, RequeueFacts};
 
@@ -410,6 +410,55 @@ pub(super) async fn cancel(pool: &PgPool, id: &str, by: &Operator) -> Result<boo
     record_action(&mut tx, Some(id), Action::Cancel, by, None, now).await?;
     tx.commit().await?;
     Ok(true)
+}
+
+pub(super) async fn resolve(
+    pool: &PgPool,
+    id: &str,
+    resolution: Resolution,
+    by: &Operator,
+) -> Result<Resolve, StoreError> {
+    let mut tx = pool.begin().await?;
+    let now = db_now(&mut tx).await?;
+    // The row lock orders this against a webhook event resolving the same record.
+    let state: Option<String> =
+        sqlx::query_scalar("SELECT state FROM messages WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let found = state.map(|s| parse_state(id, &s)).transpose()?;
+    let finish = match transition::resolve(found, resolution, by) {
+        Ok(finish) => finish,
+        Err(refusal) => {
+            tx.rollback().await?;
+            return Ok(refusal);
+        }
+    };
+    if finish.close_open_intents {
+        close_open_intents(&mut tx, id, now).await?;
+    }
+    sqlx::query(
+        "UPDATE messages SET state = $1, finished_at = $2, upstream_reply = $3
+         WHERE id = $4",
+    )
+    .bind(finish.state.as_str())
+    .bind(now)
+    .bind(&finish.upstream_reply)
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    delete_job(&mut tx, id).await?;
+    record_action(
+        &mut tx,
+        Some(id),
+        Action::Resolve,
+        by,
+        Some(resolution.as_str()),
+        now,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Resolve::Resolved)
 }
 
 pub(super) async fn flush(pool: &PgPool, id: &str, by: &Operator) -> Result<Flush, StoreError> {

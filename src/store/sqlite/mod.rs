@@ -19,8 +19,8 @@ use crate::store::listing::{self, ListFilter, Page};
 use crate::store::migrate::{self, Embedded};
 use crate::store::record::{
     now_ms, queue_stats, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed,
-    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, Requeue, Settle,
-    State, StoreError, StoredMessage,
+    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, Requeue,
+    Resolution, Resolve, Settle, State, StoreError, StoredMessage,
 };
 use crate::store::retention::Retention;
 use crate::store::rows;
@@ -417,6 +417,18 @@ impl Store for SqliteStore {
         let (id, by) = (id.to_string(), by.clone());
         self.writer
             .write(move |conn| write::flush(conn, &id, &by))
+            .await
+    }
+
+    async fn resolve(
+        &self,
+        id: &str,
+        resolution: Resolution,
+        by: &Operator,
+    ) -> Result<Resolve, StoreError> {
+        let (id, by) = (id.to_string(), by.clone());
+        self.writer
+            .write(move |conn| write::resolve(conn, &id, resolution, &by))
             .await
     }
 

@@ -11,7 +11,7 @@ use super::spool::{Spool, SpoolReader, WithSpool, SPOOL_MIN};
 use super::webhook;
 use crate::store::record::{
     body_checksum, now_ms, retention_ms, Action, AttemptResult, Claimed, Flush, Insert, NewRecord,
-    Operator, Requeue, Settle, State, StoreError, FORGET_PROCESS_AFTER,
+    Operator, Requeue, Resolution, Resolve, Settle, State, StoreError, FORGET_PROCESS_AFTER,
 };
 use crate::store::retention::Retention;
 use crate::store::rows;
@@ -609,6 +609,34 @@ pub(crate) fn cancel(conn: &Connection, id: &str, by: &Operator) -> Result<bool,
     finish_record(conn, id, &finish, None, now)?;
     record_action(conn, Some(id), Action::Cancel, by, None, now)?;
     Ok(true)
+}
+
+pub(crate) fn resolve(
+    conn: &Connection,
+    id: &str,
+    resolution: Resolution,
+    by: &Operator,
+) -> Result<Resolve, StoreError> {
+    let now = now_ms();
+    let state = conn
+        .prepare_cached("SELECT state FROM messages WHERE id = ?")?
+        .query_row([id], |row| row.get::<_, String>(0))
+        .optional()?;
+    let found = state.map(|s| parse_state(id, &s)).transpose()?;
+    let finish = match transition::resolve(found, resolution, by) {
+        Ok(finish) => finish,
+        Err(refusal) => return Ok(refusal),
+    };
+    finish_record(conn, id, &finish, None, now)?;
+    record_action(
+        conn,
+        Some(id),
+        Action::Resolve,
+        by,
+        Some(resolution.as_str()),
+        now,
+    )?;
+    Ok(Resolve::Resolved)
 }
 
 pub(crate) fn flush(conn: &Connection, id: &str, by: &Operator) -> Result<Flush, StoreError> {
