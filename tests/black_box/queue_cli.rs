@@ -330,6 +330,86 @@ async fn an_unresolved_message_is_retried_only_with_confirmation() {
     assert_eq!(copies, 1);
 }
 
+/// `queue resolve` closes unresolved records without sending them again: through the API as
+/// delivered, on the store itself (`--direct`) as failed; each is in the record's history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_message_is_resolved_by_hand_without_a_resend() {
+    let (sink, relay) = common::relay_whose_attempts_end_unknown().await;
+    let seen = submit(&relay, "a@example.com", &message(Some("res-1"), "s", "b")).await;
+    let lost = submit(&relay, "b@example.com", &message(Some("res-2"), "s", "b")).await;
+    wait_state(&relay, &seen, State::Unresolved).await;
+    wait_state(&relay, &lost, State::Unresolved).await;
+    sink.set_faults(vec![]).unwrap();
+    let copies = sink.messages().len();
+
+    // The reason and the outcome are both required.
+    let refusal = refused(&relay, &["resolve", &seen, "--as", "delivered"]).await;
+    assert!(refusal.stderr.contains("--reason"), "{}", refusal.stderr);
+    let refusal = refused(&relay, &["resolve", &seen, "--as", "sent", "--reason", "x"]).await;
+    assert!(refusal.stderr.contains("delivered"), "{}", refusal.stderr);
+
+    let done = ok(
+        &relay,
+        &[
+            "resolve",
+            "--key",
+            "res-1",
+            "--as",
+            "delivered",
+            "--reason",
+            "upstream log: 250 at 10:02",
+        ],
+    )
+    .await;
+    assert_eq!(
+        done.stdout,
+        format!("resolved {seen} as delivered: not sent again, no DSN\n")
+    );
+    let done = ok_via(
+        &relay,
+        Via::Store,
+        &[
+            "resolve",
+            &lost,
+            "--as",
+            "failed",
+            "--reason",
+            "no trace upstream",
+        ],
+    )
+    .await;
+    assert!(done.stdout.contains("as failed"), "{}", done.stdout);
+    assert!(
+        done.stderr.contains(&format!("id={lost}")) && done.stderr.contains("action=resolve"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(relay.stored(&seen).await.state, State::Delivered);
+    assert_eq!(relay.stored(&lost).await.state, State::Failed);
+
+    let show = ok(&relay, &["show", &seen, "--json"]).await.json();
+    let history = show["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{show}");
+    assert_eq!(history[0]["action"], "resolve");
+    assert_eq!(history[0]["detail"], "delivered");
+    assert_eq!(history[0]["reason"], "upstream log: 250 at 10:02");
+
+    // Resolved twice is refused; nothing went upstream again.
+    let again = refused(
+        &relay,
+        &["resolve", &seen, "--as", "failed", "--reason", "x"],
+    )
+    .await;
+    assert!(again.stderr.contains("only unresolved"), "{}", again.stderr);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(sink.messages().len(), copies);
+    let unresolved = ok(&relay, &["list", "--state", "unresolved"]).await.stdout;
+    assert!(
+        !unresolved.contains(&seen) && !unresolved.contains(&lost),
+        "{unresolved}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_message_is_cancelled_and_never_delivered() {
     let sink = start_sink().await;
