@@ -157,6 +157,7 @@ impl Relay {
                     missing_key: settings.missing_key,
                     retention: settings.retention_policy(),
                     in_progress_wait: settings.in_progress_wait,
+                    log_recipients: settings.log_recipients,
                     key_spaces: key_spaces(
                         &scope_upstreams,
                         settings.upstream.as_ref().map(|u| u.expose()),
@@ -319,6 +320,7 @@ impl Relay {
                     pause_probe_interval: d.pause_probe_interval,
                     max_per_connection: d.max_messages_per_connection,
                     idle_close: d.idle_close,
+                    log_recipients: settings.log_recipients,
                     metrics: metrics.clone(),
                 };
                 tracing::info!(upstream = %url.redacted(), "delivering upstream");

@@ -170,6 +170,11 @@ pub struct Settings {
     /// `hostname` (e.g. the name a reverse proxy forwards); any other `Host` is refused, which
     /// is what stops a DNS rebinding page.
     pub admin_hosts: Vec<String>,
+    /// Write the envelope (`from`, `to`) on each message's submission line and last delivery
+    /// line, so that "did ann@ get yesterday's mail?" can be answered from the logs after
+    /// retention removed the record. Off by default: addresses are personal data, and logs
+    /// are often kept longer and read by more people than the store.
+    pub log_recipients: bool,
     /// Delivery upstream (used only when `upstream` is set).
     pub delivery: DeliveryConfig,
     /// Listener for upstream events (`POST /webhooks/{name}`, README "Upstream events (webhooks)"); unset: off. TLS when
@@ -235,6 +240,7 @@ impl Default for Settings {
             admin_token: None,
             admin_allow_changes_without_token: false,
             admin_hosts: Vec::new(),
+            log_recipients: false,
             delivery: DeliveryConfig::default(),
             webhook_listen: None,
             webhooks: BTreeMap::new(),

@@ -42,6 +42,8 @@ pub(crate) struct DeliverySettings {
     pub pause_probe_interval: Duration,
     pub max_per_connection: usize,
     pub idle_close: Duration,
+    /// `log_recipients`: the last delivery line carries the envelope.
+    pub log_recipients: bool,
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
@@ -436,7 +438,7 @@ impl Worker {
                 latency_ms = latency.as_millis() as u64,
                 "attempt"
             );
-            self.log_final(&job, attempt, result, &settle, since_accepted);
+            self.log_final(&job, attempt, Some(result), &settle, since_accepted);
         } else {
             tracing::warn!(target: "idemrelay::attempt", id = %job.id, attempt, "lease lost before the outcome was written; the new holder decides");
         }
@@ -462,6 +464,10 @@ impl Worker {
             decision = %decision,
             "outcome unknown and the upstream window is over: parked for an operator"
         );
+        // Parked without a new attempt, it still ends with its `status=` line like any other.
+        let since_accepted =
+            Duration::from_millis(job.now_ms.saturating_sub(job.accepted_at_ms).max(0) as u64);
+        self.log_final(job, job.attempts, None, &settle, since_accepted);
         Ok(())
     }
 
@@ -539,12 +545,16 @@ impl Worker {
         &self,
         job: &Claimed,
         attempts: u32,
-        result: &AttemptResult,
+        result: Option<&AttemptResult>,
         settle: &Settle,
         since_accepted: Duration,
     ) {
         let key = job.key.as_deref().unwrap_or("-");
         let delay_ms = since_accepted.as_millis() as u64;
+        // Only with `log_recipients` (personal data: see the README's logging section).
+        let envelope = self.shared.settings.log_recipients;
+        let from = envelope.then(|| tracing::field::display(job.mail_from.as_str()));
+        let to = envelope.then(|| tracing::field::display(job.rcpt_to.join(",")));
         match settle {
             Settle::Delivered { upstream_reply } => {
                 tracing::info!(
@@ -554,6 +564,8 @@ impl Worker {
                     status = %"delivered",
                     attempts,
                     delay_ms,
+                    from,
+                    to,
                     reply = %upstream_reply,
                     "delivered"
                 );
@@ -572,8 +584,10 @@ impl Worker {
                     status = %"bounced",
                     attempts,
                     delay_ms,
-                    phase = %result.phase.unwrap_or("-"),
-                    code = result.code.unwrap_or(0),
+                    from,
+                    to,
+                    phase = %result.and_then(|r| r.phase).unwrap_or("-"),
+                    code = result.and_then(|r| r.code).unwrap_or(0),
                     enhanced = %enhanced,
                     reply = %upstream_reply,
                     dsn_id = %dsn_id,
@@ -587,6 +601,8 @@ impl Worker {
                 status = %"unresolved",
                 attempts,
                 delay_ms,
+                from,
+                to,
                 reply = %upstream_reply,
                 "unresolved: the upstream may or may not have the message; parked for an operator"
             ),

@@ -36,6 +36,8 @@ pub(crate) struct IntakeSettings {
     /// Each scope's upstream key space (`KeySpaces`): at start; a users file reload
     /// replaces it (`Intake::set_key_spaces`).
     pub key_spaces: KeySpaces,
+    /// `log_recipients`: the submission line carries the envelope.
+    pub log_recipients: bool,
 }
 
 /// Where each scope's mail goes, as the key the upstream sees needs it: `Some(key space)` for
@@ -282,6 +284,14 @@ impl Intake {
             message_id = %message_id,
             size = sub.message.len(),
             recipients = sub.envelope.rcpt_to.len(),
+            from = self
+                .settings
+                .log_recipients
+                .then(|| tracing::field::display(&sub.envelope.mail_from)),
+            to = self
+                .settings
+                .log_recipients
+                .then(|| tracing::field::display(sub.envelope.rcpt_to.join(","))),
             code = reply.code,
             reply = %reply.line(),
             "submission"

@@ -241,3 +241,229 @@ async fn an_admin_api_without_a_token_is_a_warning_at_start_even_on_loopback() {
         quiet.log()
     );
 }
+
+/// One line as logfmt, by go-logfmt's grammar (what Loki's `| logfmt`, Grafana and most
+/// logfmt tools use): space-separated pairs; a key is a run of bytes above space other than
+/// `=` and `"`; a value is bare (the same bytes) or double-quoted with backslash escapes; a
+/// key may stand alone (the time, level, target and words of the message do).
+fn logfmt_pairs(line: &str) -> Result<Vec<(String, Option<String>)>, String> {
+    let bytes = line.as_bytes();
+    let ident = |b: u8| b > b' ' && b != b'=' && b != b'"';
+    let (mut i, mut pairs) = (0, Vec::new());
+    while i < bytes.len() {
+        if bytes[i] == b' ' {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && ident(bytes[i]) {
+            i += 1;
+        }
+        if i == start {
+            return Err(format!(
+                "byte {i}: {:?} cannot start a key",
+                bytes[i] as char
+            ));
+        }
+        let key = line[start..i].to_string();
+        if i == bytes.len() || bytes[i] == b' ' {
+            pairs.push((key, None));
+            continue;
+        }
+        if bytes[i] != b'=' {
+            return Err(format!(
+                "byte {i}: {:?} inside key {key:?}",
+                bytes[i] as char
+            ));
+        }
+        i += 1;
+        if i < bytes.len() && bytes[i] == b'"' {
+            i += 1;
+            let mut value = String::new();
+            loop {
+                match bytes.get(i) {
+                    None => return Err(format!("unterminated quote in {key:?}")),
+                    Some(b'"') => break,
+                    Some(b'\\') => {
+                        value.push(*bytes.get(i + 1).ok_or("dangling escape")? as char);
+                        i += 2;
+                    }
+                    Some(_) => {
+                        let c = line[i..].chars().next().unwrap();
+                        value.push(c);
+                        i += c.len_utf8();
+                    }
+                }
+            }
+            i += 1;
+            if i < bytes.len() && bytes[i] != b' ' {
+                return Err(format!(
+                    "byte {i}: no space after the quoted value of {key:?}"
+                ));
+            }
+            pairs.push((key, Some(value)));
+        } else {
+            let start = i;
+            while i < bytes.len() && ident(bytes[i]) {
+                i += 1;
+            }
+            if i < bytes.len() && bytes[i] != b' ' {
+                return Err(format!(
+                    "byte {i}: {:?} inside the value of {key:?}",
+                    bytes[i] as char
+                ));
+            }
+            pairs.push((key, Some(line[start..i].to_string())));
+        }
+    }
+    Ok(pairs)
+}
+
+#[test]
+fn the_logfmt_reader_is_strict() {
+    let pairs =
+        logfmt_pairs(r#"2026-12-04T00:00:00.1Z  INFO a::b: words id=x reason="a \"b\"" n=1"#)
+            .unwrap();
+    assert_eq!(pairs[3], ("words".into(), None));
+    assert_eq!(pairs[5], ("reason".into(), Some("a \"b\"".into())));
+    for bad in [r#"key=a"b"#, r#"a "quoted" message"#, "a=b=c", r#"a="open"#] {
+        assert!(logfmt_pairs(bad).is_err(), "{bad}");
+    }
+}
+
+/// A day of a relay's life as the built binary logs it: a delivery, a bounce, a message whose
+/// reply is lost until it is parked, an operator action by a person whose name has spaces,
+/// a refused request. Every line parses as logfmt; every message ends with its `status=`
+/// line, the parked one included; with `log_recipients` those lines carry the envelope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_line_is_logfmt_and_every_message_ends_with_its_status() {
+    use common::Client;
+    use idemrelay::sink::{FaultRule, FaultStage};
+
+    let sink = common::start_sink().await;
+    sink.set_faults(vec![
+        FaultRule::reply(FaultStage::Rcpt, 550, "5.1.1 no such user").with_rcpt("nobody@"),
+        FaultRule::delay(FaultStage::Dot, Duration::from_secs(5)).with_rcpt("lost@"),
+    ])
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        "log_recipients = true\n[delivery]\nretry_base = \"50ms\"\nupstream_window = \"4s\"\n\
+         window_margin = \"1s\"\n[delivery.timeouts]\ndot = \"1s\"\n",
+    )
+    .unwrap();
+    let (config, upstream) = (
+        config.display().to_string(),
+        format!("smtp://{}?tls=none", sink.smtp_addr()),
+    );
+    let args = serve_args(
+        &dir.path().join("relay.db"),
+        &["--config", &config, "--upstream", &upstream],
+    );
+    let relay =
+        RelayProcess::spawn_with_env(&args, &[("IDEMRELAY_ADMIN_TOKEN", TOKEN.to_string())])
+            .ready()
+            .await;
+
+    let mut ids = Vec::new();
+    for (to, key) in [
+        ("ann@example.com", "day-ok"),
+        ("nobody@example.com", "day-bounce"),
+        ("lost@example.com", "day-lost"),
+    ] {
+        let mut c = Client::ready(relay.addr).await;
+        let msg = common::message(Some(key), "a day", "body");
+        let answer = c.submit("app@example.com", &[to], &msg).await;
+        c.quit().await;
+        ids.push((answer.queue_id().expect("accepted"), to));
+    }
+    for (status, (id, _)) in ["delivered", "bounced", "unresolved"].iter().zip(&ids) {
+        let log = wait_for(&relay, &format!("id={id} key="), 1).await;
+        let _ = log;
+        for _ in 0..400 {
+            if relay.log().lines().any(|l| {
+                l.contains(&format!("id={id} ")) && l.contains(&format!("status={status}"))
+            }) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // An operator with a name as people write them, and a refused request.
+    let answer = send(
+        relay.admin(),
+        "POST",
+        &format!("/api/v1/messages/{}/resolve", ids[2].0),
+        &[
+            ("Authorization", &format!("Bearer {TOKEN}")),
+            ("Content-Type", "application/json"),
+            ("X-Idemrelay-Operator", "Ann O'Neil (on call)"),
+        ],
+        Body::Bytes(br#"{"as": "delivered", "reason": "Bird log: \"250 ok\" = seen"}"#),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let _ = send(
+        relay.admin(),
+        "GET",
+        "/api/v1/messages",
+        &[],
+        Body::Bytes(b""),
+    )
+    .await;
+    let log = wait_for(&relay, "action=resolve", 1).await;
+
+    for line in log.lines() {
+        if let Err(why) = logfmt_pairs(line) {
+            panic!("not logfmt: {why}\n{line}\n\n{log}");
+        }
+    }
+    let field = |line: &str, name: &str| {
+        logfmt_pairs(line)
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v)
+    };
+    for (status, (id, to)) in ["delivered", "bounced", "unresolved"].iter().zip(&ids) {
+        let end = log
+            .lines()
+            .find(|l| {
+                field(l, "id").as_deref() == Some(id.as_str()) && field(l, "status").is_some()
+            })
+            .unwrap_or_else(|| panic!("no status line for {id}:\n{log}"));
+        assert!(end.contains("idemrelay::delivery"), "{end}");
+        assert_eq!(field(end, "status").as_deref(), Some(*status), "{end}");
+        assert_eq!(field(end, "to").as_deref(), Some(*to), "{end}");
+        assert_eq!(
+            field(end, "from").as_deref(),
+            Some("app@example.com"),
+            "{end}"
+        );
+        let submission = log
+            .lines()
+            .find(|l| {
+                l.contains("idemrelay::submission")
+                    && field(l, "id").as_deref() == Some(id.as_str())
+            })
+            .unwrap();
+        assert_eq!(
+            field(submission, "to").as_deref(),
+            Some(*to),
+            "{submission}"
+        );
+    }
+    let action = log.lines().find(|l| l.contains("action=resolve")).unwrap();
+    assert_eq!(
+        field(action, "actor").as_deref(),
+        Some("admin_token (Ann O'Neil (on call))"),
+        "{action}"
+    );
+    assert_eq!(
+        field(action, "reason").as_deref(),
+        Some(r#"Bird log: "250 ok" = seen"#),
+        "{action}"
+    );
+}
