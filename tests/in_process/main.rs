@@ -11,6 +11,7 @@
 mod common;
 
 mod admin;
+mod breaker;
 mod delivery;
 mod delivery_policy;
 mod delivery_races;
