@@ -144,7 +144,9 @@ enum Inner {
 #[derive(Debug, Clone)]
 struct Seen {
     at: Instant,
-    to: String,
+    /// A hash of the recipients: a message may have hundreds, and the window thousands of
+    /// entries (a collision merely counts two recipient sets as one).
+    to: u64,
     failed: bool,
 }
 
@@ -323,9 +325,11 @@ impl Breaker {
         if self.window.len() >= WINDOW_CAP {
             self.window.pop_front();
         }
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(to, &mut hasher);
         self.window.push_back(Seen {
             at: now,
-            to: to.to_string(),
+            to: std::hash::Hasher::finish(&hasher),
             failed,
         });
     }
@@ -343,9 +347,9 @@ impl Breaker {
         {
             return None;
         }
-        let mut latest: HashMap<&str, bool> = HashMap::new();
+        let mut latest: HashMap<u64, bool> = HashMap::new();
         for seen in &self.window {
-            latest.insert(&seen.to, seen.failed);
+            latest.insert(seen.to, seen.failed);
         }
         let seen = latest.len() as u32;
         let failing = latest.values().filter(|f| **f).count() as u32;
