@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::delivery::breaker::BreakerPolicy;
 use crate::delivery::retry::RetryPolicy;
 use crate::delivery::upstream::PhaseTimeouts;
 
@@ -39,10 +40,20 @@ pub struct DeliveryConfig {
     /// Upstream message rate (messages per second) and burst.
     pub rate: f64,
     pub burst: f64,
-    /// Consecutive transient/unknown failures that open the circuit breaker.
+    /// Consecutive failures blaming the upstream itself (connect, greeting, TLS, AUTH, a
+    /// session lost before MAIL FROM was answered, a 421) that open the circuit breaker.
     pub breaker_threshold: u32,
     #[serde(with = "crate::human_duration")]
     pub breaker_cooldown: Duration,
+    /// How far back the breaker counts messages failing on their own (a 4xx after MAIL FROM,
+    /// an unknown outcome after the dot).
+    #[serde(with = "crate::human_duration")]
+    pub breaker_window: Duration,
+    /// Different messages (by recipients) that must have failed on their own within the window
+    /// for the breaker to open; 0: such failures never open it.
+    pub breaker_window_messages: u32,
+    /// ... and the share of the messages seen within the window they must make up (0 to 1).
+    pub breaker_window_ratio: f64,
     /// While paused for an account-level failure, how often the upstream is probed.
     #[serde(with = "crate::human_duration")]
     pub pause_probe_interval: Duration,
@@ -69,6 +80,9 @@ impl Default for DeliveryConfig {
             burst: 50.0,
             breaker_threshold: 5,
             breaker_cooldown: Duration::from_secs(30),
+            breaker_window: Duration::from_secs(60),
+            breaker_window_messages: 10,
+            breaker_window_ratio: 0.8,
             pause_probe_interval: Duration::from_secs(60),
             timeouts: PhaseTimeouts::default(),
         }
@@ -76,6 +90,29 @@ impl Default for DeliveryConfig {
 }
 
 impl DeliveryConfig {
+    pub(crate) fn breaker_policy(&self) -> BreakerPolicy {
+        BreakerPolicy {
+            threshold: self.breaker_threshold,
+            cooldown: self.breaker_cooldown,
+            window: self.breaker_window,
+            window_messages: self.breaker_window_messages,
+            window_ratio: self.breaker_window_ratio,
+        }
+    }
+
+    /// The breaker's window settings make sense together.
+    pub(crate) fn validate_breaker(&self) -> anyhow::Result<()> {
+        if !(0.0..=1.0).contains(&self.breaker_window_ratio) {
+            anyhow::bail!("delivery: breaker_window_ratio must be between 0 and 1");
+        }
+        if self.breaker_window_messages > 0 && self.breaker_window.is_zero() {
+            anyhow::bail!(
+                "delivery: breaker_window must be positive (or breaker_window_messages 0)"
+            );
+        }
+        Ok(())
+    }
+
     pub(crate) fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy {
             base: self.retry_base,

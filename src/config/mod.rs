@@ -566,6 +566,7 @@ impl Settings {
         if d.window_margin >= d.upstream_window {
             bail!("delivery: window_margin must be smaller than upstream_window");
         }
+        d.validate_breaker()?;
         if let Some(token) = &self.admin_token {
             let t = token.expose();
             if t.len() < 16 || t.bytes().any(|b| !b.is_ascii_graphic()) {

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::outcome::{is_account_problem, is_slow_down, Outcome, OutcomeKind};
+use super::outcome::{is_account_problem, is_slow_down, Outcome, OutcomeKind, Phase};
 use super::retry::{next_step, Ledger, Next, RetryPolicy};
 use crate::store::{AttemptResult, Claimed, NewRecord, Settle};
 
@@ -92,15 +92,132 @@ pub(crate) fn before_attempt(policy: &RetryPolicy, job: &JobFacts, now_ms: i64) 
     }
 }
 
-/// What the attempt tells the relay-wide circuit breaker.
+/// What the attempt tells the relay-wide circuit breaker (README "What delivery does",
+/// "Circuit breaker").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BreakerInput {
     /// The upstream took the message.
     Success,
-    /// The upstream judged this message, which says nothing about its health.
+    /// The upstream judged this message (a 5xx), which says nothing about its health.
     Neutral,
-    /// A transient failure or no usable answer.
-    Failure,
+    /// The upstream itself is unwell: it could not hold a session up to the answer to MAIL
+    /// FROM. A run of these opens the breaker.
+    Unwell(Unwell),
+    /// This message failed on its own after the upstream had answered the session up to MAIL
+    /// FROM (a 4xx at MAIL/RCPT/DATA/the dot, an UNKNOWN after the dot). It opens the breaker
+    /// only as part of many different messages failing (the breaker's window).
+    MessageFailure,
+}
+
+/// Why the upstream is judged unwell: the class a breaker log line names when it opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unwell {
+    /// TCP connect refused, unreachable or timed out.
+    Connect,
+    /// No usable greeting or EHLO answer (a 421 greeting included).
+    Greeting,
+    /// STARTTLS refused or the TLS handshake failed.
+    Tls,
+    /// The upstream refused our credentials, or AUTH got no answer.
+    Auth,
+    /// A timeout or lost connection before MAIL FROM was answered.
+    Lost,
+    /// A 421 after MAIL FROM: the upstream said it is closing the session, whatever the message.
+    Closing,
+}
+
+impl Unwell {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Unwell::Connect => "connect",
+            Unwell::Greeting => "greeting",
+            Unwell::Tls => "tls",
+            Unwell::Auth => "auth",
+            Unwell::Lost => "lost",
+            Unwell::Closing => "closing",
+        }
+    }
+}
+
+/// Whom a failed attempt blames, by the phase it ended in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blame {
+    Upstream(Unwell),
+    Message,
+}
+
+/// The breaker's policy as data: for each phase, whom a failure there blames when the upstream
+/// replied (a 4xx, or a 5xx before MAIL that `classify` keeps transient) and when it did not
+/// (timeout, connection lost, TLS error). Up to and including the answer to MAIL FROM nothing
+/// names a recipient, so a failure there is the upstream's; once MAIL FROM was answered, the
+/// upstream has shown it holds sessions, and what follows is about this message. A reply to MAIL
+/// FROM is the message's (its sender), a silence there the upstream's.
+const BLAME: [(Phase, Blame, Blame); 9] = {
+    use Blame::{Message, Upstream};
+    [
+        // (phase, with a reply, without one)
+        (
+            Phase::Connect,
+            Upstream(Unwell::Greeting),
+            Upstream(Unwell::Connect),
+        ),
+        (
+            Phase::Greeting,
+            Upstream(Unwell::Greeting),
+            Upstream(Unwell::Greeting),
+        ),
+        (
+            Phase::Ehlo,
+            Upstream(Unwell::Greeting),
+            Upstream(Unwell::Greeting),
+        ),
+        (
+            Phase::StartTls,
+            Upstream(Unwell::Tls),
+            Upstream(Unwell::Tls),
+        ),
+        (Phase::Auth, Upstream(Unwell::Auth), Upstream(Unwell::Auth)),
+        (Phase::Mail, Message, Upstream(Unwell::Lost)),
+        (Phase::Rcpt, Message, Message),
+        (Phase::Data, Message, Message),
+        (Phase::Dot, Message, Message),
+    ]
+};
+
+/// Reply codes that speak for the whole session wherever they come (RFC 5321: 421 "service not
+/// available, closing transmission channel").
+const SESSION_CODES: &[u16] = &[421];
+
+/// What an outcome tells the breaker (for an attempt, and for the connection check a half-open
+/// breaker may probe with: a refused `MAIL FROM:<>` there means the upstream answered).
+pub(crate) fn breaker_input(outcome: &Outcome) -> BreakerInput {
+    match outcome {
+        Outcome::Accepted { .. } => BreakerInput::Success,
+        Outcome::Permanent { .. } => BreakerInput::Neutral,
+        // Only ever after the dot: the upstream answered everything before it.
+        Outcome::Unknown { .. } => BreakerInput::MessageFailure,
+        Outcome::Transient { phase, code, reply } => {
+            let (_, replied, silent) = BLAME
+                .iter()
+                .find(|(p, _, _)| p == phase)
+                .copied()
+                .unwrap_or((*phase, Blame::Message, Blame::Message));
+            let blame = match code {
+                Some(code) if SESSION_CODES.contains(code) && replied == Blame::Message => {
+                    Blame::Upstream(Unwell::Closing)
+                }
+                Some(_) => replied,
+                // Implicit TLS fails in the connect phase: the wording tells it apart
+                // (`outcome::describe`).
+                None if reply.starts_with("TLS error") => Blame::Upstream(Unwell::Tls),
+                None => silent,
+            };
+            match blame {
+                Blame::Upstream(why) => BreakerInput::Unwell(why),
+                Blame::Message => BreakerInput::MessageFailure,
+            }
+        }
+    }
 }
 
 /// What the attempt tells the relay-wide sending pace.
@@ -176,11 +293,7 @@ pub(crate) fn decide(
         code: outcome.code(),
         reply: outcome.reply_text(),
     };
-    let breaker = match kind {
-        OutcomeKind::Accepted => BreakerInput::Success,
-        OutcomeKind::Permanent => BreakerInput::Neutral,
-        OutcomeKind::Transient | OutcomeKind::Unknown => BreakerInput::Failure,
-    };
+    let breaker = breaker_input(outcome);
     let pace = if is_slow_down(outcome) {
         PaceInput::SlowDown
     } else if kind == OutcomeKind::Accepted {
@@ -204,7 +317,7 @@ fn ms(millis: i64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delivery::outcome::Phase;
+    use crate::delivery::outcome::{after_dot, classify, Failure};
 
     const M: u64 = 60;
     const H: u64 = 3600;
@@ -488,7 +601,7 @@ mod tests {
                     "transient",
                     Next::RetryAfter(secs(15)),
                     false,
-                    B::Failure,
+                    B::MessageFailure,
                     P::Keep,
                 ),
             ),
@@ -501,7 +614,7 @@ mod tests {
                     "transient",
                     Next::RetryAfter(secs(120)),
                     false,
-                    B::Failure,
+                    B::MessageFailure,
                     P::Keep,
                 ),
             ),
@@ -510,21 +623,27 @@ mod tests {
                 job(19, secs(H), Some(secs(H)), false),
                 &try_later,
                 0.0,
-                want("transient", Next::Failed, false, B::Failure, P::Keep),
+                want("transient", Next::Failed, false, B::MessageFailure, P::Keep),
             ),
             (
                 "transient, the last allowed attempt after an unknown: parked",
                 job(19, secs(H), Some(secs(H)), true),
                 &try_later,
                 0.0,
-                want("transient", Next::Unresolved, false, B::Failure, P::Keep),
+                want(
+                    "transient",
+                    Next::Unresolved,
+                    false,
+                    B::MessageFailure,
+                    P::Keep,
+                ),
             ),
             (
                 "transient, the retry would land past the deadline: bounced",
                 job(3, secs(48 * H - 30), Some(secs(48 * H - 30)), false),
                 &try_later,
                 1.0,
-                want("transient", Next::Failed, false, B::Failure, P::Keep),
+                want("transient", Next::Failed, false, B::MessageFailure, P::Keep),
             ),
             (
                 "transient without unknowns ignores the upstream window",
@@ -535,7 +654,7 @@ mod tests {
                     "transient",
                     Next::RetryAfter(secs(60)),
                     false,
-                    B::Failure,
+                    B::MessageFailure,
                     P::Keep,
                 ),
             ),
@@ -544,7 +663,13 @@ mod tests {
                 job(3, secs(3 * H), Some(secs(3 * H)), true),
                 &try_later,
                 0.0,
-                want("transient", Next::Unresolved, false, B::Failure, P::Keep),
+                want(
+                    "transient",
+                    Next::Unresolved,
+                    false,
+                    B::MessageFailure,
+                    P::Keep,
+                ),
             ),
             (
                 "transient asking to slow down: retried, the pace lowered",
@@ -555,7 +680,7 @@ mod tests {
                     "transient",
                     Next::RetryAfter(secs(15)),
                     false,
-                    B::Failure,
+                    B::Unwell(Unwell::Closing),
                     P::SlowDown,
                 ),
             ),
@@ -572,7 +697,7 @@ mod tests {
                     "transient",
                     Next::RetryAfter(secs(15)),
                     false,
-                    B::Failure,
+                    B::Unwell(Unwell::Greeting),
                     P::SlowDown,
                 ),
             ),
@@ -585,7 +710,7 @@ mod tests {
                     "unknown",
                     Next::RetryAfter(secs(15)),
                     false,
-                    B::Failure,
+                    B::MessageFailure,
                     P::Keep,
                 ),
             ),
@@ -594,7 +719,13 @@ mod tests {
                 job(2, secs(limit - 60), Some(secs(limit - 60)), true),
                 &lost,
                 half,
-                want("unknown", Next::Unresolved, false, B::Failure, P::Keep),
+                want(
+                    "unknown",
+                    Next::Unresolved,
+                    false,
+                    B::MessageFailure,
+                    P::Keep,
+                ),
             ),
             (
                 "unknown, keyed, the retry lands just before window - margin: retried",
@@ -605,7 +736,7 @@ mod tests {
                     "unknown",
                     Next::RetryAfter(secs(60)),
                     false,
-                    B::Failure,
+                    B::MessageFailure,
                     P::Keep,
                 ),
             ),
@@ -614,7 +745,13 @@ mod tests {
                 unkeyed(fresh),
                 &lost,
                 0.0,
-                want("unknown", Next::Unresolved, false, B::Failure, P::Keep),
+                want(
+                    "unknown",
+                    Next::Unresolved,
+                    false,
+                    B::MessageFailure,
+                    P::Keep,
+                ),
             ),
             (
                 "an odd reply to the dot is unknown: retried while the window lasts",
@@ -625,7 +762,7 @@ mod tests {
                     "unknown",
                     Next::RetryAfter(Duration::ZERO),
                     false,
-                    B::Failure,
+                    B::MessageFailure,
                     P::Keep,
                 ),
             ),
@@ -638,7 +775,7 @@ mod tests {
                     "transient",
                     Next::RetryAfter(secs(30)),
                     true,
-                    B::Failure,
+                    B::Unwell(Unwell::Auth),
                     P::Keep,
                 ),
             ),
@@ -664,7 +801,7 @@ mod tests {
                     "transient",
                     Next::RetryAfter(secs(30)),
                     true,
-                    B::Failure,
+                    B::Unwell(Unwell::Auth),
                     P::Keep,
                 ),
             ),
@@ -690,7 +827,7 @@ mod tests {
                     "transient",
                     Next::RetryAfter(secs(30)),
                     true,
-                    B::Failure,
+                    B::MessageFailure,
                     P::Keep,
                 ),
             ),
@@ -705,6 +842,156 @@ mod tests {
             if let Some(reason) = &d.pause {
                 assert_eq!(reason, &d.row.reply, "{name}");
             }
+        }
+    }
+
+    /// Who is blamed for a failure, as the operator's report needs it: a busy mailbox or a
+    /// dropped reply to the dot is the message's, a dead or refusing session the upstream's.
+    #[test]
+    fn what_the_breaker_learns_from_each_ending() {
+        use BreakerInput::{MessageFailure, Neutral, Success, Unwell as U};
+        let silent = |phase, failure: Failure| classify(phase, failure);
+        let replied = |phase, code: u16, text: &str| {
+            classify(
+                phase,
+                Failure::Reply {
+                    code,
+                    text: text.into(),
+                },
+            )
+        };
+        let refused = Failure::ConnectionLost("Connection refused (os error 111)".into());
+        let reset = || Failure::ConnectionLost("reset by peer".into());
+        let cases: Vec<(&str, Outcome, BreakerInput)> = vec![
+            ("accepted", after_dot(250, "2.0.0 OK"), Success),
+            (
+                "5xx at RCPT",
+                replied(Phase::Rcpt, 550, "5.1.1 no such user"),
+                Neutral,
+            ),
+            (
+                "5xx after the dot",
+                after_dot(554, "5.6.0 rejected"),
+                Neutral,
+            ),
+            (
+                "connect refused",
+                silent(Phase::Connect, refused),
+                U(Unwell::Connect),
+            ),
+            (
+                "connect timed out",
+                silent(Phase::Connect, Failure::Timeout),
+                U(Unwell::Connect),
+            ),
+            (
+                "implicit TLS handshake failed (connect phase)",
+                silent(Phase::Connect, Failure::Tls("bad certificate".into())),
+                U(Unwell::Tls),
+            ),
+            (
+                "a reply in the connect phase is the implicit-TLS greeting's",
+                replied(Phase::Connect, 421, "4.3.2 shutting down"),
+                U(Unwell::Greeting),
+            ),
+            (
+                "421 greeting",
+                replied(Phase::Greeting, 421, "4.3.2 busy"),
+                U(Unwell::Greeting),
+            ),
+            (
+                "no greeting",
+                silent(Phase::Greeting, Failure::Timeout),
+                U(Unwell::Greeting),
+            ),
+            (
+                "EHLO refused",
+                replied(Phase::Ehlo, 554, "5.5.0 no"),
+                U(Unwell::Greeting),
+            ),
+            (
+                "STARTTLS refused",
+                replied(Phase::StartTls, 454, "4.7.0 TLS not available"),
+                U(Unwell::Tls),
+            ),
+            (
+                "TLS handshake",
+                silent(Phase::StartTls, Failure::Tls("eof".into())),
+                U(Unwell::Tls),
+            ),
+            (
+                "AUTH refused",
+                replied(Phase::Auth, 535, "5.7.8 bad credentials"),
+                U(Unwell::Auth),
+            ),
+            ("AUTH lost", silent(Phase::Auth, reset()), U(Unwell::Auth)),
+            (
+                "MAIL FROM not answered",
+                silent(Phase::Mail, Failure::Timeout),
+                U(Unwell::Lost),
+            ),
+            (
+                "connection lost at MAIL FROM",
+                silent(Phase::Mail, reset()),
+                U(Unwell::Lost),
+            ),
+            (
+                "MAIL FROM answered 451: about this sender",
+                replied(Phase::Mail, 451, "4.3.0 try later"),
+                MessageFailure,
+            ),
+            (
+                "the operator's busy mailbox",
+                replied(Phase::Rcpt, 451, "4.2.1 mailbox busy"),
+                MessageFailure,
+            ),
+            (
+                "RCPT timed out",
+                silent(Phase::Rcpt, Failure::Timeout),
+                MessageFailure,
+            ),
+            (
+                "DATA refused",
+                replied(Phase::Data, 451, "4.3.0 later"),
+                MessageFailure,
+            ),
+            (
+                "the operator's dropped reply to the dot",
+                silent(Phase::Dot, reset()),
+                MessageFailure,
+            ),
+            (
+                "dot timed out",
+                silent(Phase::Dot, Failure::Timeout),
+                MessageFailure,
+            ),
+            (
+                "4xx after the dot",
+                after_dot(452, "4.3.1 storage full"),
+                MessageFailure,
+            ),
+            (
+                "an odd reply to the dot",
+                after_dot(251, "2.1.5 will forward"),
+                MessageFailure,
+            ),
+            (
+                "421 at RCPT: the upstream closes the session",
+                replied(Phase::Rcpt, 421, "4.3.2 shutting down"),
+                U(Unwell::Closing),
+            ),
+            (
+                "421 after the dot",
+                after_dot(421, "4.3.2 shutting down"),
+                U(Unwell::Closing),
+            ),
+        ];
+        for (name, outcome, expected) in cases {
+            assert_eq!(breaker_input(&outcome), expected, "{name}: {outcome:?}");
+        }
+        // Every phase has its row.
+        for phase in Phase::ALL {
+            assert!(BLAME.iter().any(|(p, _, _)| *p == phase), "{phase}");
         }
     }
 

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::breaker::{Breaker, BreakerState};
+use super::breaker::{Admit, Attempted, Breaker, BreakerPolicy, BreakerState, Candidate, Why};
 use super::decide::{
-    before_attempt, decide, BreakerInput, Decision, JobFacts, PaceInput, Start, WINDOW_OVER,
+    before_attempt, breaker_input, decide, BreakerInput, Decision, JobFacts, PaceInput, Start,
+    WINDOW_OVER,
 };
 use super::dsn::dsn_for;
 use super::outcome::EnhancedCode;
@@ -37,8 +38,7 @@ pub(crate) struct DeliverySettings {
     pub scan_interval: Duration,
     pub rate_per_second: f64,
     pub burst: f64,
-    pub breaker_threshold: u32,
-    pub breaker_cooldown: Duration,
+    pub breaker: BreakerPolicy,
     pub pause_probe_interval: Duration,
     pub max_per_connection: usize,
     pub idle_close: Duration,
@@ -79,10 +79,7 @@ pub(crate) fn start(
 ) -> anyhow::Result<Vec<JoinHandle<()>>> {
     let lease = settings.timeouts.worst_case() + Duration::from_secs(10);
     let shared = Arc::new(Shared {
-        breaker: Mutex::new(Breaker::new(
-            settings.breaker_threshold,
-            settings.breaker_cooldown,
-        )),
+        breaker: Mutex::new(Breaker::new(settings.breaker)),
         bucket: Mutex::new(TokenBucket::new(
             settings.rate_per_second,
             settings.burst,
@@ -212,22 +209,65 @@ impl Worker {
             }
             return Ok(false);
         };
-        let allowed = {
+        // A message that has failed before must not be the half-open probe: it may well be
+        // failing on its own, and would reopen the breaker for everyone.
+        let candidate = Candidate {
+            id: &job.id,
+            failed_before: job.attempts > 0 || job.recovered,
+        };
+        let admit = {
             let now = Instant::now();
             let mut breaker = self.shared.breaker.lock().expect("breaker lock");
-            let allowed = breaker.allow(now);
+            let admit = breaker.admit(now, candidate);
             self.breaker_moved(&mut breaker, now, None);
-            allowed
+            admit
         };
-        if !allowed {
-            self.give_back_token();
-            store
-                .release(&job.id, job.token, self.shared.settings.breaker_cooldown)
-                .await?;
-            return Ok(false);
+        match admit {
+            Admit::Send | Admit::Probe => {}
+            Admit::Wait(wait) => {
+                self.give_back_token();
+                store.release(&job.id, job.token, wait).await?;
+                return Ok(false);
+            }
+            Admit::CheckConnection => {
+                self.give_back_token();
+                let closed = self.check_connection(&job.scope).await;
+                // The message was not sent. Handed back due now when the check closed the
+                // breaker (the next claim sends it), else for the new cooldown.
+                let after = if closed {
+                    Duration::ZERO
+                } else {
+                    self.shared.settings.breaker.cooldown
+                };
+                store.release(&job.id, job.token, after).await?;
+                return Ok(closed);
+            }
         }
         self.deliver(job).await?;
         Ok(true)
+    }
+
+    /// The half-open probe when no message that never failed is at hand: connect, greeting,
+    /// STARTTLS, AUTH and a `MAIL FROM:<>` that is reset, never sent, on the upstream the
+    /// claimed message would use. True when the breaker is closed afterwards.
+    async fn check_connection(&mut self, scope: &str) -> bool {
+        let client = match self.scoped.get_mut(scope) {
+            Some(own) => own,
+            None => &mut self.client,
+        };
+        let checked = client.probe().await;
+        let (input, last) = match &checked {
+            Ok(()) => (
+                BreakerInput::Success,
+                "connection check: the upstream answered up to MAIL FROM".to_string(),
+            ),
+            Err(outcome) => (breaker_input(outcome), outcome.reply_text()),
+        };
+        let now = Instant::now();
+        let mut breaker = self.shared.breaker.lock().expect("breaker lock");
+        breaker.on_check(now, input);
+        self.breaker_moved(&mut breaker, now, Some(&last));
+        breaker.state(now) == BreakerState::Closed
     }
 
     /// Waits for a token, then takes it: other workers may take the one we waited for.
@@ -367,7 +407,7 @@ impl Worker {
         };
         let latency = started.elapsed();
         let decision = decide(&policy, &facts, &outcome, store_now(), fastrand::f64());
-        self.observe(&decision);
+        self.observe(&job, &decision);
         let class = ReplyClass::of(&outcome);
         self.shared.settings.metrics.upstream_reply(class.as_str());
         let dsn = match decision.next {
@@ -472,14 +512,18 @@ impl Worker {
     }
 
     /// The relay-wide reactions to an attempt: breaker and pace.
-    fn observe(&self, decision: &Decision) {
+    fn observe(&self, job: &Claimed, decision: &Decision) {
         let now = Instant::now();
+        let to = job.rcpt_to.join(",");
         let mut breaker = self.shared.breaker.lock().expect("breaker lock");
-        match decision.breaker {
-            BreakerInput::Success => breaker.on_success(),
-            BreakerInput::Neutral => breaker.on_neutral(),
-            BreakerInput::Failure => breaker.on_failure(now),
-        }
+        breaker.on_attempt(
+            now,
+            Attempted {
+                id: &job.id,
+                to: &to,
+            },
+            decision.breaker,
+        );
         self.breaker_moved(&mut breaker, now, Some(&decision.row.reply));
         drop(breaker);
         let mut bucket = self.shared.bucket.lock().expect("bucket lock");
@@ -502,33 +546,54 @@ impl Worker {
             return;
         };
         metrics.breaker_transition(to.as_str());
-        let cooldown_ms = self.shared.settings.breaker_cooldown.as_millis() as u64;
+        let policy = &self.shared.settings.breaker;
+        let cooldown_ms = policy.cooldown.as_millis() as u64;
         let last = last.unwrap_or("-");
-        match to {
-            BreakerState::Open if from == BreakerState::HalfOpen => tracing::warn!(
+        // `class` says what opened it: connect, greeting, tls, auth, lost, closing (the
+        // upstream itself), or messages (many different messages failing on their own).
+        let why = breaker.why();
+        let class = why.map_or("-", Why::class);
+        match (to, why) {
+            (BreakerState::Open, _) if from == BreakerState::HalfOpen => tracing::warn!(
                 target: "idemrelay::breaker",
                 from = %from.as_str(),
                 to = %to.as_str(),
+                class,
                 last = %last,
                 cooldown_ms,
-                "circuit breaker open: the probe attempt failed; attempts stop for the cooldown"
+                "circuit breaker open: the probe failed; attempts stop for the cooldown"
             ),
-            BreakerState::Open => tracing::warn!(
+            (BreakerState::Open, Some(Why::Messages { failing, seen })) => tracing::warn!(
                 target: "idemrelay::breaker",
                 from = %from.as_str(),
                 to = %to.as_str(),
-                failures = self.shared.settings.breaker_threshold.max(1),
+                class,
+                failing,
+                seen,
+                window_ms = policy.window.as_millis() as u64,
                 last = %last,
                 cooldown_ms,
-                "circuit breaker open: transient or unknown upstream failures in a row; attempts stop for the cooldown"
+                "circuit breaker open: many different messages failed within the window although the upstream answered their sessions; attempts stop for the cooldown"
             ),
-            BreakerState::HalfOpen => tracing::info!(
+            (BreakerState::Open, _) => tracing::warn!(
                 target: "idemrelay::breaker",
                 from = %from.as_str(),
                 to = %to.as_str(),
-                "circuit breaker half-open: cooldown over; one probe attempt let through"
+                class,
+                failures = policy.threshold.max(1),
+                last = %last,
+                cooldown_ms,
+                "circuit breaker open: the upstream itself failed that many times in a row; attempts stop for the cooldown"
             ),
-            BreakerState::Closed => tracing::info!(
+            (BreakerState::HalfOpen, _) => tracing::info!(
+                target: "idemrelay::breaker",
+                from = %from.as_str(),
+                to = %to.as_str(),
+                class,
+                probe = %breaker.probe_name().unwrap_or("-"),
+                "circuit breaker half-open: cooldown over; one probe let through (a message that has not failed before, else a connection check)"
+            ),
+            (BreakerState::Closed, _) => tracing::info!(
                 target: "idemrelay::breaker",
                 from = %from.as_str(),
                 to = %to.as_str(),

@@ -984,7 +984,19 @@ dot = "3s"
         assert!(bounced.contains(field), "{field} missing: {bounced}");
     }
     assert!(!bounced.contains("dsn_id=-"), "{bounced}");
-    // The breaker around the outage, in order.
+    // The breaker around the outage, in order. It says what opened it (refused connections),
+    // and the probe was a connection check: both messages had failed before.
+    let line = |what: &str| log.lines().find(|l| l.contains(what)).unwrap_or_default();
+    assert!(
+        line("circuit breaker open").contains("class=connect"),
+        "{}",
+        line("circuit breaker open")
+    );
+    assert!(
+        line("circuit breaker half-open").contains("probe=connection_check"),
+        "{}",
+        line("circuit breaker half-open")
+    );
     let open = log.find("circuit breaker open").unwrap();
     let half = log
         .find("circuit breaker half-open")

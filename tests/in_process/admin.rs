@@ -892,7 +892,10 @@ async fn a_replay_is_answered_when_its_count_cannot_be_written() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_record_says_why_over_http_and_is_flushed() {
-    let sink = common::start_deferring_sink().await;
+    // An upstream that greets with 421: a failure of the upstream itself (a message deferred
+    // at RCPT is its own problem and would not open the breaker).
+    let sink = start_sink().await;
+    sink.pause(idemrelay::sink::Down::Greet421).await.unwrap();
     // One failure opens the breaker for an hour.
     let relay = relay_for(&sink, |s| {
         s.delivery.breaker_threshold = 1;

@@ -4,13 +4,14 @@
 //! headless Chromium), plus the pure properties and the example config. Each suite is a module,
 //! so its tests are named `SUITE::test`; `cargo test --test in_process SUITE::` runs one suite.
 //!
-//! The shared suites (intake, delivery, delivery_races, delivery_policy, hostile, admin,
-//! webhooks) run on Postgres with `IDEMRELAY_TEST_BACKEND=postgres` (see .ci/run).
+//! The shared suites (intake, delivery, delivery_races, delivery_policy, breaker, hostile,
+//! admin, webhooks) run on Postgres with `IDEMRELAY_TEST_BACKEND=postgres` (see .ci/run).
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod admin;
+mod breaker;
 mod delivery;
 mod delivery_policy;
 mod delivery_races;
