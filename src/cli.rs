@@ -70,13 +70,22 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
-    /// The delivery queue, through the running relay's admin API (`--admin ADDR`, token from
-    /// IDEMRELAY_ADMIN_TOKEN), or with --direct on the store itself. Never creates a store.
+    /// The delivery queue, through the running relay's admin API, or with --direct on the store
+    /// itself. Never creates a store. The relay is the one `--admin URL` (or IDEMRELAY_ADMIN)
+    /// names, else the `admin` of the config file (`--config`, default
+    /// /etc/idemrelay/idemrelay.toml); the token comes from IDEMRELAY_ADMIN_TOKEN or that file.
+    /// Changes are refused when no relay is named that way; every command says which relay
+    /// answered (on stderr).
     Queue {
         /// Work on the store (`--store`) directly instead of through the relay's admin API:
         /// for a relay that is not running. Actions are recorded as the local user's.
         #[arg(long, global = true)]
         direct: bool,
+        /// Who acts, as recorded with every action (default: $USER, $LOGNAME, else the OS's
+        /// name for this process's user). Through the API it is recorded beside the token's
+        /// name, as the caller's claim.
+        #[arg(long, global = true, env = "IDEMRELAY_OPERATOR", value_name = "NAME")]
+        by: Option<String>,
         #[command(subcommand)]
         command: QueueCommand,
     },
@@ -184,8 +193,31 @@ pub(crate) struct DeriveArgs {
     pub smtputf8: bool,
 }
 
+/// The config file read when no `--config` (nor `IDEMRELAY_CONFIG`) names one, as Postfix
+/// reads main.cf: where a packaged relay keeps its settings, so `idemrelay queue` on that host
+/// finds that relay's admin address and token. `IDEMRELAY_DEFAULT_CONFIG` moves it (empty: none).
+pub const DEFAULT_CONFIG: &str = "/etc/idemrelay/idemrelay.toml";
+
+/// The variable that moves `DEFAULT_CONFIG` (packagers, tests).
+const DEFAULT_CONFIG_VAR: &str = "IDEMRELAY_DEFAULT_CONFIG";
+
+/// Where the settings come from when no `--config` is given: the default file, if it exists.
+fn default_config_file() -> Option<PathBuf> {
+    let path = match std::env::var_os(DEFAULT_CONFIG_VAR) {
+        Some(path) if path.is_empty() => return None,
+        Some(path) => PathBuf::from(path),
+        None => PathBuf::from(DEFAULT_CONFIG),
+    };
+    // Present but unreadable is an error Settings::load reports (naming the file), not a
+    // reason to run on built-in defaults instead.
+    std::fs::symlink_metadata(&path).is_ok().then_some(path)
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = cli.config;
+    let mut config = cli.config;
+    if config.config.is_none() {
+        config.config = default_config_file();
+    }
     match cli.command {
         Command::Serve => serve(&Settings::load(&config)?),
         Command::CheckConfig => {
@@ -200,9 +232,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", derive_report(&args, &settings.scope)?);
             Ok(())
         }
-        Command::Queue { direct, command } => {
+        Command::Queue {
+            direct,
+            by,
+            command,
+        } => {
             let store_given = config.store.clone();
-            queue::run(&Settings::load(&config)?, store_given, direct, command)
+            let target = queue::AdminSource::of(&config)?;
+            let settings = Settings::load(&config)?;
+            queue::run(&settings, store_given, direct, target, by, command)
         }
         Command::Report { since, json } => {
             report(&Settings::load(&config)?, since.as_deref(), json)

@@ -26,13 +26,43 @@ pub struct AdminListen(pub Option<SocketAddr>);
 
 impl std::str::FromStr for AdminListen {
     type Err = String;
+    /// `HOST:PORT`, or a URL `http://HOST[:PORT][/]` as `idemrelay queue --admin` is often
+    /// given one (a host name is resolved now, to its first address), or `off`.
     fn from_str(s: &str) -> Result<Self, String> {
         if s.eq_ignore_ascii_case("off") {
             return Ok(AdminListen(None));
         }
-        s.parse().map(|addr| AdminListen(Some(addr))).map_err(|e| {
-            format!("{s:?} is neither an address like 127.0.0.1:8025 nor \"off\" ({e})")
-        })
+        let lower = s.to_ascii_lowercase();
+        if lower.starts_with("https://") {
+            return Err(format!(
+                "{s:?}: the admin API speaks plain HTTP (no TLS); give http://HOST:PORT, through \
+                 an SSH tunnel if it is not on this network"
+            ));
+        }
+        let (rest, default_port) = match lower.strip_prefix("http://") {
+            Some(_) => (s["http://".len()..].trim_end_matches('/'), Some(80)),
+            None => (s, None),
+        };
+        if rest.contains('/') {
+            return Err(format!("{s:?}: the admin address takes no path"));
+        }
+        if let Ok(addr) = rest.parse::<SocketAddr>() {
+            return Ok(AdminListen(Some(addr)));
+        }
+        let with_port = match (default_port, rest.rsplit_once(':')) {
+            (Some(port), None) => format!("{rest}:{port}"),
+            (Some(port), Some((_, p))) if p.parse::<u16>().is_err() => format!("{rest}:{port}"),
+            _ => rest.to_string(),
+        };
+        use std::net::ToSocketAddrs as _;
+        match with_port.to_socket_addrs() {
+            Ok(mut addrs) => addrs.next().map(|a| AdminListen(Some(a))).ok_or_else(|| {
+                format!("{s:?}: the name has no address")
+            }),
+            Err(e) => Err(format!(
+                "{s:?} is neither an address like 127.0.0.1:8025 (or http://127.0.0.1:8025) nor \"off\" ({e})"
+            )),
+        }
     }
 }
 

@@ -341,6 +341,14 @@ impl Store for FlakyIntent {
     async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError> {
         self.inner.flush_all(by).await
     }
+    async fn cancel_all(
+        &self,
+        ids: &[String],
+        by: &Operator,
+        what: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        self.inner.cancel_all(ids, by, what).await
+    }
     async fn record_action(
         &self,
         action: Action,

@@ -1524,7 +1524,12 @@ async fn operator_actions_are_recorded_with_the_change_they_made(backend: Backen
             .into_iter()
             .map(|r| r.action)
             .collect();
-        assert_eq!(relay, ["purge", "pause"], "{name}: newest first");
+        // The two flushes of every waiting record are one relay-wide action each.
+        assert_eq!(
+            relay,
+            ["purge", "pause", "flush", "flush"],
+            "{name}: newest first"
+        );
 
         // A DSN and the record it reports on.
         let mut dsn = record("dsn1", "k-dsn", 9);
