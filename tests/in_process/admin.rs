@@ -562,7 +562,9 @@ async fn metrics_count_a_scripted_run_exactly() {
         assert_eq!(sample(&page, series), Some(*value), "{series} in:\n{page}");
     }
     assert!(page.contains("# TYPE idemrelay_intake_commit_duration_seconds histogram"));
-    assert!(page.ends_with("# EOF\n"));
+    // No Accept header, as curl sends none: the Prometheus text format, which promtool reads.
+    assert!(!page.contains("# EOF"), "{page}");
+    promtool_check_metrics(&page);
     let build = format!(
         "idemrelay_build_info{{version=\"{}\",commit=\"{}\"}}",
         env!("CARGO_PKG_VERSION"),
@@ -591,8 +593,12 @@ async fn metrics_count_a_scripted_run_exactly() {
         Some(2.0)
     );
     promtool_check_metrics(&text.body);
-    // Without an Accept header (or asking for it): OpenMetrics, as before.
-    let open = scrape(admin, None).await;
+    // Asking for it, as Prometheus does: OpenMetrics.
+    let open = scrape(
+        admin,
+        Some("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"),
+    )
+    .await;
     assert_eq!(
         open.header("content-type"),
         Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
