@@ -906,32 +906,6 @@ fn status_text(status: &Value) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::{age, shorten, SHORT_ID};
-
-    #[test]
-    fn ages_and_shortened_values() {
-        assert_eq!(age(-5), "0s");
-        assert_eq!(age(59_999), "59s");
-        assert_eq!(age(3 * 60_000), "3m");
-        assert_eq!(age(2 * 3_600_000 + 5), "2h");
-        assert_eq!(age(5 * 86_400_000), "5d");
-        assert_eq!(shorten("short", 16), "short");
-        let key = "order-2026-12-04-customer-1234567";
-        let short = shorten(key, 16);
-        assert_eq!(short.chars().count(), 16);
-        assert!(
-            short.starts_with("order-2") && short.ends_with("1234567"),
-            "{short}"
-        );
-        assert_eq!(
-            shorten("0190ABCDEF1234567890ABCD", SHORT_ID),
-            "0190ABCDEF123456"
-        );
-    }
-}
-
 fn history_table(actions: &[Value]) -> String {
     let rows: Vec<Vec<String>> = actions
         .iter()
@@ -1238,4 +1212,30 @@ fn show_text(m: &Value) -> String {
         out.push_str(&history_table(&history));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{age, shorten, SHORT_ID};
+
+    #[test]
+    fn ages_and_shortened_values() {
+        assert_eq!(age(-5), "0s");
+        assert_eq!(age(59_999), "59s");
+        assert_eq!(age(3 * 60_000), "3m");
+        assert_eq!(age(2 * 3_600_000 + 5), "2h");
+        assert_eq!(age(5 * 86_400_000), "5d");
+        assert_eq!(shorten("short", 16), "short");
+        let key = "order-2026-12-04-customer-1234567";
+        let short = shorten(key, 16);
+        assert_eq!(short.chars().count(), 16);
+        assert!(
+            short.starts_with("order-2") && short.ends_with("1234567"),
+            "{short}"
+        );
+        assert_eq!(
+            shorten("0190ABCDEF1234567890ABCD", SHORT_ID),
+            "0190ABCDEF123456"
+        );
+    }
 }

@@ -863,10 +863,7 @@ async fn queue_unnamed(default_config: &std::path::Path, args: &[&str]) -> Run {
     all.extend(args);
     run_env(
         &all,
-        &[(
-            "IDEMRELAY_DEFAULT_CONFIG",
-            default_config.to_str().unwrap(),
-        )],
+        &[("IDEMRELAY_DEFAULT_CONFIG", default_config.to_str().unwrap())],
     )
     .await
 }
@@ -958,7 +955,13 @@ async fn without_a_named_relay_changes_are_refused_and_every_answer_names_its_re
     let bare = dir.path().join("bare.toml");
     std::fs::write(&bare, "scope = \"default\"\n").unwrap();
     let run = run_env(
-        &["queue", "--config", bare.to_str().unwrap(), "flush", "--all"],
+        &[
+            "queue",
+            "--config",
+            bare.to_str().unwrap(),
+            "flush",
+            "--all",
+        ],
         &[],
     )
     .await;
@@ -977,7 +980,10 @@ async fn without_a_named_relay_changes_are_refused_and_every_answer_names_its_re
     let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 303"), "{head}");
     assert!(head.contains("location: /console\r\n"), "{head}");
-    assert!(head.contains("idemrelay-instance: relay.test\r\n"), "{head}");
+    assert!(
+        head.contains("idemrelay-instance: relay.test\r\n"),
+        "{head}"
+    );
 }
 
 /// `idemrelay queue --direct --store <the relay's store> ARGS...` as a user without $USER or
@@ -1154,7 +1160,13 @@ async fn the_listing_fits_80_columns_and_wide_shows_everything() {
     for line in list.stdout.lines() {
         assert!(line.chars().count() <= 80, "{} wide: {line}", line.len());
     }
-    let header: Vec<&str> = list.stdout.lines().next().unwrap().split_whitespace().collect();
+    let header: Vec<&str> = list
+        .stdout
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
     assert_eq!(header, ["ID", "STATE", "AGE", "TRY", "KEY", "RCPT"]);
     // An id's beginning, unique, that every record command takes; an age, not a time.
     let short = list

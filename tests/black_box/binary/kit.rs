@@ -560,7 +560,10 @@ fn every_flag_of_every_command_has_help() {
             let is_flag = (1..=6).contains(&indent(line))
                 && (trimmed.starts_with("--")
                     || (trimmed.starts_with('-')
-                        && trimmed.chars().nth(1).is_some_and(|c| c.is_ascii_alphabetic())));
+                        && trimmed
+                            .chars()
+                            .nth(1)
+                            .is_some_and(|c| c.is_ascii_alphabetic())));
             if !is_flag {
                 continue;
             }
@@ -611,7 +614,11 @@ fn every_man_page_named_can_be_generated_and_renders() {
     }
     let all = dir.path().join("man1");
     let out = run_checked(idemrelay().args(["man", "--dir"]).arg(&all), None);
-    assert!(text(&out.stdout).starts_with("wrote "), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with("wrote "),
+        "{}",
+        text(&out.stdout)
+    );
     let mut written: Vec<String> = std::fs::read_dir(&all)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
