@@ -935,7 +935,9 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
         .unwrap()
         .contains("maintenance"));
     let status = get(admin, "/api/v1/queue/status", None).await.json();
-    assert_eq!(status["recent_actions"][0]["action"], "pause", "{status}");
+    // The flush of every waiting record is one relay-wide action, after the pause.
+    assert_eq!(status["recent_actions"][0]["action"], "flush", "{status}");
+    assert_eq!(status["recent_actions"][1]["action"], "pause", "{status}");
     let resumed = post_json(admin, "/api/v1/queue/resume", None, "").await;
     assert_eq!(resumed.status, 200);
     assert_eq!(resumed.json()["paused"], false);
