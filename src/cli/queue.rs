@@ -931,8 +931,12 @@ fn list_table(page: &Value, now_ms: i64) -> String {
     let mut rows: Vec<Vec<String>> = records
         .iter()
         .map(|s| {
+            // A queued record that is not simply due says why it waits, in a word (the
+            // precise reason is in `--wide` and `queue show`).
             let state = match (s["state"].as_str(), s["waiting"]["reason"].as_str()) {
-                (Some("queued"), Some(reason)) => reason.to_string(),
+                (Some("queued"), Some("held_by_breaker" | "breaker_open")) => "breaker".into(),
+                (Some("queued"), Some("account_paused")) => "paused".into(),
+                (Some("queued"), Some(reason)) if reason != "due" => reason.to_string(),
                 _ => cell(&s["state"]),
             };
             let age = s["accepted_at_ms"]
