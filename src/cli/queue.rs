@@ -42,7 +42,8 @@ pub(crate) enum QueueCommand {
     /// Show one record (by id, or by idempotency key) with its replies, every attempt, its
     /// upstream events, its DSN links, why it waits, and its operator history.
     Show {
-        /// An id; failing that, a key in `--scope` (default: the configured `scope`).
+        /// An id (or its first 12 or more characters, as `queue list` shows them); failing
+        /// that, a key in `--scope` (default: the configured `scope`).
         #[arg(required_unless_present = "key")]
         id_or_key: Option<String>,
         /// Name the record by its idempotency key (in `--scope`).
@@ -68,7 +69,7 @@ pub(crate) enum QueueCommand {
     /// DSN is sent), or with --all every queued record the filters match (one recorded
     /// action with the count).
     Cancel {
-        /// The record's id (or a unique beginning of it, as `queue list` shows).
+        /// The record's id (or its first 12 or more characters, as `queue list` shows them).
         #[arg(required_unless_present_any = ["key", "all"])]
         id: Option<String>,
         /// Name the record by its idempotency key instead (in `--scope`, default: the
@@ -89,7 +90,7 @@ pub(crate) enum QueueCommand {
     /// Make a queued record (or, with --all, every waiting one) due now; records a worker
     /// holds are left alone, and a pause still holds them all.
     Flush {
-        /// The record's id.
+        /// The record's id (or its first 12 or more characters, as `queue list` shows them).
         #[arg(required_unless_present_any = ["key", "all"])]
         id: Option<String>,
         /// Name the record by its idempotency key (in `--scope`).
@@ -242,7 +243,7 @@ impl ListArgs {
 /// A record named by id, or by key in `--scope`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RecordArg {
-    /// The record's id.
+    /// The record's id (or its first 12 or more characters, as `queue list` shows them).
     #[arg(required_unless_present = "key")]
     id: Option<String>,
     /// Name the record by its idempotency key instead (in `--scope`, default: the configured
@@ -591,7 +592,9 @@ impl Queue {
     /// prefix itself when none or several do (the caller then says it is not found). Ids sort
     /// by acceptance, so those with the prefix are the first ones after it.
     async fn expand_id(&self, prefix: &str) -> Result<String, OpError> {
-        if prefix.len() >= 24 || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
+        // At least the time part and a random digit: a short word that happens to be hex (a
+        // key, given to `show`) is not taken for an id.
+        if !(12..24).contains(&prefix.len()) || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Ok(prefix.to_string());
         }
         let query = ListQuery {
