@@ -254,7 +254,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             command,
         } => {
             let store_given = config.store.clone();
-            let target = queue::AdminSource::of(&config)?;
+            let target = queue::AdminSource::of(&config);
             let settings = Settings::load(&config)?;
             queue::run(&settings, store_given, direct, target, by, command)
         }

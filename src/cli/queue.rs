@@ -316,12 +316,12 @@ pub(crate) enum AdminSource {
 
 impl AdminSource {
     /// `config.config` is the file that will be read (given, or the default one found).
-    pub(crate) fn of(config: &crate::config::ConfigArgs) -> anyhow::Result<AdminSource> {
+    pub(crate) fn of(config: &crate::config::ConfigArgs) -> AdminSource {
         if config.admin.is_some() {
-            return Ok(AdminSource::Named);
+            return AdminSource::Named;
         }
         let Some(path) = &config.config else {
-            return Ok(AdminSource::BuiltIn);
+            return AdminSource::BuiltIn;
         };
         // Settings::load reports a file it cannot read or parse; here only whether it
         // names the admin listener matters.
@@ -329,11 +329,11 @@ impl AdminSource {
             .ok()
             .and_then(|text| text.parse::<toml::Table>().ok())
             .is_some_and(|table| table.contains_key("admin"));
-        Ok(if names_admin {
+        if names_admin {
             AdminSource::ConfigFile(path.clone())
         } else {
             AdminSource::BuiltIn
-        })
+        }
     }
 }
 
@@ -689,7 +689,10 @@ pub(crate) fn run(
         let out = execute(&queue, settings, command).await;
         // Said on stderr (stdout stays parseable), also when the relay refused: the refusal
         // is that relay's.
-        let answered = queue.answered_by_text();
+        let mut answered = queue.answered_by_text();
+        if let (Queue::Api(_), AdminSource::ConfigFile(file)) = (&queue, &target) {
+            answered.push_str(&format!(", the `admin` of {}", file.display()));
+        }
         let out = out.map_err(|e| {
             let mut message = e.message;
             if e.code == "confirmation_required" {

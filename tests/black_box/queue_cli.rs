@@ -921,6 +921,13 @@ async fn without_a_named_relay_changes_are_refused_and_every_answer_names_its_re
         paused.stderr
     );
     assert!(
+        paused
+            .stderr
+            .contains(&format!("the `admin` of {}", absent.display())),
+        "{}",
+        paused.stderr
+    );
+    assert!(
         !paused.stdout.contains("relay.test"),
         "stdout stays the result"
     );
