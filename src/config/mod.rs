@@ -279,7 +279,7 @@ impl Default for Settings {
 /// the ids of `--listen`, `--hostname`, `--tls-cert`, `--tls-key` and `--max-message-size`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub(crate) struct ConfigArgs {
-    /// TOML configuration file.
+    /// TOML configuration file (default: /etc/idemrelay/idemrelay.toml when it exists).
     #[arg(global = true, long, env = "IDEMRELAY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Plain SMTP listener address (repeatable).
@@ -391,7 +391,8 @@ pub(crate) struct ConfigArgs {
     /// Concurrent upstream connections.
     #[arg(global = true, long, env = "IDEMRELAY_UPSTREAM_CONNECTIONS")]
     pub upstream_connections: Option<usize>,
-    /// Admin HTTP API address (health, metrics, ledger), or `off`.
+    /// Admin HTTP API address (health, metrics, ledger), or `off`: where `serve` listens, and
+    /// the relay `queue` and `healthcheck` ask (HOST:PORT or http://HOST:PORT).
     #[arg(global = true, long, env = "IDEMRELAY_ADMIN")]
     pub admin: Option<AdminListen>,
     /// Bearer token for the admin API's /metrics and /api/ (prefer the variable: flags show
