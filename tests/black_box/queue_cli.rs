@@ -1068,6 +1068,19 @@ async fn bulk_cancel_and_flush_all_are_one_recorded_action_each() {
     )
     .await;
 
+    // The API refuses a bulk cancel that does not name its filter (`{}` for every record).
+    let out = Command::new("curl")
+        .args(["-sS", "-X", "POST", "-H", "Content-Type: application/json"])
+        .args(["-d", r#"{"reason": "no filter"}"#, "-w", " %{http_code}"])
+        .arg(format!("http://{}/api/v1/queue/cancel", relay.admin()))
+        .output()
+        .expect("curl");
+    let answer = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        answer.ends_with(" 400") && answer.contains("missing field `filter`"),
+        "{answer}"
+    );
+    assert_eq!(relay.count("operator_actions").await, 0);
     // Filters without --all, or a state that cannot be cancelled, are refused.
     let no_all = refused(&relay, &["cancel", "--recipient", "list@example.com"]).await;
     assert!(no_all.stderr.contains("--all"), "{}", no_all.stderr);
