@@ -70,13 +70,23 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
-    /// The delivery queue, through the running relay's admin API (`--admin ADDR`, token from
-    /// IDEMRELAY_ADMIN_TOKEN), or with --direct on the store itself. Never creates a store.
+    /// The delivery queue, through the running relay's admin API, or with --direct on the store.
+    ///
+    /// The relay asked is the one `--admin URL` (or IDEMRELAY_ADMIN) names, else the `admin`
+    /// of the config file (`--config`, default /etc/idemrelay/idemrelay.toml); its token comes
+    /// from IDEMRELAY_ADMIN_TOKEN or that file. Changes are refused when no relay is named that
+    /// way; every command says which relay answered (on stderr, or in JSON output as
+    /// `answered_by`). Never creates a store.
     Queue {
         /// Work on the store (`--store`) directly instead of through the relay's admin API:
         /// for a relay that is not running. Actions are recorded as the local user's.
         #[arg(long, global = true)]
         direct: bool,
+        /// Who acts, as recorded with every action (default: $USER, $LOGNAME, else the OS's
+        /// name for this process's user). Through the API it is recorded beside the token's
+        /// name, as the caller's claim.
+        #[arg(long, global = true, env = "IDEMRELAY_OPERATOR", value_name = "NAME")]
+        by: Option<String>,
         #[command(subcommand)]
         command: QueueCommand,
     },
@@ -94,6 +104,7 @@ pub(crate) enum Command {
     /// the relay (`idemrelay sendmail --help` for its sendmail-style options).
     #[command(disable_help_flag = true)]
     Sendmail {
+        /// sendmail's own options and the recipients (`idemrelay sendmail --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
@@ -105,17 +116,29 @@ pub(crate) enum Command {
         /// Probe /readyz instead: the store is writable and delivery is not wedged.
         #[arg(long)]
         ready: bool,
+        /// Give up (exit 1) when no answer came within this long.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },
     /// Print a shell completion script on standard output, e.g.
     /// `idemrelay completions bash > /etc/bash_completion.d/idemrelay`.
     Completions {
+        /// The shell to write the script for.
         #[arg(value_enum)]
         shell: CompletionShell,
     },
-    /// Print the manual page (roff) on standard output, e.g. `idemrelay man | man -l -`.
-    Man,
+    /// Print a manual page (roff) on standard output, e.g. `idemrelay man | man -l -`.
+    ///
+    /// The command's own page, or a subcommand's: `idemrelay man queue list` is
+    /// idemrelay-queue-list(1), as the pages' SUBCOMMANDS name them. --dir writes them all.
+    Man {
+        /// The subcommand whose page to print (nested ones by their path: `queue list`).
+        subcommand: Vec<String>,
+        /// Write every page (idemrelay.1, idemrelay-queue.1, ...) into this directory instead,
+        /// e.g. /usr/local/share/man/man1.
+        #[arg(long, conflicts_with = "subcommand")]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// The shells `completions` writes for.
@@ -134,6 +157,7 @@ fn parse_since(s: &str) -> Result<String, String> {
 pub(crate) enum CertsCommand {
     /// Write a self-signed certificate and key (cert.pem, key.pem) for local use.
     Generate {
+        /// Directory to write cert.pem and key.pem into (created if missing).
         #[arg(long, default_value = "certs")]
         out: PathBuf,
         /// Subject alternative name, a DNS name or an IP address (repeatable). Default:
@@ -147,6 +171,7 @@ pub(crate) enum CertsCommand {
 pub(crate) enum UserCommand {
     /// Add or replace a user; the password is read from the first line of standard input.
     Add {
+        /// The user name clients give at AUTH.
         name: String,
         /// The users file (created if missing); default: the configured `users_file`.
         #[arg(long)]
@@ -184,8 +209,31 @@ pub(crate) struct DeriveArgs {
     pub smtputf8: bool,
 }
 
+/// The config file read when no `--config` (nor `IDEMRELAY_CONFIG`) names one, as Postfix
+/// reads main.cf: where a packaged relay keeps its settings, so `idemrelay queue` on that host
+/// finds that relay's admin address and token. `IDEMRELAY_DEFAULT_CONFIG` moves it (empty: none).
+pub const DEFAULT_CONFIG: &str = "/etc/idemrelay/idemrelay.toml";
+
+/// The variable that moves `DEFAULT_CONFIG` (packagers, tests).
+const DEFAULT_CONFIG_VAR: &str = "IDEMRELAY_DEFAULT_CONFIG";
+
+/// Where the settings come from when no `--config` is given: the default file, if it exists.
+fn default_config_file() -> Option<PathBuf> {
+    let path = match std::env::var_os(DEFAULT_CONFIG_VAR) {
+        Some(path) if path.is_empty() => return None,
+        Some(path) => PathBuf::from(path),
+        None => PathBuf::from(DEFAULT_CONFIG),
+    };
+    // Present but unreadable is an error Settings::load reports (naming the file), not a
+    // reason to run on built-in defaults instead.
+    std::fs::symlink_metadata(&path).is_ok().then_some(path)
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = cli.config;
+    let mut config = cli.config;
+    if config.config.is_none() {
+        config.config = default_config_file();
+    }
     match cli.command {
         Command::Serve => serve(&Settings::load(&config)?),
         Command::CheckConfig => {
@@ -200,9 +248,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", derive_report(&args, &settings.scope)?);
             Ok(())
         }
-        Command::Queue { direct, command } => {
+        Command::Queue {
+            direct,
+            by,
+            command,
+        } => {
             let store_given = config.store.clone();
-            queue::run(&Settings::load(&config)?, store_given, direct, command)
+            let target = queue::AdminSource::of(&config);
+            let settings = Settings::load(&config)?;
+            queue::run(&settings, store_given, direct, target, by, command)
         }
         Command::Report { since, json } => {
             report(&Settings::load(&config)?, since.as_deref(), json)
@@ -267,9 +321,25 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             clap_complete::generate(shell, &mut command, "idemrelay", &mut script);
             write_stdout(&script)
         }
-        Command::Man => {
+        Command::Man { subcommand, dir } => {
+            let command = man_tree();
+            if let Some(dir) = dir {
+                let written = write_man_pages(&command, &dir)?;
+                println!("wrote {written} page(s) into {}", dir.display());
+                return Ok(());
+            }
+            let mut page_of = &command;
+            for name in &subcommand {
+                page_of = page_of.find_subcommand(name).with_context(|| {
+                    format!(
+                        "no subcommand {name:?} under `{}` (idemrelay man names each page's \
+                         subcommands under SUBCOMMANDS)",
+                        page_of.get_bin_name().unwrap_or("idemrelay")
+                    )
+                })?;
+            }
             let mut page = Vec::new();
-            clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+            clap_mangen::Man::new(page_of.clone()).render(&mut page)?;
             write_stdout(&page)
         }
         // main.rs hands `idemrelay [global flags] sendmail ...` over before clap; this is
@@ -285,6 +355,41 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 .block_on(crate::sink::run(config))
         }
     }
+}
+
+/// The command tree the manual pages are made of: built, so each subcommand knows its page's
+/// name (`idemrelay-queue-list`) and its synopsis (`idemrelay queue list`), without the `help`
+/// subcommands, which have no page.
+fn man_tree() -> clap::Command {
+    fn without_help(command: clap::Command) -> clap::Command {
+        let mut command = command.disable_help_subcommand(true);
+        let names: Vec<String> = command
+            .get_subcommands()
+            .map(|s| s.get_name().to_string())
+            .collect();
+        for name in names {
+            command = command.mut_subcommand(name, without_help);
+        }
+        command
+    }
+    let mut command = without_help(Cli::command());
+    command.build();
+    command
+}
+
+/// Writes the page of `command` and of each subcommand under it into `dir`; returns how many.
+fn write_man_pages(command: &clap::Command, dir: &std::path::Path) -> anyhow::Result<usize> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut written = 0;
+    for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+        written += write_man_pages(sub, dir)?;
+    }
+    let man = clap_mangen::Man::new(command.clone());
+    let path = dir.join(man.get_filename());
+    let mut page = Vec::new();
+    man.render(&mut page)?;
+    std::fs::write(&path, page).with_context(|| format!("writing {}", path.display()))?;
+    Ok(written + 1)
 }
 
 /// Writes a generated text to stdout. A reader that stops early (`| head`) closes the pipe:
@@ -427,6 +532,31 @@ fn derive_report(args: &DeriveArgs, scope: &str) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::to_crlf;
+
+    /// Every flag and argument of every command says what it is for in `--help` (and so in
+    /// the man pages and completions).
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" || arg.is_hide_set() {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut command = <super::Cli as clap::CommandFactory>::command();
+        command.build();
+        let mut missing = Vec::new();
+        walk(&command, "idemrelay", &mut missing);
+        assert!(missing.is_empty(), "without help:\n{}", missing.join("\n"));
+    }
 
     #[test]
     fn lone_lf_becomes_crlf() {

@@ -46,18 +46,21 @@ impl PauseReason {
 /// The two exposition formats `/metrics` speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Format {
-    /// `application/openmetrics-text; version=1.0.0`, the default.
+    /// `application/openmetrics-text; version=1.0.0`, for a client that asks for it
+    /// (Prometheus does).
     OpenMetrics,
-    /// `text/plain; version=0.0.4`, the Prometheus text format (`promtool check metrics`).
+    /// `text/plain; version=0.0.4`, the Prometheus text format, the default (`curl | promtool
+    /// check metrics`), as the Go client library answers.
     Text004,
 }
 
 impl Format {
-    /// The format an `Accept` header prefers: the media range with the highest `q` of the two
-    /// we speak; OpenMetrics when both tie, neither is named, or there is no header.
+    /// The format an `Accept` header prefers: OpenMetrics only when it asks for
+    /// `application/openmetrics-text` at least as much as for `text/plain`; the text format
+    /// otherwise (no header, `*/*`), as the Go client library decides.
     pub(crate) fn negotiate(accept: Option<&str>) -> Format {
         let Some(accept) = accept else {
-            return Format::OpenMetrics;
+            return Format::Text004;
         };
         let mut openmetrics = None::<f32>;
         let mut text = None::<f32>;
@@ -77,9 +80,9 @@ impl Format {
             *slot = Some(slot.map_or(q, |old| old.max(q)));
         }
         match (openmetrics, text) {
-            (None, Some(t)) if t > 0.0 => Format::Text004,
-            (Some(o), Some(t)) if t > o => Format::Text004,
-            _ => Format::OpenMetrics,
+            (Some(o), Some(t)) if o > 0.0 && o >= t => Format::OpenMetrics,
+            (Some(o), None) if o > 0.0 => Format::OpenMetrics,
+            _ => Format::Text004,
         }
     }
 
@@ -940,8 +943,8 @@ mod tests {
     fn accept_headers_choose_the_format() {
         use Format::*;
         let table: &[(Option<&str>, Format)] = &[
-            (None, OpenMetrics),
-            (Some("*/*"), OpenMetrics),
+            (None, Text004),
+            (Some("*/*"), Text004),
             (Some("text/plain; version=0.0.4"), Text004),
             (Some("text/plain"), Text004),
             (Some("application/openmetrics-text; version=1.0.0"), OpenMetrics),
@@ -954,7 +957,8 @@ mod tests {
                 Some("application/openmetrics-text;q=0.2, text/plain;version=0.0.4;q=0.9"),
                 Text004,
             ),
-            (Some("text/plain;q=0"), OpenMetrics),
+            (Some("text/plain;q=0"), Text004),
+            (Some("application/openmetrics-text;q=0"), Text004),
             (Some("TEXT/PLAIN; Version=0.0.4"), Text004),
         ];
         for (accept, want) in table {

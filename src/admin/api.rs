@@ -338,10 +338,76 @@ pub(crate) async fn resume(State(state): State<Arc<AdminState>>, action: Action)
 pub(crate) async fn status(State(state): State<Arc<AdminState>>) -> Response {
     respond(ops::status(state.store.as_ref()).await.map(|mut status| {
         status["store"] = state.store_url.clone().into();
+        status["instance"] = instance_name(&state).into();
         status
     }))
 }
 
+/// The name this relay answers with (its `hostname` setting), in `/api/v1/queue/status` and in
+/// the `Idemrelay-Instance` header of every admin response: `idemrelay queue` shows it, so an
+/// operator sees which relay answered before trusting a listing or an action.
+pub(crate) fn instance_name(state: &AdminState) -> &str {
+    // `hosts` starts with the relay's own `hostname` (see `AdminState::hosts`).
+    state.hosts.first().map_or("", String::as_str)
+}
+
 pub(crate) async fn purge(State(state): State<Arc<AdminState>>, action: Action) -> Response {
     respond(ops::purge(state.store.as_ref(), state.retention, &action.by).await)
+}
+
+/// `POST /api/v1/queue/cancel`'s body: `{"filter": {...}, "reason": "..."}`. The filter takes
+/// the parameters of `GET /api/v1/messages` (state `queued`, the default, or `deferred`), and
+/// must be given, if only as `{}` for every queued record: a body without it is refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkCancelParams {
+    reason: Option<String>,
+    filter: ListQuery,
+}
+
+/// Cancels every queued record the filter matches, as ONE recorded action with the count.
+/// Refused as the other actions are: without a token unless changes are allowed (403), without
+/// a JSON body (415), with a query (400).
+pub(crate) async fn cancel_matching(
+    State(state): State<Arc<AdminState>>,
+    request: Request,
+) -> Response {
+    if !changes_allowed(&state) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "changes_need_token",
+            CHANGES_NEED_TOKEN,
+        );
+    }
+    let (parts, body) = request.into_parts();
+    if !is_json(&parts.headers) {
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "json_required",
+            "a bulk cancel takes Content-Type: application/json and a body like {\"filter\": {\"state\": \"queued\", \"recipient\": \"...\"}, \"reason\": \"...\"}",
+        );
+    }
+    if parts.uri.query().is_some_and(|q| !q.is_empty()) {
+        return bad_request(
+            "bad_query",
+            "a bulk cancel takes no query parameters: the filter goes in the JSON body",
+        );
+    }
+    let body = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(body) => body,
+        Err(e) => return bad_request("bad_body", e.to_string()),
+    };
+    let params: BulkCancelParams = match serde_json::from_slice(&body) {
+        Ok(params) => params,
+        Err(e) => {
+            return bad_request(
+                "bad_body",
+                format!(
+                    "the body must be JSON like {{\"filter\": {{\"state\": \"queued\"}}, \"reason\": \"...\"}} ({{}} as the filter: every queued record): {e}"
+                ),
+            )
+        }
+    };
+    let by = operator(&state, &parts.headers, params.reason);
+    respond(ops::cancel_matching(state.store.as_ref(), params.filter, &by).await)
 }

@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 use super::healthcheck::probe_addr;
 use super::ops::{OpError, OpResult};
-use super::wire::OPERATOR_HEADER;
+use super::wire::{INSTANCE_HEADER, OPERATOR_HEADER};
 
 /// Answers larger than this are refused (a listing page is far smaller).
 const MAX_ANSWER: usize = 64 * 1024 * 1024;
@@ -23,6 +23,8 @@ pub(crate) struct AdminClient {
     token: Option<String>,
     /// The local user, sent as the person behind the token.
     operator: String,
+    /// The relay's name from the last answer's `Idemrelay-Instance` header.
+    instance: std::sync::Mutex<Option<String>>,
 }
 
 impl AdminClient {
@@ -31,7 +33,14 @@ impl AdminClient {
             addr: probe_addr(addr),
             token,
             operator,
+            instance: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The name the relay gave in its last answer, if it gave one (a relay of an older
+    /// version names none).
+    pub(crate) fn instance(&self) -> Option<String> {
+        self.instance.lock().ok().and_then(|i| i.clone())
     }
 
     pub(crate) fn base(&self) -> String {
@@ -102,6 +111,15 @@ impl AdminClient {
                 .await
                 .map_err(|e| failed(e.to_string()))?;
             let status = response.status();
+            if let Some(name) = response
+                .headers()
+                .get(INSTANCE_HEADER)
+                .and_then(|v| v.to_str().ok())
+            {
+                if let Ok(mut instance) = self.instance.lock() {
+                    *instance = Some(name.to_string());
+                }
+            }
             let bytes = axum::body::to_bytes(Body::new(response.into_body()), MAX_ANSWER)
                 .await
                 .map_err(|e| failed(e.to_string()))?;

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
@@ -47,6 +47,7 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router {
         .route("/api/v1/messages/{id}/flush", post(api::flush))
         .route("/api/v1/messages/{id}/resolve", post(api::resolve))
         .route("/api/v1/queue/flush", post(api::flush_all))
+        .route("/api/v1/queue/cancel", post(api::cancel_matching))
         .route("/api/v1/queue/pause", post(api::pause))
         .route("/api/v1/queue/resume", post(api::resume))
         .route("/api/v1/queue/purge", post(api::purge))
@@ -67,9 +68,24 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        // A browser pointed at the listener lands on the console (303: GET it).
+        .route("/", get(|| async { Redirect::to("/console") }))
         .merge(guarded)
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        .layer(middleware::map_response_with_state(
+            state.clone(),
+            name_instance,
+        ))
         .with_state(state)
+}
+
+/// Every answer names the relay that gave it (`Idemrelay-Instance`), so a client that reached
+/// another relay than it meant to can tell.
+async fn name_instance(State(state): State<Arc<AdminState>>, mut response: Response) -> Response {
+    if let Ok(name) = header::HeaderValue::from_str(api::instance_name(&state)) {
+        response.headers_mut().insert(wire::INSTANCE_HEADER, name);
+    }
+    response
 }
 
 /// Serves until `stop` is given. The relay gives it only after its own shutdown has drained,

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use super::view::{action_json, show_json, summary_json};
 use super::waiting::{why_waiting, RecordFacts, RelayFacts};
+use super::wire::ListQuery;
 use crate::delivery::breaker::BreakerState;
 use crate::store::{
     Action, Flush, ListFilter, Operator, Requeue, Resolution, Resolve, Retention, State, Store,
@@ -266,11 +267,11 @@ pub(crate) async fn flush(store: &dyn Store, id: &str, by: &Operator) -> OpResul
     }
 }
 
+/// Every waiting record due now: ONE action (relay-wide, with the count), logged once.
 pub(crate) async fn flush_all(store: &dyn Store, by: &Operator) -> OpResult {
     let ids = store.flush_all(by).await?;
-    for id in &ids {
-        log_action(Action::Flush, Some(id), by, Some("all"));
-    }
+    let detail = crate::store::flush_all_detail(ids.len());
+    log_action(Action::Flush, None, by, Some(&detail));
     Ok(json!({
         "flushed": ids.len(),
         "ids": ids,
@@ -322,4 +323,74 @@ pub(crate) async fn purge(store: &dyn Store, retention: Retention, by: &Operator
         "parked_retention": humantime::format_duration(retention.parked).to_string(),
         "upstream_window": humantime::format_duration(retention.upstream_window).to_string(),
     }))
+}
+
+/// How many ids one listing page of a bulk cancel reads at a time.
+const BULK_PAGE: usize = 1000;
+
+/// Cancels every queued record `selection` matches (the filters of `list`; `state` may only be
+/// `queued`, the default, or `deferred`), skipping those a worker holds right now. ONE
+/// operator action with the count and the filters, not one per record: `queue status` shows it.
+/// `{"cancelled": N, "ids": [...], "matched": M, "skipped_leased": M - N}`.
+pub(crate) async fn cancel_matching(
+    store: &dyn Store,
+    mut selection: ListQuery,
+    by: &Operator,
+) -> OpResult {
+    let bad = |message: String| OpError::new(StatusCode::BAD_REQUEST, "bad_filter", message);
+    if selection.order.is_some() || selection.limit.is_some() || selection.cursor.is_some() {
+        return Err(bad(
+            "a bulk cancel takes the filters of a listing, not its order, limit or cursor".into(),
+        ));
+    }
+    match selection.state.as_deref() {
+        None => selection.state = Some("queued".into()),
+        Some("queued" | "deferred") => {}
+        Some(other) => {
+            return Err(bad(format!(
+                "state {other:?}: only queued records (state queued or deferred) can be cancelled"
+            )))
+        }
+    }
+    let what = describe_selection(&selection);
+    selection.limit = Some(BULK_PAGE);
+    let mut filter = selection
+        .into_filter(crate::store::now_ms())
+        .map_err(|(code, message)| OpError::new(StatusCode::BAD_REQUEST, code, message))?;
+    let mut ids = Vec::new();
+    loop {
+        let page = store.list_page(&filter).await?;
+        ids.extend(page.records.into_iter().map(|r| r.id));
+        match page.next_cursor {
+            Some(cursor) => filter.cursor = Some(cursor),
+            None => break,
+        }
+    }
+    let cancelled = store.cancel_all(&ids, by, &what).await?;
+    let detail = format!("cancelled {} record(s) {what}", cancelled.len());
+    log_action(Action::Cancel, None, by, Some(&detail));
+    Ok(json!({
+        "cancelled": cancelled.len(),
+        "matched": ids.len(),
+        "skipped_leased": ids.len() - cancelled.len(),
+        "ids": cancelled,
+    }))
+}
+
+/// The filters of a bulk action as its record says them: `matching state=queued recipient=...`.
+fn describe_selection(q: &ListQuery) -> String {
+    let parts: Vec<String> = [
+        ("state", &q.state),
+        ("scope", &q.scope),
+        ("key", &q.key),
+        ("sender", &q.sender),
+        ("recipient", &q.recipient),
+        ("message_id", &q.message_id),
+        ("since", &q.since),
+        ("until", &q.until),
+    ]
+    .iter()
+    .filter_map(|(name, value)| value.as_ref().map(|v| format!("{name}={v}")))
+    .collect();
+    format!("matching {}", parts.join(" "))
 }

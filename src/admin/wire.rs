@@ -13,6 +13,9 @@ const MAX_PAGE: usize = 1000;
 /// is recorded beside the token's name, as the caller's claim.
 pub(crate) const OPERATOR_HEADER: &str = "x-idemrelay-operator";
 
+/// The response header every admin answer names its relay with (the relay's `hostname`).
+pub(crate) const INSTANCE_HEADER: &str = "idemrelay-instance";
+
 /// Percent-encodes one path segment or query value.
 pub(crate) fn encode(text: &str) -> String {
     let mut out = String::new();

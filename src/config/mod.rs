@@ -26,13 +26,43 @@ pub struct AdminListen(pub Option<SocketAddr>);
 
 impl std::str::FromStr for AdminListen {
     type Err = String;
+    /// `HOST:PORT`, or a URL `http://HOST[:PORT][/]` as `idemrelay queue --admin` is often
+    /// given one (a host name is resolved now, to its first address), or `off`.
     fn from_str(s: &str) -> Result<Self, String> {
         if s.eq_ignore_ascii_case("off") {
             return Ok(AdminListen(None));
         }
-        s.parse().map(|addr| AdminListen(Some(addr))).map_err(|e| {
-            format!("{s:?} is neither an address like 127.0.0.1:8025 nor \"off\" ({e})")
-        })
+        let lower = s.to_ascii_lowercase();
+        if lower.starts_with("https://") {
+            return Err(format!(
+                "{s:?}: the admin API speaks plain HTTP (no TLS); give http://HOST:PORT, through \
+                 an SSH tunnel if it is not on this network"
+            ));
+        }
+        let (rest, default_port) = match lower.strip_prefix("http://") {
+            Some(_) => (s["http://".len()..].trim_end_matches('/'), Some(80)),
+            None => (s, None),
+        };
+        if rest.contains('/') {
+            return Err(format!("{s:?}: the admin address takes no path"));
+        }
+        if let Ok(addr) = rest.parse::<SocketAddr>() {
+            return Ok(AdminListen(Some(addr)));
+        }
+        let with_port = match (default_port, rest.rsplit_once(':')) {
+            (Some(port), None) => format!("{rest}:{port}"),
+            (Some(port), Some((_, p))) if p.parse::<u16>().is_err() => format!("{rest}:{port}"),
+            _ => rest.to_string(),
+        };
+        use std::net::ToSocketAddrs as _;
+        match with_port.to_socket_addrs() {
+            Ok(mut addrs) => addrs.next().map(|a| AdminListen(Some(a))).ok_or_else(|| {
+                format!("{s:?}: the name has no address")
+            }),
+            Err(e) => Err(format!(
+                "{s:?} is neither an address like 127.0.0.1:8025 (or http://127.0.0.1:8025) nor \"off\" ({e})"
+            )),
+        }
     }
 }
 
@@ -255,7 +285,7 @@ impl Default for Settings {
 /// the ids of `--listen`, `--hostname`, `--tls-cert`, `--tls-key` and `--max-message-size`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub(crate) struct ConfigArgs {
-    /// TOML configuration file.
+    /// TOML configuration file (default: /etc/idemrelay/idemrelay.toml when it exists).
     #[arg(global = true, long, env = "IDEMRELAY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Plain SMTP listener address (repeatable).
@@ -277,10 +307,13 @@ pub(crate) struct ConfigArgs {
         value_delimiter = ','
     )]
     pub submissions_listen: Vec<SocketAddr>,
+    /// PEM certificate chain for the TLS listeners (reloaded when it changes and on SIGHUP).
     #[arg(global = true, long, env = "IDEMRELAY_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
     #[arg(global = true, long, env = "IDEMRELAY_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
+    /// Users allowed to AUTH (TOML with argon2 hashes; written by `idemrelay user add`).
     #[arg(global = true, long, env = "IDEMRELAY_USERS_FILE")]
     pub users_file: Option<PathBuf>,
     /// Store URL, e.g. sqlite://idemrelay.db or postgres://relay@db.internal/idemrelay.
@@ -294,6 +327,7 @@ pub(crate) struct ConfigArgs {
         hide_env_values = true
     )]
     pub upstream: Option<String>,
+    /// Name in the SMTP greeting and the Received line (default: this host's name); `idemrelay queue` shows it as the relay's name.
     #[arg(global = true, long, env = "IDEMRELAY_HOSTNAME")]
     pub hostname: Option<String>,
     /// Idempotency scope: of unauthenticated clients (`serve`), and of the key a `queue` or
@@ -317,26 +351,38 @@ pub(crate) struct ConfigArgs {
         value_delimiter = ','
     )]
     pub proxy_protocol_from: Vec<IpNet>,
+    /// A message without an idempotency key: `derive` one, `pass` it on without
+    /// deduplication, or `reject` it.
     #[arg(global = true, long, env = "IDEMRELAY_MISSING_KEY", value_enum)]
     pub missing_key: Option<MissingKey>,
+    /// How long a delivered or rejected record replays after acceptance (e.g. 3h).
     #[arg(global = true, long, env = "IDEMRELAY_RETENTION", value_parser = humantime::parse_duration)]
     pub retention: Option<Duration>,
+    /// How long `failed`, `unresolved` and `cancelled` records wait for an operator (e.g. 30d).
     #[arg(global = true, long, env = "IDEMRELAY_PARKED_RETENTION", value_parser = humantime::parse_duration)]
     pub parked_retention: Option<Duration>,
+    /// How long a submission waits for a concurrent one with the same key (then E01004).
     #[arg(global = true, long, env = "IDEMRELAY_IN_PROGRESS_WAIT", value_parser = humantime::parse_duration)]
     pub in_progress_wait: Option<Duration>,
+    /// Largest message accepted, in bytes (SIZE).
     #[arg(global = true, long, env = "IDEMRELAY_MAX_MESSAGE_SIZE")]
     pub max_message_size: Option<usize>,
+    /// Most recipients one message may have.
     #[arg(global = true, long, env = "IDEMRELAY_MAX_RECIPIENTS")]
     pub max_recipients: Option<usize>,
+    /// Read deadline per SMTP command or DATA read.
     #[arg(global = true, long, env = "IDEMRELAY_READ_TIMEOUT", value_parser = humantime::parse_duration)]
     pub read_timeout: Option<Duration>,
+    /// How long a store write may wait for the database lock before the message is refused.
     #[arg(global = true, long, env = "IDEMRELAY_STORE_BUSY_TIMEOUT", value_parser = humantime::parse_duration)]
     pub store_busy_timeout: Option<Duration>,
+    /// How often records past their retention are deleted.
     #[arg(global = true, long, env = "IDEMRELAY_PURGE_INTERVAL", value_parser = humantime::parse_duration)]
     pub purge_interval: Option<Duration>,
+    /// How often the store is probed for writability (new connections get 421 4.3.2 while it is not writable).
     #[arg(global = true, long, env = "IDEMRELAY_STORE_PROBE_INTERVAL", value_parser = humantime::parse_duration)]
     pub store_probe_interval: Option<Duration>,
+    /// How long sessions inside a message may run on after SIGTERM.
     #[arg(global = true, long, env = "IDEMRELAY_SHUTDOWN_GRACE", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Option<Duration>,
     /// Extra trusted CA certificates (PEM) for the upstream's TLS.
@@ -345,12 +391,14 @@ pub(crate) struct ConfigArgs {
     /// The upstream's idempotency window (UNKNOWN outcomes are retried only inside it).
     #[arg(global = true, long, env = "IDEMRELAY_UPSTREAM_WINDOW", value_parser = humantime::parse_duration)]
     pub upstream_window: Option<Duration>,
+    /// First delay before a delivery is retried (then doubled, with jitter, up to the cap).
     #[arg(global = true, long, env = "IDEMRELAY_RETRY_BASE", value_parser = humantime::parse_duration)]
     pub retry_base: Option<Duration>,
     /// Concurrent upstream connections.
     #[arg(global = true, long, env = "IDEMRELAY_UPSTREAM_CONNECTIONS")]
     pub upstream_connections: Option<usize>,
-    /// Admin HTTP API address (health, metrics, ledger), or `off`.
+    /// Admin HTTP API address (health, metrics, ledger), or `off`: where `serve` listens, and
+    /// the relay `queue` and `healthcheck` ask (HOST:PORT or http://HOST:PORT).
     #[arg(global = true, long, env = "IDEMRELAY_ADMIN")]
     pub admin: Option<AdminListen>,
     /// Bearer token for the admin API's /metrics and /api/ (prefer the variable: flags show

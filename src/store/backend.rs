@@ -130,11 +130,21 @@ pub trait Store: Send + Sync {
         by: &Operator,
     ) -> Result<Resolve, StoreError>;
 
+    /// Cancels each of `ids` still queued and not leased right now (no DSN), in one commit
+    /// with ONE relay-wide action row for them all: "cancelled N record(s) WHAT" (`what`
+    /// names the selection, e.g. the filters). Returns the ids cancelled.
+    async fn cancel_all(
+        &self,
+        ids: &[String],
+        by: &Operator,
+        what: &str,
+    ) -> Result<Vec<String>, StoreError>;
+
     /// Makes a queued record that no worker holds due now, recorded as `by`'s action.
     async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError>;
 
-    /// Makes every queued record due now that is not yet due and that no worker holds; each
-    /// is recorded as `by`'s action. Returns the ids flushed.
+    /// Makes every queued record due now that is not yet due and that no worker holds,
+    /// recorded as ONE relay-wide action of `by`'s with the count. Returns the ids flushed.
     async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError>;
 
     /// Records an operator action on the whole relay (pause, resume, purge).

@@ -24,7 +24,7 @@ pub use backend::Store;
 pub use listing::{Cursor, ListFilter, Page, StateFilter};
 pub use record::*;
 pub use retention::Retention;
-pub(crate) use transition::confirmation_reason;
+pub(crate) use transition::{confirmation_reason, flush_all_detail};
 pub use webhook::{
     EventKind, EventRow, UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,
 };

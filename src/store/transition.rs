@@ -231,6 +231,11 @@ pub(crate) fn flush(found: Option<FlushFacts>, now_ms: i64) -> Result<Flushed, F
     })
 }
 
+/// What the one action row of a flush of every waiting record says beyond who and why.
+pub(crate) fn flush_all_detail(count: usize) -> String {
+    format!("flushed {count} record(s) (all)")
+}
+
 /// What a flush's action row says beyond who and why.
 pub(crate) fn flush_detail(was_due_at_ms: i64, now_ms: i64) -> String {
     if was_due_at_ms > now_ms {

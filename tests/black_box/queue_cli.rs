@@ -119,7 +119,8 @@ async fn a_failed_message_is_listed_shown_and_delivered_after_retry() {
     // The DSN to the sender.
     sink.wait_for_messages(1, LIMIT).await.unwrap();
 
-    let list = ok(&relay, &["list"]).await.stdout;
+    // Every column, with the last outcome and the upstream's reply: --wide.
+    let list = ok(&relay, &["list", "--wide"]).await.stdout;
     assert!(list.starts_with("ID "), "{list}");
     let line = row(&list, &id);
     for part in [
@@ -243,7 +244,8 @@ async fn an_unresolved_message_is_retried_only_with_confirmation() {
     let list = ok_via(&relay, Via::Store, &["list", "--state", "unresolved"])
         .await
         .stdout;
-    assert!(row(&list, &id).contains("unresolved"), "{list}");
+    // The narrow listing shows the beginning of the id.
+    assert!(row(&list, &id[..16]).contains("unresolved"), "{list}");
 
     let refusal = refused_via(&relay, Via::Store, &["retry", &id]).await;
     assert!(
@@ -835,7 +837,7 @@ async fn a_waiting_message_says_why_and_flush_sends_it_now() {
     assert_eq!(listed["waiting"]["reason"], "backoff", "{listed}");
     assert_eq!(listed["last_outcome"], "transient");
     let table = ok(&relay, &["list", "--state", "deferred"]).await.stdout;
-    let line = row(&table, &id);
+    let line = row(&table, &id[..16]);
     assert!(line.contains("backoff"), "{table}");
     assert!(line.contains("waiting@example.com") || line.contains("Waiting@Example.com"));
     let show = ok(&relay, &["show", "--key", "flush-1"]).await.stdout;
@@ -919,17 +921,421 @@ async fn a_waiting_message_says_why_and_flush_sends_it_now() {
         .lines()
         .find_map(|l| l.strip_prefix("more: --cursor "))
         .unwrap_or_else(|| panic!("no cursor line:\n{first}"));
-    assert!(first.contains(&id), "{first}");
+    assert!(first.contains(&id[..16]), "{first}");
     let next = ok(&relay, &["list", "--limit", "1", "--cursor", more])
         .await
         .stdout;
-    assert!(next.contains(&second), "{next}");
+    assert!(next.contains(&second[..16]), "{next}");
     assert!(!next.contains("more:"), "{next}");
     let newest = ok(&relay, &["list", "--newest", "--limit", "1"])
         .await
         .stdout;
     assert!(
-        newest.contains(&second) && newest.contains("more: --cursor"),
+        newest.contains(&second[..16]) && newest.contains("more: --cursor"),
         "{newest}"
     );
+}
+
+/// `idemrelay queue ARGS...` with no relay named: no --admin, no IDEMRELAY_ADMIN, and the
+/// default config file moved to `default_config` (so the host's /etc is never read).
+async fn queue_unnamed(default_config: &std::path::Path, args: &[&str]) -> Run {
+    let mut all = vec!["queue"];
+    all.extend(args);
+    run_env(
+        &all,
+        &[("IDEMRELAY_DEFAULT_CONFIG", default_config.to_str().unwrap())],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_named_relay_changes_are_refused_and_every_answer_names_its_relay() {
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    relay.store().pause("hold", false).await.unwrap();
+    let id = submit(
+        &relay,
+        "rcpt@example.com",
+        &message(Some("named-1"), "s", "b"),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let absent = dir.path().join("idemrelay.toml");
+
+    // Nothing names a relay: whichever listens on the built-in default would take the change.
+    for args in [
+        &["flush", "--all"][..],
+        &["cancel", &id],
+        &["cancel", "--all", "--recipient", "rcpt@example.com"],
+        &["pause", "--reason", "drill"],
+        &["purge", "--expired"],
+    ] {
+        let run = queue_unnamed(&absent, args).await;
+        assert!(!run.ok, "{args:?} was not refused: {}", run.stdout);
+        assert!(
+            run.stderr.contains("refusing to")
+                && run.stderr.contains("--admin http://HOST:PORT")
+                && run.stderr.contains("--config"),
+            "{args:?}: {}",
+            run.stderr
+        );
+    }
+    // A read may go there, and says so.
+    let read = queue_unnamed(&absent, &["status"]).await;
+    assert!(
+        read.stderr.contains("built-in default 127.0.0.1:8025"),
+        "{}",
+        read.stderr
+    );
+
+    // The default config file names the relay: changes go to it, and it is named.
+    let admin = relay.admin();
+    std::fs::write(&absent, format!("admin = \"{admin}\"\n")).unwrap();
+    let paused = queue_unnamed(&absent, &["pause", "--reason", "named by the file"]).await;
+    assert!(paused.ok, "{}", paused.stderr);
+    assert!(
+        paused
+            .stderr
+            .contains(&format!("answered by relay relay.test at http://{admin}")),
+        "{}",
+        paused.stderr
+    );
+    assert!(
+        paused
+            .stderr
+            .contains(&format!("the `admin` of {}", absent.display())),
+        "{}",
+        paused.stderr
+    );
+    assert!(
+        !paused.stdout.contains("relay.test"),
+        "stdout stays the result"
+    );
+    // JSON output carries it as a field; the status names the instance too.
+    let status = queue_unnamed(&absent, &["status", "--json"]).await.json();
+    assert_eq!(status["answered_by"]["instance"], "relay.test", "{status}");
+    assert_eq!(
+        status["answered_by"]["admin"],
+        format!("http://{admin}"),
+        "{status}"
+    );
+    assert_eq!(status["instance"], "relay.test");
+    assert_eq!(status["reason"], "named by the file");
+    let listed = queue_unnamed(&absent, &["list", "--json"]).await.json();
+    assert_eq!(listed["answered_by"]["instance"], "relay.test");
+    assert_eq!(listed["messages"][0]["id"], id.as_str());
+
+    // --admin takes a URL as well as HOST:PORT; https is refused with a reason.
+    for given in [format!("http://{admin}"), format!("http://{admin}/")] {
+        let run = run_env(&["queue", "--admin", &given, "status", "--json"], &[]).await;
+        assert!(run.ok, "{given}: {}", run.stderr);
+        assert_eq!(run.json()["answered_by"]["instance"], "relay.test");
+    }
+    let tls = run_env(
+        &["queue", "--admin", &format!("https://{admin}"), "status"],
+        &[],
+    )
+    .await;
+    assert!(!tls.ok);
+    assert!(tls.stderr.contains("plain HTTP"), "{}", tls.stderr);
+    // A --config file that leaves `admin` out names no relay either.
+    let bare = dir.path().join("bare.toml");
+    std::fs::write(&bare, "scope = \"default\"\n").unwrap();
+    let run = run_env(
+        &[
+            "queue",
+            "--config",
+            bare.to_str().unwrap(),
+            "flush",
+            "--all",
+        ],
+        &[],
+    )
+    .await;
+    assert!(
+        !run.ok && run.stderr.contains("refusing to flush --all"),
+        "{}",
+        run.stderr
+    );
+
+    // Every admin answer names the relay; the root sends a browser to the console.
+    let out = Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "-D", "-"])
+        .arg(format!("http://{admin}/"))
+        .output()
+        .expect("curl");
+    let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 303"), "{head}");
+    assert!(head.contains("location: /console\r\n"), "{head}");
+    assert!(
+        head.contains("idemrelay-instance: relay.test\r\n"),
+        "{head}"
+    );
+}
+
+/// `idemrelay queue --direct --store <the relay's store> ARGS...` as a user without $USER or
+/// $LOGNAME (root in a container, a cron job).
+async fn direct_without_user(relay: &TestRelay, args: &[&str]) -> Run {
+    let store = relay.settings.store.expose().to_string();
+    let mut cmd = idemrelay();
+    cmd.args(["queue", "--direct", "--store", &store])
+        .args(args)
+        .env_remove("USER")
+        .env_remove("LOGNAME");
+    run_command(cmd).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_user_the_actor_is_the_os_user_name_and_by_names_another() {
+    let relay = TestRelay::start().await;
+    let os_user = Command::new("id").arg("-un").output().expect("id -un");
+    let os_user = String::from_utf8_lossy(&os_user.stdout).trim().to_string();
+    assert!(!os_user.is_empty());
+
+    let paused = direct_without_user(&relay, &["pause", "--reason", "r1"]).await;
+    assert!(paused.ok, "{}", paused.stderr);
+    let status = direct_without_user(&relay, &["status", "--json"])
+        .await
+        .json();
+    assert_eq!(
+        status["recent_actions"][0]["actor"],
+        format!("local user {os_user}"),
+        "{status}"
+    );
+    let resumed = direct_without_user(&relay, &["resume", "--by", "ops-carol"]).await;
+    assert!(resumed.ok, "{}", resumed.stderr);
+    // Through the API too: the person beside the token's name.
+    let mut cmd = idemrelay();
+    cmd.args(["queue", "--admin", &relay.admin().to_string(), "pause"])
+        .env_remove("USER")
+        .env_remove("LOGNAME");
+    assert!(run_command(cmd).await.ok);
+    let status = direct_without_user(&relay, &["status", "--json"])
+        .await
+        .json();
+    let actors: Vec<&str> = status["recent_actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["actor"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actors[..2],
+        [
+            format!("admin API (no token configured) ({os_user})").as_str(),
+            "local user ops-carol",
+        ],
+        "{status}"
+    );
+    let bad = direct_without_user(&relay, &["resume", "--by", "two words"]).await;
+    assert!(!bad.ok && bad.stderr.contains("--by"), "{}", bad.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_cancel_and_flush_all_are_one_recorded_action_each() {
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    relay.store().pause("hold", false).await.unwrap();
+    let mut wrong = Vec::new();
+    for n in 0..3 {
+        let key = format!("bulk-{n}");
+        wrong.push(submit(&relay, "list@example.com", &message(Some(&key), "s", "b")).await);
+    }
+    let keep = submit(
+        &relay,
+        "keep@example.com",
+        &message(Some("bulk-keep"), "s", "b"),
+    )
+    .await;
+
+    // The API refuses a bulk cancel that does not name its filter (`{}` for every record).
+    let out = Command::new("curl")
+        .args(["-sS", "-X", "POST", "-H", "Content-Type: application/json"])
+        .args(["-d", r#"{"reason": "no filter"}"#, "-w", " %{http_code}"])
+        .arg(format!("http://{}/api/v1/queue/cancel", relay.admin()))
+        .output()
+        .expect("curl");
+    let answer = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        answer.ends_with(" 400") && answer.contains("missing field `filter`"),
+        "{answer}"
+    );
+    assert_eq!(relay.count("operator_actions").await, 0);
+    // Filters without --all, or a state that cannot be cancelled, are refused.
+    let no_all = refused(&relay, &["cancel", "--recipient", "list@example.com"]).await;
+    assert!(no_all.stderr.contains("--all"), "{}", no_all.stderr);
+    let delivered = refused(&relay, &["cancel", "--all", "--state", "delivered"]).await;
+    assert!(
+        delivered.stderr.contains("only queued"),
+        "{}",
+        delivered.stderr
+    );
+
+    let two = ok(
+        &relay,
+        &[
+            "cancel",
+            "--all",
+            "--state",
+            "queued",
+            "--recipient",
+            "LIST@example.com",
+            "--older-than",
+            "0s",
+            "--reason",
+            "sent to the wrong list",
+        ],
+    )
+    .await;
+    assert!(
+        two.stdout.starts_with("cancelled 3 record(s)"),
+        "{}",
+        two.stdout
+    );
+    for id in &wrong {
+        assert_eq!(relay.stored(id).await.state, State::Cancelled);
+        assert!(two.stdout.contains(id.as_str()), "{}", two.stdout);
+    }
+    assert_eq!(relay.stored(&keep).await.state, State::Queued);
+    let status = ok(&relay, &["status", "--json"]).await.json();
+    let recent = &status["recent_actions"][0];
+    assert_eq!(recent["action"], "cancel", "{status}");
+    assert_eq!(recent["reason"], "sent to the wrong list");
+    assert_eq!(
+        recent["detail"],
+        "cancelled 3 record(s) matching state=queued recipient=LIST@example.com until=0s"
+    );
+    // One action for the three, not one each.
+    assert_eq!(relay.count("operator_actions").await, 1);
+    let text = ok(&relay, &["status"]).await.stdout;
+    assert!(text.contains("cancelled 3 record(s)"), "{text}");
+
+    // flush --all: one action with the count, shown by `queue status`.
+    let flushed = ok(&relay, &["flush", "--all", "--reason", "upstream back"]).await;
+    assert!(flushed.stdout.starts_with("flushed "), "{}", flushed.stdout);
+    let status = ok(&relay, &["status", "--json"]).await.json();
+    let recent = &status["recent_actions"][0];
+    assert_eq!(recent["action"], "flush", "{status}");
+    assert_eq!(recent["reason"], "upstream back");
+    assert!(
+        recent["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("record(s) (all)"),
+        "{status}"
+    );
+    assert_eq!(relay.count("operator_actions").await, 2);
+
+    // The same on the store itself.
+    let rest = ok_via(
+        &relay,
+        Via::Store,
+        &["cancel", "--all", "--in-scope", "default"],
+    )
+    .await;
+    assert!(
+        rest.stdout.starts_with("cancelled 1 record(s)") && rest.stdout.contains(&keep),
+        "{}",
+        rest.stdout
+    );
+    assert_eq!(relay.count("operator_actions").await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listing_fits_80_columns_and_wide_shows_everything() {
+    let sink = start_sink().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    relay.store().pause("hold", false).await.unwrap();
+    let key = format!("order-{}-end", "k".repeat(180));
+    let rcpt = format!("{}@a-rather-long-domain-name.example.com", "r".repeat(60));
+    let id = submit(&relay, &rcpt, &message(Some(&key), "s", "b")).await;
+    let other = submit(
+        &relay,
+        "rcpt@example.com",
+        &message(Some("short"), "s", "b"),
+    )
+    .await;
+
+    let list = ok(&relay, &["list"]).await;
+    for line in list.stdout.lines() {
+        assert!(line.chars().count() <= 80, "{} wide: {line}", line.len());
+    }
+    let header: Vec<&str> = list
+        .stdout
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(header, ["ID", "STATE", "AGE", "TRY", "KEY", "RCPT"]);
+    // An id's beginning, unique, that every record command takes; an age, not a time.
+    let short = list
+        .stdout
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(id.starts_with(&short) && short.len() < id.len(), "{short}");
+    let line = row(&list.stdout, &short);
+    assert!(line.contains(" paused "), "{line}");
+    assert!(line.contains("order-k") && line.contains("…"), "{line}");
+    assert!(!line.contains(&key), "{line}");
+    let age = line.split_whitespace().nth(2).unwrap();
+    assert!(age.ends_with('s') || age.ends_with('m'), "{line}");
+    let shown = ok(&relay, &["show", &short, "--json"]).await.json();
+    assert_eq!(shown["id"], id.as_str());
+    assert!(row(&list.stdout, &other[..16]).contains("short"));
+
+    let wide = ok(&relay, &["list", "--wide"]).await.stdout;
+    let line = row(&wide, &id);
+    assert!(line.contains(&key) && line.contains(&rcpt), "{line}");
+    assert!(line.len() > 200, "{line}");
+    let accepted = shown["accepted_at"].as_str().unwrap();
+    assert!(line.contains(accepted), "{accepted} not in {line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_fetched_by_curl_pass_promtool_and_prometheus_gets_openmetrics() {
+    let relay = TestRelay::start().await;
+    let url = format!("http://{}/metrics", relay.admin());
+    // curl sends `Accept: */*`: the Prometheus text format, which promtool checks.
+    let script = format!("set -o pipefail; curl -sSf {url} | promtool check metrics");
+    let out = Command::new("bash").args(["-c", &script]).output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if said.contains("promtool: command not found") {
+        assert!(std::env::var_os("CI").is_none(), "CI installs promtool");
+        eprintln!("SKIPPED promtool: not installed");
+    } else {
+        assert!(out.status.success() && said.trim().is_empty(), "{said}");
+    }
+    let head = Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "-w", "%{content_type}"])
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&head.stdout),
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    // Prometheus's own Accept header: OpenMetrics.
+    let accept = "Accept: application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1";
+    let open = Command::new("curl")
+        .args(["-sS", "-H", accept, "-D", "-"])
+        .arg(&url)
+        .output()
+        .unwrap();
+    let open = String::from_utf8_lossy(&open.stdout).to_string();
+    assert!(
+        open.to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{open}"
+    );
+    assert!(open.ends_with("# EOF\n"), "{open}");
 }

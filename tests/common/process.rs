@@ -20,6 +20,8 @@ pub fn idemrelay() -> Command {
             cmd.env_remove(name);
         }
     }
+    // Never the host's own /etc/idemrelay/idemrelay.toml: a test names its settings.
+    cmd.env("IDEMRELAY_DEFAULT_CONFIG", "");
     cmd
 }
 

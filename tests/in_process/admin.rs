@@ -656,7 +656,9 @@ async fn metrics_count_a_scripted_run_exactly() {
         assert_eq!(sample(&page, series), Some(*value), "{series} in:\n{page}");
     }
     assert!(page.contains("# TYPE idemrelay_intake_commit_duration_seconds histogram"));
-    assert!(page.ends_with("# EOF\n"));
+    // No Accept header, as curl sends none: the Prometheus text format, which promtool reads.
+    assert!(!page.contains("# EOF"), "{page}");
+    promtool_check_metrics(&page);
     let build = format!(
         "idemrelay_build_info{{version=\"{}\",commit=\"{}\"}}",
         env!("CARGO_PKG_VERSION"),
@@ -685,8 +687,12 @@ async fn metrics_count_a_scripted_run_exactly() {
         Some(2.0)
     );
     promtool_check_metrics(&text.body);
-    // Without an Accept header (or asking for it): OpenMetrics, as before.
-    let open = scrape(admin, None).await;
+    // Asking for it, as Prometheus does: OpenMetrics.
+    let open = scrape(
+        admin,
+        Some("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"),
+    )
+    .await;
     assert_eq!(
         open.header("content-type"),
         Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
@@ -1026,7 +1032,9 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
         .unwrap()
         .contains("maintenance"));
     let status = get(admin, "/api/v1/queue/status", None).await.json();
-    assert_eq!(status["recent_actions"][0]["action"], "pause", "{status}");
+    // The flush of every waiting record is one relay-wide action, after the pause.
+    assert_eq!(status["recent_actions"][0]["action"], "flush", "{status}");
+    assert_eq!(status["recent_actions"][1]["action"], "pause", "{status}");
     let resumed = post_json(admin, "/api/v1/queue/resume", None, "").await;
     assert_eq!(resumed.status, 200);
     assert_eq!(resumed.json()["paused"], false);

@@ -349,6 +349,14 @@ impl Store for FlakyIntent {
     ) -> Result<Resolve, StoreError> {
         self.inner.resolve(id, resolution, by).await
     }
+    async fn cancel_all(
+        &self,
+        ids: &[String],
+        by: &Operator,
+        what: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        self.inner.cancel_all(ids, by, what).await
+    }
     async fn record_action(
         &self,
         action: Action,

@@ -1524,7 +1524,12 @@ async fn operator_actions_are_recorded_with_the_change_they_made(backend: Backen
             .into_iter()
             .map(|r| r.action)
             .collect();
-        assert_eq!(relay, ["purge", "pause"], "{name}: newest first");
+        // The two flushes of every waiting record are one relay-wide action each.
+        assert_eq!(
+            relay,
+            ["purge", "pause", "flush", "flush"],
+            "{name}: newest first"
+        );
 
         // A DSN and the record it reports on.
         let mut dsn = record("dsn1", "k-dsn", 9);
@@ -1543,7 +1548,7 @@ async fn operator_actions_are_recorded_with_the_change_they_made(backend: Backen
 
         // Relay-wide actions are kept as long as parked records, then purged.
         b.purge_expired(RETENTION).await.unwrap();
-        assert_eq!(a.relay_actions(10).await.unwrap().len(), 2, "{name}");
+        assert_eq!(a.relay_actions(10).await.unwrap().len(), 4, "{name}");
         tokio::time::sleep(Duration::from_millis(5)).await;
         b.purge_expired(Retention::flat(Duration::ZERO))
             .await
@@ -1552,6 +1557,51 @@ async fn operator_actions_are_recorded_with_the_change_they_made(backend: Backen
         assert!(
             !b.message(held).await.unwrap().unwrap().history.is_empty(),
             "{name}: a queued record keeps its history"
+        );
+    }
+}
+
+on_both_backends!(a_bulk_cancel_is_one_action_and_leaves_what_it_cannot_cancel);
+/// `cancel_all` cancels the queued records no worker holds, in one commit with ONE relay-wide
+/// action row carrying the count, and none per record.
+async fn a_bulk_cancel_is_one_action_and_leaves_what_it_cannot_cancel(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, a, b) in instances(&dir, backend).await {
+        let by = operator();
+        for (n, id) in ["q1", "q2", "q3"].iter().enumerate() {
+            a.insert(&record(id, &format!("k{n}"), n as u8), RETENTION)
+                .await
+                .unwrap();
+        }
+        let held = a.claim("w", LONG_LEASE).await.unwrap().unwrap().id;
+        let ids: Vec<String> = ["q1", "q2", "q3", "nope"].map(String::from).to_vec();
+        let cancelled = b
+            .cancel_all(&ids, &by, "matching state=queued")
+            .await
+            .unwrap();
+        let want: Vec<String> = ["q1", "q2", "q3"]
+            .iter()
+            .filter(|id| **id != held)
+            .map(|id| id.to_string())
+            .collect();
+        assert_eq!(cancelled, want, "{name}");
+        for id in &want {
+            let m = b.message(id).await.unwrap().unwrap();
+            assert_eq!(m.state, State::Cancelled, "{name}");
+            assert!(m.history.is_empty(), "{name}: {:?}", m.history);
+        }
+        assert_eq!(
+            b.message(&held).await.unwrap().unwrap().state,
+            State::Queued,
+            "{name}"
+        );
+        let relay = a.relay_actions(10).await.unwrap();
+        assert_eq!(relay.len(), 1, "{name}: {relay:?}");
+        assert_eq!(relay[0].action, "cancel", "{name}");
+        assert_eq!(
+            relay[0].detail.as_deref(),
+            Some("cancelled 2 record(s) matching state=queued"),
+            "{name}"
         );
     }
 }

@@ -470,6 +470,15 @@ impl Store for PostgresStore {
         write::flush_all(&self.pool, by).await
     }
 
+    async fn cancel_all(
+        &self,
+        ids: &[String],
+        by: &Operator,
+        what: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        write::cancel_all(&self.pool, ids, by, what).await
+    }
+
     async fn record_action(
         &self,
         action: Action,

@@ -373,6 +373,47 @@ pub(super) async fn requeue(
 pub(super) async fn cancel(pool: &PgPool, id: &str, by: &Operator) -> Result<bool, StoreError> {
     let mut tx = pool.begin().await?;
     let now = db_now(&mut tx).await?;
+    if !cancel_unrecorded(&mut tx, id, now).await? {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    record_action(&mut tx, Some(id), Action::Cancel, by, None, now).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Cancels each of `ids` still queued and not leased, in one transaction recorded as ONE
+/// relay-wide action with the count (a bulk cancel is one decision, shown by `queue status`).
+pub(super) async fn cancel_all(
+    pool: &PgPool,
+    ids: &[String],
+    by: &Operator,
+    what: &str,
+) -> Result<Vec<String>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let now = db_now(&mut tx).await?;
+    let mut cancelled = Vec::new();
+    for id in ids {
+        if cancel_unrecorded(&mut tx, id, now).await? {
+            cancelled.push(id.clone());
+        }
+    }
+    let detail = format!("cancelled {} record(s) {what}", cancelled.len());
+    record_action(
+        &mut tx,
+        None,
+        Action::Cancel,
+        by,
+        Some(detail.trim_end()),
+        now,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(cancelled)
+}
+
+/// The cancel itself, without its action row, in the caller's transaction.
+async fn cancel_unrecorded(tx: &mut PgConnection, id: &str, now: i64) -> Result<bool, StoreError> {
     // A job locked right now (being claimed or settled) is skipped: it counts as leased.
     let found: Option<(String, Option<i64>)> = sqlx::query_as(
         "SELECT m.state, j.lease_until FROM delivery_jobs j JOIN messages m ON m.id = j.message_id
@@ -390,11 +431,10 @@ pub(super) async fn cancel(pool: &PgPool, id: &str, by: &Operator) -> Result<boo
         None => None,
     };
     let Some(finish) = transition::cancel(found) else {
-        tx.rollback().await?;
         return Ok(false);
     };
     if finish.close_open_intents {
-        close_open_intents(&mut tx, id, now).await?;
+        close_open_intents(&mut *tx, id, now).await?;
     }
     sqlx::query(
         "UPDATE messages SET state = $1, finished_at = $2, upstream_reply = $3
@@ -406,9 +446,7 @@ pub(super) async fn cancel(pool: &PgPool, id: &str, by: &Operator) -> Result<boo
     .bind(id)
     .execute(&mut *tx)
     .await?;
-    delete_job(&mut tx, id).await?;
-    record_action(&mut tx, Some(id), Action::Cancel, by, None, now).await?;
-    tx.commit().await?;
+    delete_job(&mut *tx, id).await?;
     Ok(true)
 }
 
@@ -536,10 +574,10 @@ pub(super) async fn flush_all(pool: &PgPool, by: &Operator) -> Result<Vec<String
     .bind(now)
     .fetch_all(&mut *tx)
     .await?;
-    for (id, due_at) in &waiting {
-        let detail = transition::flush_detail(*due_at, now);
-        record_action(&mut tx, Some(id), Action::Flush, by, Some(&detail), now).await?;
-    }
+    // One relay-wide action with the count, not one per record: it is one decision, and
+    // `queue status` lists relay-wide actions only.
+    let detail = transition::flush_all_detail(waiting.len());
+    record_action(&mut tx, None, Action::Flush, by, Some(&detail), now).await?;
     tx.commit().await?;
     Ok(waiting.into_iter().map(|(id, _)| id).collect())
 }

@@ -413,6 +413,18 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn cancel_all(
+        &self,
+        ids: &[String],
+        by: &Operator,
+        what: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let (ids, by, what) = (ids.to_vec(), by.clone(), what.to_string());
+        self.writer
+            .write(move |conn| write::cancel_all(conn, &ids, &by, &what))
+            .await
+    }
+
     async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError> {
         let (id, by) = (id.to_string(), by.clone());
         self.writer

@@ -583,6 +583,36 @@ pub(crate) fn requeue(
 
 pub(crate) fn cancel(conn: &Connection, id: &str, by: &Operator) -> Result<bool, StoreError> {
     let now = now_ms();
+    if !cancel_unrecorded(conn, id, now)? {
+        return Ok(false);
+    }
+    record_action(conn, Some(id), Action::Cancel, by, None, now)?;
+    Ok(true)
+}
+
+/// Cancels each of `ids` that is still queued and not leased, in the caller's transaction, and
+/// records them as ONE relay-wide action with the count: a bulk cancel is one decision, and
+/// `queue status` shows it among the recent actions. Returns the ids cancelled.
+pub(crate) fn cancel_all(
+    conn: &Connection,
+    ids: &[String],
+    by: &Operator,
+    what: &str,
+) -> Result<Vec<String>, StoreError> {
+    let now = now_ms();
+    let mut cancelled = Vec::new();
+    for id in ids {
+        if cancel_unrecorded(conn, id, now)? {
+            cancelled.push(id.clone());
+        }
+    }
+    let detail = format!("cancelled {} record(s) {what}", cancelled.len());
+    record_action(conn, None, Action::Cancel, by, Some(detail.trim_end()), now)?;
+    Ok(cancelled)
+}
+
+/// The cancel itself, without its action row.
+fn cancel_unrecorded(conn: &Connection, id: &str, now: i64) -> Result<bool, StoreError> {
     let found = conn
         .prepare_cached(
             "SELECT m.state, j.message_id IS NOT NULL, j.lease_until FROM messages m
@@ -607,7 +637,6 @@ pub(crate) fn cancel(conn: &Connection, id: &str, by: &Operator) -> Result<bool,
         return Ok(false);
     };
     finish_record(conn, id, &finish, None, now)?;
-    record_action(conn, Some(id), Action::Cancel, by, None, now)?;
     Ok(true)
 }
 
@@ -694,12 +723,14 @@ pub(crate) fn flush_all(conn: &Connection, by: &Operator) -> Result<Vec<String>,
             flushed.push((row.get::<_, String>(0)?, row.get::<_, i64>(1)?));
         }
     }
-    for (id, due_at) in &flushed {
+    for (id, _) in &flushed {
         conn.prepare_cached("UPDATE delivery_jobs SET due_at = ? WHERE message_id = ?")?
             .execute(params![now, id])?;
-        let detail = transition::flush_detail(*due_at, now);
-        record_action(conn, Some(id), Action::Flush, by, Some(&detail), now)?;
     }
+    // One relay-wide action with the count, not one per record: it is one decision, and
+    // `queue status` lists relay-wide actions only.
+    let detail = transition::flush_all_detail(flushed.len());
+    record_action(conn, None, Action::Flush, by, Some(&detail), now)?;
     Ok(flushed.into_iter().map(|(id, _)| id).collect())
 }
 
