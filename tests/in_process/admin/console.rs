@@ -677,7 +677,13 @@ async fn an_operator_finds_and_retries_a_message_in_a_real_browser() {
     let filtered = text(&browser, "#messages").await;
     assert!(filtered.contains(UNRESOLVED_KEY), "{filtered}");
     assert!(!filtered.contains(OK_KEY), "{filtered}");
-    let first = sink.messages()[0].id.clone();
+    // The filtered list's message (the three arrive in any order).
+    let first = sink
+        .messages()
+        .into_iter()
+        .find(|m| m.key.as_deref() == Some(UNRESOLVED_KEY))
+        .unwrap()
+        .id;
     let link = browser.find(Locator::LinkText(&first)).await.unwrap();
     click(&browser, link).await;
     let raw = text(&browser, "#raw").await;
