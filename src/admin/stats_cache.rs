@@ -1,4 +1,5 @@
-//! The store's queue counts for `/metrics`, read at most once per `STATS_MAX_AGE`.
+//! The store's queue counts for `/metrics`, and the console overview's health read, each read
+//! at most once per `STATS_MAX_AGE`.
 //!
 //! Counting records by state reads an index of every record: 109 ms on a Postgres store of a
 //! million records (and SQLite's count is of the same order), at every scrape, from every
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::store::{QueueStats, Store, StoreError};
+use crate::store::{QueueStats, RelayHealth, Store, StoreError};
 
 /// How old the counts shown may be.
 pub(crate) const STATS_MAX_AGE: Duration = Duration::from_secs(10);
@@ -22,6 +23,10 @@ pub(crate) struct StatsCache {
     /// Held while the counts are read: scrapes that arrive meanwhile wait for that read
     /// instead of starting their own.
     last: Mutex<Option<(Instant, QueueStats)>>,
+    /// The console overview's health read (`Store::relay_health`): it reads the whole attempt
+    /// ledger (about 0.4 s for a million attempts on Postgres), and every open overview reloads
+    /// itself every 15 s; one read per `max_age` serves them all.
+    health: Mutex<Option<(Instant, RelayHealth)>>,
 }
 
 impl StatsCache {
@@ -29,6 +34,7 @@ impl StatsCache {
         StatsCache {
             max_age,
             last: Mutex::new(None),
+            health: Mutex::new(None),
         }
     }
 
@@ -43,6 +49,24 @@ impl StatsCache {
         let stats = store.queue_stats().await?;
         *last = Some((Instant::now(), stats.clone()));
         Ok(stats)
+    }
+
+    /// The relay's health read at most `max_age` ago, its `read_at_ms` moved on by the time
+    /// since, so that the ages shown from it keep growing between reads.
+    pub(crate) async fn health(&self, store: &dyn Store) -> Result<RelayHealth, StoreError> {
+        let mut last = self.health.lock().await;
+        match last.as_ref() {
+            Some((at, health)) if at.elapsed() < self.max_age => {
+                let mut health = health.clone();
+                health.read_at_ms += at.elapsed().as_millis() as i64;
+                Ok(health)
+            }
+            _ => {
+                let health = store.relay_health().await?;
+                *last = Some((Instant::now(), health.clone()));
+                Ok(health)
+            }
+        }
     }
 }
 
@@ -88,5 +112,24 @@ mod tests {
             2,
             "read again"
         );
+    }
+
+    #[tokio::test]
+    async fn the_health_read_is_cached_and_its_clock_moves_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = crate::store::open(&url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let cache = StatsCache::new(Duration::from_millis(500));
+        let first = cache.health(store.as_ref()).await.unwrap();
+        store.heartbeat("host/1/abc").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let cached = cache.health(store.as_ref()).await.unwrap();
+        assert!(cached.processes.is_empty(), "cached");
+        assert!(cached.read_at_ms >= first.read_at_ms + 100, "{cached:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let again = cache.health(store.as_ref()).await.unwrap();
+        assert_eq!(again.processes.len(), 1, "read again");
     }
 }

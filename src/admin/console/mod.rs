@@ -360,7 +360,7 @@ async fn overview(
         let paused = state.store.paused().await?;
         let scopes = scope_counts(&state).await?;
         let actions = state.store.relay_actions(RECENT_ACTIONS).await?;
-        let health = state.store.relay_health().await?;
+        let health = state.stats.health(state.store.as_ref()).await?;
         Ok::<_, StoreError>((stats, paused, scopes, actions, health))
     };
     match read.await {
