@@ -61,7 +61,12 @@ impl MessageFilter {
     }
 
     /// The same test on a message's parts, for transactions (which carry them too).
-    pub(crate) fn matches_parts(&self, key: Option<&str>, rcpt_to: &[String], bytes: &[u8]) -> bool {
+    pub(crate) fn matches_parts(
+        &self,
+        key: Option<&str>,
+        rcpt_to: &[String],
+        bytes: &[u8],
+    ) -> bool {
         if self.key.as_deref().is_some_and(|k| key != Some(k)) {
             return false;
         }
@@ -195,9 +200,8 @@ mod tests {
         let plain = Rendered::of(b"Subject: s\r\n\r\njust text\r\n");
         assert_eq!(plain.text, vec!["just text\r\n".to_string()]);
         assert!(plain.html.is_empty());
-        let html_only = Rendered::of(
-            b"Subject: s\r\nContent-Type: text/html\r\n\r\n<i>only html</i>\r\n",
-        );
+        let html_only =
+            Rendered::of(b"Subject: s\r\nContent-Type: text/html\r\n\r\n<i>only html</i>\r\n");
         assert!(html_only.text.is_empty(), "{html_only:?}");
         assert_eq!(html_only.html.len(), 1);
     }

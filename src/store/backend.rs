@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use super::listing::{Cursor, ListFilter, Page, StateFilter};
 use super::record::{
     Action, ActionRow, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Flush, Insert,
-    MessageSummary, NewRecord, Operator, Pause, QueueStats, RelayHealth, Requeue, Settle, State, StoreError,
-    StoredMessage,
+    MessageSummary, NewRecord, Operator, Pause, QueueStats, RelayHealth, Requeue, Settle, State,
+    StoreError, StoredMessage,
 };
 use super::retention::Retention;
 use super::webhook::{EventRow, WebhookApplied, WebhookReceipt};

@@ -6,8 +6,8 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use super::record::{
-    body_checksum, ActionRow, AttemptRow, Claimed, DailyCounts, Existing, MessageSummary, ProcessRow,
-    RelayHealth, State, StoreError, StoredMessage,
+    body_checksum, ActionRow, AttemptRow, Claimed, DailyCounts, Existing, MessageSummary,
+    ProcessRow, RelayHealth, State, StoreError, StoredMessage,
 };
 use super::webhook::{EventKind, EventRow};
 use crate::mail::Fingerprint;

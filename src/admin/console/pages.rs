@@ -301,7 +301,7 @@ fn instances_section(o: &Overview<'_>) -> Markup {
     let siblings = h
         .processes
         .iter()
-        .filter(|p| !this.is_some_and(|t| t.id == p.id) && alive(p))
+        .filter(|p| this.is_none_or(|t| t.id != p.id) && alive(p))
         .count();
     html! {
         p #this-instance {

@@ -19,8 +19,8 @@ use crate::store::listing::{self, ListFilter, Page};
 use crate::store::migrate::{self, Embedded};
 use crate::store::record::{
     queue_stats, retention_ms, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed,
-    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, RelayHealth, Requeue, Settle,
-    State, StoreError, StoredMessage, FORGET_PROCESS_AFTER,
+    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, RelayHealth,
+    Requeue, Settle, State, StoreError, StoredMessage, FORGET_PROCESS_AFTER,
 };
 use crate::store::retention::Retention;
 use crate::store::rows;

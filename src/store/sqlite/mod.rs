@@ -19,8 +19,8 @@ use crate::store::listing::{self, ListFilter, Page};
 use crate::store::migrate::{self, Embedded};
 use crate::store::record::{
     now_ms, queue_stats, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed,
-    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, RelayHealth, Requeue, Settle,
-    State, StoreError, StoredMessage,
+    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, RelayHealth,
+    Requeue, Settle, State, StoreError, StoredMessage,
 };
 use crate::store::retention::Retention;
 use crate::store::rows;

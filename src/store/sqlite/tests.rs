@@ -594,7 +594,11 @@ async fn relay_health_tells_the_run_of_failures_since_the_last_delivery() {
     let retention = Retention::flat(Duration::from_secs(3600));
     let health = store.relay_health().await.unwrap();
     assert_eq!(
-        (health.newest_failure, health.failing_since_ms, health.deferred),
+        (
+            health.newest_failure,
+            health.failing_since_ms,
+            health.deferred
+        ),
         (None, None, 0)
     );
     assert!(health.processes.is_empty());
@@ -635,7 +639,10 @@ async fn relay_health_tells_the_run_of_failures_since_the_last_delivery() {
     attempt(&store, "m2", "unknown", retry()).await;
     let ledger = store.attempts("m2").await.unwrap();
     let health = store.relay_health().await.unwrap();
-    assert_eq!(health.newest_failure, Some(("m2".into(), ledger[1].clone())));
+    assert_eq!(
+        health.newest_failure,
+        Some(("m2".into(), ledger[1].clone()))
+    );
     assert_eq!(health.failing_since_ms, Some(ledger[0].started_at_ms));
     assert_eq!(health.deferred, 1);
 

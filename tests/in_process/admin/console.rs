@@ -971,7 +971,10 @@ async fn an_upstream_outage_shows_the_last_error_its_age_and_the_deferred_in_a_r
             first_failure = first_failure.min(a.started_at_ms);
         }
     }
-    let time = |ms: i64| humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms as u64)).to_string();
+    let time = |ms: i64| {
+        humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms as u64))
+            .to_string()
+    };
 
     let console = format!("http://{}", relay.admin());
     let driver = start_driver(&chromedriver).await;
