@@ -360,11 +360,11 @@ async fn overview(
         let paused = state.store.paused().await?;
         let scopes = scope_counts(&state).await?;
         let actions = state.store.relay_actions(RECENT_ACTIONS).await?;
-        let health = state.stats.health(state.store.as_ref()).await?;
-        Ok::<_, StoreError>((stats, paused, scopes, actions, health))
+        let (health, health_age) = state.stats.health(state.store.as_ref()).await?;
+        Ok::<_, StoreError>((stats, paused, scopes, actions, health, health_age))
     };
     match read.await {
-        Ok((stats, paused, scopes, actions, health)) => {
+        Ok((stats, paused, scopes, actions, health, health_age)) => {
             let prefix = process_prefix();
             let page = pages::Overview {
                 stats: &stats,
@@ -374,6 +374,7 @@ async fn overview(
                 breaker: BreakerState::parse(state.metrics.breaker_now())
                     .unwrap_or(BreakerState::Closed),
                 health: &health,
+                health_age_ms: health_age.as_millis() as i64,
                 hostname: state.hosts.first().map_or("", String::as_str),
                 process_prefix: &prefix,
                 alive_within_ms: crate::delivery::worker::STALE_AFTER.as_millis() as i64,
@@ -480,11 +481,8 @@ async fn search(
         )
     };
     // A list asked for (any filter) reloads itself; the bare form does not.
-    let (mut refresh, rest) = split_refresh("/console/search", raw.as_deref());
-    let refresh = (!rest.is_empty() || !refresh.on).then(|| {
-        refresh.on &= !rest.is_empty();
-        refresh
-    });
+    let (refresh, rest) = split_refresh("/console/search", raw.as_deref());
+    let refresh = (!rest.is_empty()).then_some(refresh);
     let uri: axum::http::Uri = match format!("/console/search?{rest}").parse() {
         Ok(uri) => uri,
         Err(err) => return bad(err.to_string()),

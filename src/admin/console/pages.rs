@@ -33,7 +33,7 @@ label{margin-right:1em}
 table.list{font-size:13px}
 td.id,td.id code{white-space:nowrap;word-break:normal}
 .clip{max-width:24em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
-td.clip.key{max-width:10em}td.clip.addr{max-width:16em}
+td.clip.key{max-width:12em}td.clip.addr{max-width:16em}
 .clip code{white-space:nowrap;word-break:normal}
 td.reply .clip{max-width:34em}div.waiting{font-size:92%}
 #last-error-reply{word-break:normal}
@@ -202,6 +202,8 @@ pub(crate) struct Overview<'a> {
     pub breaker: BreakerState,
     /// The ledger's newest failure, the deferred count, the processes' heartbeats.
     pub health: &'a RelayHealth,
+    /// How long ago `health` was read (it is cached): ages count on from its read by this.
+    pub health_age_ms: i64,
     /// This relay: its `hostname` setting, and the start of its process id as its heartbeat
     /// row names it (`host/pid/`).
     pub hostname: &'a str,
@@ -240,9 +242,12 @@ fn failure_text(a: &AttemptRow) -> Markup {
 /// last delivery and last error; and how many records wait to retry.
 fn upstream_section(o: &Overview<'_>) -> Markup {
     let h = o.health;
-    let now = h.read_at_ms;
+    let now = h.read_at_ms + o.health_age_ms;
+    // A failure with no delivery since is an outage only while something waits on it: a lone
+    // parked record or one greylisted recipient is not the upstream down.
+    let outage = h.deferred > 0 || o.breaker == BreakerState::Open;
     html! {
-        @match (&h.newest_failure, h.failing_since_ms) {
+        @match (&h.newest_failure, h.failing_since_ms.filter(|_| outage)) {
             (Some((id, a)), Some(since)) => {
                 div.bad #upstream-failing {
                     p {
@@ -263,7 +268,12 @@ fn upstream_section(o: &Overview<'_>) -> Markup {
                 p #last-error {
                     "Last upstream error " (time_and_age(now, a.finished_at_ms.unwrap_or(a.started_at_ms)))
                     ", record " a href=(message_href(id)) { code { (id) } } ": " (failure_text(a))
-                    @if let Some(ms) = h.last_delivery_ms { ". Delivered since: last delivery " (time_and_age(now, ms)) }
+                    @match (h.failing_since_ms, h.last_delivery_ms) {
+                        (Some(_), Some(ms)) => { ". No delivery since; the last one " (time_and_age(now, ms)) }
+                        (Some(_), None) => { ". No delivery yet" }
+                        (None, Some(ms)) => { ". Delivered since: last delivery " (time_and_age(now, ms)) }
+                        (None, None) => {}
+                    }
                     "."
                 }
             }
@@ -279,6 +289,9 @@ fn upstream_section(o: &Overview<'_>) -> Markup {
                 a href=(search_href_filter("deferred")) { strong { (h.deferred) " deferred" } }
             } @else { "0 deferred" }
             " (queued, waiting to retry after a failed attempt)."
+            @if o.health_age_ms >= 1000 {
+                span.note #health-read { " Read from the store " (age(now, h.read_at_ms)) " ago (at most every 10 s)." }
+            }
         }
     }
 }
@@ -291,8 +304,9 @@ fn is_this(p: &ProcessRow, prefix: &str) -> bool {
 
 fn instances_section(o: &Overview<'_>) -> Markup {
     let h = o.health;
-    let now = h.read_at_ms;
-    let alive = |p: &ProcessRow| now - p.heartbeat_at_ms <= o.alive_within_ms;
+    let now = h.read_at_ms + o.health_age_ms;
+    // Alive or not as of the read: a cached read must not make a live process look stopped.
+    let alive = |p: &ProcessRow| h.read_at_ms - p.heartbeat_at_ms <= o.alive_within_ms;
     let this = h
         .processes
         .iter()

@@ -590,6 +590,16 @@ async fn an_operator_finds_and_retries_a_message_in_a_real_browser() {
     assert!(by_state.contains("unresolved 1"), "{by_state}");
     let by_scope = text(&browser, "#by-scope").await;
     assert!(by_scope.contains("default"), "{by_scope}");
+    // The parked record's failures are the ledger's newest, but nothing waits on them and
+    // the breaker is closed: the last error is told, not an outage.
+    let last = text(&browser, "#last-error").await;
+    assert!(last.contains("No delivery since"), "{last}");
+    assert_eq!(text(&browser, "#last-error a").await, unresolved);
+    assert!(browser
+        .find(Locator::Css("#upstream-failing"))
+        .await
+        .is_err());
+    assert!(text(&browser, "#deferred").await.starts_with("0 deferred"));
     shots.take(&browser, "overview").await;
 
     // Search by key: the hostile key, typed into the form, comes back as text.
