@@ -581,7 +581,8 @@ pub(crate) fn search(s: &SearchResults<'_>, csrf: &str, refresh: Option<&AutoRef
         p #result-count { (s.rows.len()) " record(s)" @if s.next.is_some() { ", more on the next page" } "." }
         (summary_table(s.rows, s.waiting))
         @if let Some(next) = &s.next {
-            p { a #next-page href=(format!("/console/search?{next}")) { "Next page" } }
+            @let off = if refresh.is_some_and(|r| !r.on) { "&refresh=off" } else { "" };
+            p { a #next-page href=(format!("/console/search?{next}{off}")) { "Next page" } }
         }
     };
     layout_with("Search", Some(csrf), refresh, body)

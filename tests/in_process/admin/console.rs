@@ -356,6 +356,31 @@ async fn the_console_needs_the_token_a_session_and_its_csrf_token() {
     assert_eq!(typo.status, 400, "{typo:?}");
     let missing = http(admin, "GET", "/console/messages/nope", &[with_cookie], "").await;
     assert_eq!(missing.status, 404);
+    // `refresh=off` stops a list's auto-refresh and is no filter; the bare search form does
+    // not reload itself.
+    let refresh = r#"<meta http-equiv="refresh" content="15">"#;
+    for (path, reloads) in [
+        ("/console", true),
+        ("/console?refresh=off", false),
+        ("/console/unresolved", true),
+        ("/console/search?state=deferred", true),
+        ("/console/search?state=deferred&refresh=off", false),
+        ("/console/search", false),
+    ] {
+        let page = http(admin, "GET", path, &[with_cookie], "").await;
+        assert_eq!(page.status, 200, "{path}: {page:?}");
+        assert_eq!(page.body.contains(refresh), reloads, "{path}");
+        assert!(!page.body.contains("<script"), "{path}");
+    }
+    let typo = http(
+        admin,
+        "GET",
+        "/console/search?rcpt=x&refresh=off",
+        &[with_cookie],
+        "",
+    )
+    .await;
+    assert_eq!(typo.status, 400, "{typo:?}");
 
     // The sink's view escapes too, and says 404 for an unknown message.
     let api = sink.api_addr().unwrap();
