@@ -1,4 +1,5 @@
-//! The store's queue counts for `/metrics`, read at most once per `STATS_MAX_AGE`.
+//! The store's queue counts for `/metrics`, and the console overview's health read, each read
+//! at most once per `STATS_MAX_AGE`.
 //!
 //! Counting records by state reads an index of every record: 109 ms on a Postgres store of a
 //! million records (and SQLite's count is of the same order), at every scrape, from every
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::store::{QueueStats, Store, StoreError};
+use crate::store::{QueueStats, RelayHealth, Store, StoreError};
 
 /// How old the counts shown may be.
 pub(crate) const STATS_MAX_AGE: Duration = Duration::from_secs(10);
@@ -22,6 +23,10 @@ pub(crate) struct StatsCache {
     /// Held while the counts are read: scrapes that arrive meanwhile wait for that read
     /// instead of starting their own.
     last: Mutex<Option<(Instant, QueueStats)>>,
+    /// The console overview's health read (`Store::relay_health`): it reads the whole attempt
+    /// ledger (about 0.4 s for a million attempts on Postgres), and every open overview reloads
+    /// itself every 15 s; one read per `max_age` serves them all.
+    health: Mutex<Option<(Instant, RelayHealth)>>,
 }
 
 impl StatsCache {
@@ -29,6 +34,7 @@ impl StatsCache {
         StatsCache {
             max_age,
             last: Mutex::new(None),
+            health: Mutex::new(None),
         }
     }
 
@@ -49,6 +55,24 @@ impl StatsCache {
     /// an alert on the old count (an unresolved record just resolved) clears at once.
     pub(crate) async fn forget(&self) {
         *self.last.lock().await = None;
+    }
+
+    /// The relay's health read at most `max_age` ago, and how long ago: ages shown from it
+    /// count on from its `read_at_ms` by that much, while whether a process was alive is told
+    /// at the read.
+    pub(crate) async fn health(
+        &self,
+        store: &dyn Store,
+    ) -> Result<(RelayHealth, Duration), StoreError> {
+        let mut last = self.health.lock().await;
+        match last.as_ref() {
+            Some((at, health)) if at.elapsed() < self.max_age => Ok((health.clone(), at.elapsed())),
+            _ => {
+                let health = store.relay_health().await?;
+                *last = Some((Instant::now(), health.clone()));
+                Ok((health, Duration::ZERO))
+            }
+        }
     }
 }
 
@@ -94,5 +118,25 @@ mod tests {
             2,
             "read again"
         );
+    }
+
+    #[tokio::test]
+    async fn the_health_read_is_cached_and_says_how_old_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = crate::store::open(&url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let cache = StatsCache::new(Duration::from_millis(500));
+        let (first, age) = cache.health(store.as_ref()).await.unwrap();
+        assert_eq!(age, Duration::ZERO);
+        store.heartbeat("host/1/abc").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (cached, age) = cache.health(store.as_ref()).await.unwrap();
+        assert_eq!(cached, first, "cached");
+        assert!(age >= Duration::from_millis(100), "{age:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (again, _) = cache.health(store.as_ref()).await.unwrap();
+        assert_eq!(again.processes.len(), 1, "read again");
     }
 }

@@ -35,6 +35,7 @@ pub(crate) fn summary_json(s: &MessageSummary, waiting: Option<&Waiting>) -> ser
         "last_phase": s.last_phase,
         "last_code": s.last_code,
         "upstream_reply": s.upstream_reply,
+        "last_reply": s.last_reply,
         "next_attempt_at": s.next_attempt_at_ms.map(time_ms),
         "next_attempt_at_ms": s.next_attempt_at_ms,
         "waiting": waiting_json(waiting),

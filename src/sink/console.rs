@@ -1,6 +1,12 @@
 //! `/ui` on the sink's API listener: what the sink received, for a person at a browser, like
-//! Mailpit's inbox: messages, per-key counts, a message's raw source, every transaction with
-//! the fault that fired, and the fault rules. Read-only; the JSON API changes things.
+//! Mailpit's inbox: messages with their subjects, per-key counts, a message's text and HTML
+//! parts and raw source, every transaction with the fault that fired, and the fault rules.
+//! Read-only; the JSON API changes things.
+//!
+//! A message's HTML is whatever a client sent: it is shown only in an `<iframe sandbox>`
+//! (an opaque origin, no scripts, no forms) through `srcdoc`, under this page's CSP (which
+//! loads nothing from anywhere, so no remote image or tracking pixel either); it never runs
+//! in the sink's origin, where the JSON API that changes fault rules lives.
 
 use std::sync::Arc;
 
@@ -11,7 +17,7 @@ use axum::routing::get;
 use axum::Router;
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use super::search::MessageFilter;
+use super::search::{Content, MessageFilter, Rendered};
 use super::state::{DotDecision, Shared};
 use crate::admin::view::time_ms;
 
@@ -29,7 +35,11 @@ th{background:#f1eefa}
 td.n{text-align:right}
 .note{color:#666}
 pre,code{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-all}
-pre.raw{background:#f7f7f7;border:1px solid #ddd;padding:.75em}
+pre.raw,pre.text{background:#f7f7f7;border:1px solid #ddd;padding:.75em}
+pre.text{white-space:pre-wrap;word-break:normal}
+td.id,td.id code{white-space:nowrap;word-break:normal}
+td.clip{max-width:28em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+iframe.html{width:100%;max-width:60em;height:24em;border:1px solid #ddd;background:#fff}
 ";
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
@@ -116,13 +126,25 @@ async fn inbox(
             return response;
         }
     };
-    let stats = shared.stats();
+    let mut stats = shared.stats();
     let messages: Vec<_> = shared
         .messages()
         .into_iter()
         .filter(|m| filter.matches(m))
         .collect();
-    let transactions = shared.transactions();
+    let mut transactions = shared.transactions();
+    // A filter narrows every table: the per-key counts to the keys of the messages and
+    // transactions it finds, the transactions to those it matches.
+    let filtered = !filter.is_empty();
+    if filtered {
+        transactions.retain(|t| filter.matches_parts(t.key.as_deref(), &t.rcpt_to, &t.bytes));
+        let keys: std::collections::BTreeSet<&str> = messages
+            .iter()
+            .filter_map(|m| m.key.as_deref())
+            .chain(transactions.iter().filter_map(|t| t.key.as_deref()))
+            .collect();
+        stats.keys.retain(|k, _| keys.contains(k.as_str()));
+    }
     let faults = shared.faults();
     let body = html! {
         p #totals {
@@ -138,10 +160,15 @@ async fn inbox(
         }
         p.note { (messages.len()) " message(s)" @if messages.len() > SHOWN { ", the newest " (SHOWN) " shown" } "." }
         table #messages {
-            tr { th { "Id" } th { "Key" } th { "From" } th { "To" } th { "Size" } th { "Received" } th { "TLS" } th { "AUTH" } }
+            tr { th { "Id" } th { "Subject" } th { "Key" } th { "From" } th { "To" } th { "Size" } th { "Received" } th { "TLS" } th { "AUTH" } }
             @for m in messages.iter().rev().take(SHOWN) {
+                @let subject = Content::of(&m.bytes).subject;
                 tr {
-                    td { a href=(message_href(&m.id)) { code { (m.id) } } }
+                    td.id { a href=(message_href(&m.id)) { code { (m.id) } } }
+                    @match &subject {
+                        Some(s) => { td.clip.subject title=(s) { a href=(message_href(&m.id)) { (s) } } }
+                        None => { td.subject { span.note { "(no subject)" } } }
+                    }
                     td { (opt(m.key.as_deref())) }
                     td { code { (m.mail_from) } }
                     td { @for r in &m.rcpt_to { code { (r) } br; } }
@@ -153,6 +180,7 @@ async fn inbox(
             }
         }
         h2 { "Per key" }
+        @if filtered { p.note #keys-filtered { "The keys of the messages and transactions the filter finds." } }
         table #keys {
             tr { th { "Key" } th { "Accepted" } th { "Replayed" } th { "Transactions" } th { "E01005" } th { "E01004" } }
             @for (key, k) in &stats.keys {
@@ -164,6 +192,7 @@ async fn inbox(
             }
         }
         h2 { "Transactions" }
+        @if filtered { p.note { (transactions.len()) " transaction(s) match the filter." } }
         table #transactions {
             tr { th { "#" } th { "Key" } th { "Outcome" } th { "Reply" } th { "Fault that fired" } th { "Message" } th { "Received" } }
             @for t in transactions.iter().rev().take(SHOWN) {
@@ -200,9 +229,12 @@ async fn message(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> R
         "/messages/{}/raw",
         url::form_urlencoded::byte_serialize(m.id.as_bytes()).collect::<String>()
     );
+    let content = Content::of(&m.bytes);
+    let rendered = Rendered::of(&m.bytes);
     let body = html! {
         table #envelope {
             tr { th { "Id" } td { code { (m.id) } } }
+            tr { th { "Subject" } td #subject { (content.subject.as_deref().unwrap_or("(no subject)")) } }
             tr { th { "Key" } td { (opt(m.key.as_deref())) } }
             tr { th { "MAIL FROM" } td { code { (m.mail_from) } } }
             tr { th { "RCPT TO" } td { @for r in &m.rcpt_to { code { (r) } br; } } }
@@ -210,6 +242,17 @@ async fn message(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> R
             tr { th { "Size" } td { (m.bytes.len()) " bytes, BLAKE3 " code { (blake3::hash(&m.bytes).to_hex().to_string()) } } }
             tr { th { "8BITMIME / SMTPUTF8" } td { (m.eightbitmime) " / " (m.smtputf8) } }
         }
+        @for (i, text) in rendered.text.iter().enumerate() {
+            h2 { "Text" @if rendered.text.len() > 1 { " (part " (i + 1) ")" } }
+            pre.text.text-part { (text) }
+        }
+        @for (i, part) in rendered.html.iter().enumerate() {
+            h2 { "HTML" @if rendered.html.len() > 1 { " (part " (i + 1) ")" } }
+            p.note { "Shown sandboxed: no scripts run and nothing is loaded from elsewhere (remote images neither)." }
+            // `sandbox` with no permission: an opaque origin, no script, no form, no popup.
+            iframe.html.html-part sandbox="" referrerpolicy="no-referrer" title="HTML part" srcdoc=(part) {}
+        }
+        @if rendered.text.is_empty() && rendered.html.is_empty() { p.note #no-body { "No text or HTML body part." } }
         h2 { "Raw source" }
         p { a href=(raw_href) { "Download (message/rfc822)" } }
         pre.raw #raw { (String::from_utf8_lossy(&m.bytes)) }

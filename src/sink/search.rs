@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use mail_parser::MessageParser;
+use mail_parser::{MessageParser, PartType};
 
 use super::state::ReceivedMessage;
 
@@ -51,18 +51,28 @@ impl MessageFilter {
         })
     }
 
+    /// Whether no filter is given (everything matches).
+    pub(crate) fn is_empty(&self) -> bool {
+        self == &MessageFilter::default()
+    }
+
     pub(crate) fn matches(&self, m: &ReceivedMessage) -> bool {
-        if self
-            .key
-            .as_ref()
-            .is_some_and(|key| m.key.as_ref() != Some(key))
-        {
+        self.matches_parts(m.key.as_deref(), &m.rcpt_to, &m.bytes)
+    }
+
+    /// The same test on a message's parts, for transactions (which carry them too).
+    pub(crate) fn matches_parts(
+        &self,
+        key: Option<&str>,
+        rcpt_to: &[String],
+        bytes: &[u8],
+    ) -> bool {
+        if self.key.as_deref().is_some_and(|k| key != Some(k)) {
             return false;
         }
         if let Some(rcpt) = &self.rcpt {
             let rcpt = rcpt.to_ascii_lowercase();
-            if !m
-                .rcpt_to
+            if !rcpt_to
                 .iter()
                 .any(|r| r.to_ascii_lowercase().contains(&rcpt))
             {
@@ -72,7 +82,7 @@ impl MessageFilter {
         match &self.text {
             Some(text) => {
                 let text = text.to_lowercase();
-                let content = Content::of(&m.bytes);
+                let content = Content::of(bytes);
                 content
                     .subject
                     .is_some_and(|s| s.to_lowercase().contains(&text))
@@ -111,6 +121,42 @@ impl Content {
     }
 }
 
+/// A message's readable parts, as a mail client shows them: each text/plain body part and
+/// each text/html body part, decoded (attachments left out).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Rendered {
+    pub text: Vec<String>,
+    /// The HTML as sent: to be shown only in a sandbox, never in the sink's own origin.
+    pub html: Vec<String>,
+}
+
+impl Rendered {
+    pub(crate) fn of(bytes: &[u8]) -> Rendered {
+        let Some(parsed) = MessageParser::new().parse(bytes) else {
+            return Rendered::default();
+        };
+        // The body lists hold a text part where no HTML alternative exists and the reverse:
+        // each part once, told apart by its own type.
+        let mut ids: Vec<u32> = parsed
+            .text_body
+            .iter()
+            .chain(&parsed.html_body)
+            .copied()
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut rendered = Rendered::default();
+        for id in ids {
+            match parsed.part(id).map(|p| &p.body) {
+                Some(PartType::Text(text)) => rendered.text.push(text.to_string()),
+                Some(PartType::Html(html)) => rendered.html.push(html.to_string()),
+                _ => {}
+            }
+        }
+        rendered
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +184,26 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         )
+    }
+
+    #[test]
+    fn rendered_parts_are_each_body_part_once_decoded() {
+        let alternative = "Subject: s\r\nMIME-Version: 1.0\r\n\
+            Content-Type: multipart/alternative; boundary=b\r\n\r\n\
+            --b\r\nContent-Type: text/plain; charset=utf-8\r\n\
+            Content-Transfer-Encoding: quoted-printable\r\n\r\nGr=C3=BC=C3=9Fe\r\n\
+            --b\r\nContent-Type: text/html\r\n\r\n<p>Hi <b>there</b></p>\r\n--b--\r\n";
+        let r = Rendered::of(alternative.as_bytes());
+        assert_eq!(r.text, vec!["Grüße".to_string()]);
+        assert_eq!(r.html.len(), 1);
+        assert!(r.html[0].contains("<b>there</b>"), "{r:?}");
+        let plain = Rendered::of(b"Subject: s\r\n\r\njust text\r\n");
+        assert_eq!(plain.text, vec!["just text\r\n".to_string()]);
+        assert!(plain.html.is_empty());
+        let html_only =
+            Rendered::of(b"Subject: s\r\nContent-Type: text/html\r\n\r\n<i>only html</i>\r\n");
+        assert!(html_only.text.is_empty(), "{html_only:?}");
+        assert_eq!(html_only.html.len(), 1);
     }
 
     #[test]

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use super::listing::{Cursor, ListFilter, Page, StateFilter};
 use super::record::{
     Action, ActionRow, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Flush, Insert,
-    MessageSummary, NewRecord, Operator, Pause, QueueStats, Requeue, Resolution, Resolve, Settle,
-    State, StoreError, StoredMessage,
+    MessageSummary, NewRecord, Operator, Pause, QueueStats, RelayHealth, Requeue, Resolution,
+    Resolve, Settle, State, StoreError, StoredMessage,
 };
 use super::retention::Retention;
 use super::webhook::{EventRow, WebhookApplied, WebhookReceipt};
@@ -178,6 +178,10 @@ pub trait Store: Send + Sync {
 
     /// Records per state and the acceptance time of the oldest queued one (for metrics).
     async fn queue_stats(&self) -> Result<QueueStats, StoreError>;
+
+    /// The ledger's newest failure and the run it ends, the deferred count and the relay
+    /// processes' heartbeats (the console's overview). Read-only.
+    async fn relay_health(&self) -> Result<RelayHealth, StoreError>;
 
     /// The id of the record under (scope, key), expired or not (operators look up old keys too).
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError>;

@@ -277,7 +277,7 @@ pub(crate) fn list_sql(
                 (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
                 (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id
                     AND a.outcome IN ('transient', 'unknown')) AS failed_attempts,
-                l.outcome, l.phase, l.code,
+                l.outcome, l.phase, l.code, l.reply AS last_reply,
                 j.due_at, j.lease_until, {now} AS now_ms
              FROM messages m
              LEFT JOIN attempts l ON l.message_id = m.id
@@ -308,3 +308,47 @@ pub(crate) fn page(mut records: Vec<MessageSummary>, filter: &ListFilter) -> Pag
 
 /// The columns every action read returns (same text in both dialects).
 pub(crate) const ACTION_COLUMNS: &str = "at, record_id, action, actor, reason, detail";
+
+/// An attempt that failed: transient or unknown (the breaker counts both; a permanent
+/// refusal is the message's, not the upstream's health).
+const FAILED: &str = "outcome IN ('transient', 'unknown')";
+
+/// The statements `Store::relay_health` runs, in a dialect. They read the whole attempt
+/// ledger (no index orders it by time): a few tens of milliseconds per hundred thousand
+/// attempts, paid only by a console overview.
+pub(crate) struct HealthSql {
+    /// One row: last_delivery_at, deferred, now_ms.
+    pub summary: String,
+    /// The newest failed attempt: `message_id` and the ledger's columns.
+    pub newest_failure: String,
+    /// The first failed attempt started after the time bound as the first parameter.
+    pub failing_since: String,
+}
+
+pub(crate) fn health_sql(dialect: Dialect) -> HealthSql {
+    let now = dialect.now();
+    HealthSql {
+        summary: format!(
+            "SELECT (SELECT MAX(finished_at) FROM attempts WHERE outcome = 'accepted')
+                    AS last_delivery_at,
+                (SELECT COUNT(*) FROM messages m WHERE m.state = 'queued'
+                    AND EXISTS (SELECT 1 FROM attempts f WHERE f.message_id = m.id AND f.{FAILED}))
+                    AS deferred,
+                {now} AS now_ms"
+        ),
+        newest_failure: format!(
+            "SELECT message_id, attempt, owner, started_at, finished_at, outcome, phase, code,
+                reply, upstream_id
+             FROM attempts WHERE {FAILED}
+             ORDER BY COALESCE(finished_at, started_at) DESC, message_id DESC LIMIT 1"
+        ),
+        failing_since: format!(
+            "SELECT MIN(started_at) FROM attempts WHERE {FAILED} AND started_at > {}",
+            dialect.placeholder(1)
+        ),
+    }
+}
+
+/// Every relay process's liveness row, oldest first (same text in both dialects).
+pub(crate) const PROCESSES: &str =
+    "SELECT id, started_at, heartbeat_at FROM relay_processes ORDER BY started_at, id";

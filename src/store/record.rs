@@ -183,6 +183,9 @@ pub struct MessageSummary {
     pub last_phase: Option<String>,
     pub last_code: Option<u16>,
     pub upstream_reply: Option<String>,
+    /// The newest attempt's reply line (a deferred record's last refusal, or what went wrong
+    /// talking to the upstream).
+    pub last_reply: Option<String>,
     pub mail_from: String,
     pub rcpt_to: Vec<String>,
     /// The Message-ID header's value (without angle brackets).
@@ -271,6 +274,36 @@ pub struct Pause {
     pub since_ms: i64,
     /// Set by the relay for an account-level failure: a normal probe resumes it.
     pub probe: bool,
+}
+
+/// What the store knows of delivery relay-wide, for the console's overview: the attempt
+/// ledger's newest failure and the run it belongs to, and the relay processes' heartbeats.
+/// Read from the store rather than from one process's memory, so every instance on a shared
+/// store shows the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayHealth {
+    /// The newest attempt that ended transient or unknown, with its record's id.
+    pub newest_failure: Option<(String, AttemptRow)>,
+    /// When the run of failures that ends with `newest_failure` began: the first failed
+    /// attempt after the newest delivery. None once a delivery came after the newest failure.
+    pub failing_since_ms: Option<i64>,
+    /// When the newest accepted attempt ended.
+    pub last_delivery_ms: Option<i64>,
+    /// Queued records with at least one failed attempt (the `deferred` listing).
+    pub deferred: u64,
+    /// Every relay process that has written a heartbeat into this store lately.
+    pub processes: Vec<ProcessRow>,
+    /// The store's clock at the read (to age the times above by).
+    pub read_at_ms: i64,
+}
+
+/// One relay process's liveness row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessRow {
+    /// `host/pid/nonce`; its workers' lease owners are `<id>-<n>`.
+    pub id: String,
+    pub started_at_ms: i64,
+    pub heartbeat_at_ms: i64,
 }
 
 /// One row of the ledger, for operators and tests.

@@ -6,8 +6,8 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use super::record::{
-    body_checksum, ActionRow, AttemptRow, Claimed, DailyCounts, Existing, MessageSummary, State,
-    StoreError, StoredMessage,
+    body_checksum, ActionRow, AttemptRow, Claimed, DailyCounts, Existing, MessageSummary,
+    ProcessRow, RelayHealth, State, StoreError, StoredMessage,
 };
 use super::webhook::{EventKind, EventRow};
 use crate::mail::Fingerprint;
@@ -214,6 +214,44 @@ pub(crate) fn attempt(row: &impl Columns) -> Result<AttemptRow, StoreError> {
     })
 }
 
+/// From `listing::health_sql`'s summary row, its newest failure (with `message_id`) and the
+/// processes. `failing_since_ms` is the newest failure's own start when no delivery followed
+/// it (the backend then asks for the run's first failure); None otherwise.
+pub(crate) fn relay_health<R: Columns>(
+    summary: &R,
+    newest: Option<&R>,
+    processes: &[R],
+) -> Result<RelayHealth, StoreError> {
+    let last_delivery_ms = summary.opt_int("last_delivery_at")?;
+    let newest_failure = match newest {
+        Some(row) => Some((row.text("message_id")?, attempt(row)?)),
+        None => None,
+    };
+    let failing_since_ms = newest_failure.as_ref().and_then(|(_, a)| {
+        let at = a.finished_at_ms.unwrap_or(a.started_at_ms);
+        last_delivery_ms
+            .is_none_or(|delivered| at > delivered)
+            .then_some(a.started_at_ms)
+    });
+    Ok(RelayHealth {
+        newest_failure,
+        failing_since_ms,
+        last_delivery_ms,
+        deferred: u64::try_from(summary.int("deferred")?).unwrap_or(0),
+        processes: processes.iter().map(process).collect::<Result<_, _>>()?,
+        read_at_ms: summary.int("now_ms")?,
+    })
+}
+
+/// Columns: `listing::PROCESSES`'s.
+pub(crate) fn process(row: &impl Columns) -> Result<ProcessRow, StoreError> {
+    Ok(ProcessRow {
+        id: row.text("id")?,
+        started_at_ms: row.int("started_at")?,
+        heartbeat_at_ms: row.int("heartbeat_at")?,
+    })
+}
+
 /// Columns: those of `listing::list_sql`.
 pub(crate) fn summary(row: &impl Columns) -> Result<MessageSummary, StoreError> {
     let id = row.text("id")?;
@@ -232,6 +270,7 @@ pub(crate) fn summary(row: &impl Columns) -> Result<MessageSummary, StoreError> 
         last_phase: row.opt_text("phase")?,
         last_code: code(row)?,
         upstream_reply: row.opt_text("upstream_reply")?,
+        last_reply: row.opt_text("last_reply")?,
         mail_from: row.text("mail_from")?,
         rcpt_to: recipients(row)?,
         message_id: row.opt_text("header_message_id")?,

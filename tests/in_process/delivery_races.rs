@@ -392,6 +392,9 @@ impl Store for FlakyIntent {
     async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
         self.inner.queue_stats().await
     }
+    async fn relay_health(&self) -> Result<idemrelay::store::RelayHealth, StoreError> {
+        self.inner.relay_health().await
+    }
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
         self.inner.lookup_id_by_key(scope, key).await
     }

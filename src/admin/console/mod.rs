@@ -14,7 +14,7 @@ mod session;
 
 use std::sync::Arc;
 
-use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, RawQuery, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -58,9 +58,9 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router<Arc<AdminState>> {
         .route("/console/messages/{id}/cancel", post(cancel))
         .route("/console/messages/{id}/resolve", post(resolve))
         .route("/console/messages/{id}/flush", post(flush))
-        .route("/console/flush", post(flush_all))
-        .route("/console/pause", post(pause))
-        .route("/console/resume", post(resume))
+        .route("/console/flush", get(flush_all_form).post(flush_all))
+        .route("/console/pause", get(pause_form).post(pause))
+        .route("/console/resume", get(resume_form).post(resume))
         .route("/console/logout", post(logout))
         .route_layer(middleware::from_fn_with_state(state, authenticate));
     Router::new()
@@ -319,19 +319,55 @@ async fn scope_counts(state: &AdminState) -> Result<pages::ScopeCounts, StoreErr
     Ok(counts)
 }
 
+/// `refresh=off` in a page's query stops its auto-refresh; every other parameter is the
+/// page's own. Returns the auto-refresh and the query without `refresh`.
+fn split_refresh(path: &str, query: Option<&str>) -> (pages::AutoRefresh, String) {
+    let mut on = true;
+    let mut rest = url::form_urlencoded::Serializer::new(String::new());
+    for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        if name == "refresh" {
+            on = value != "off";
+        } else {
+            rest.append_pair(&name, &value);
+        }
+    }
+    let rest = rest.finish();
+    let here = if rest.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{rest}")
+    };
+    (pages::AutoRefresh { on, here }, rest)
+}
+
+/// The start of this process's id in the store's liveness rows (`host/pid/`): the delivery
+/// workers name their process `host/pid/nonce`, with '/' and '-' in the host name replaced by
+/// '_' (README "Running several instances (Postgres)").
+fn process_prefix() -> String {
+    format!(
+        "{}/{}/",
+        crate::hostname::system_hostname().replace(['/', '-'], "_"),
+        std::process::id()
+    )
+}
+
 async fn overview(
     State(state): State<Arc<AdminState>>,
     Extension(access): Extension<Access>,
+    RawQuery(query): RawQuery,
 ) -> Response {
+    let (refresh, _) = split_refresh("/console", query.as_deref());
     let read = async {
         let stats = state.store.queue_stats().await?;
         let paused = state.store.paused().await?;
         let scopes = scope_counts(&state).await?;
         let actions = state.store.relay_actions(RECENT_ACTIONS).await?;
-        Ok::<_, StoreError>((stats, paused, scopes, actions))
+        let (health, health_age) = state.stats.health(state.store.as_ref()).await?;
+        Ok::<_, StoreError>((stats, paused, scopes, actions, health, health_age))
     };
     match read.await {
-        Ok((stats, paused, scopes, actions)) => {
+        Ok((stats, paused, scopes, actions, health, health_age)) => {
+            let prefix = process_prefix();
             let page = pages::Overview {
                 stats: &stats,
                 paused: paused.as_ref(),
@@ -339,12 +375,56 @@ async fn overview(
                 actions: &actions,
                 breaker: BreakerState::parse(state.metrics.breaker_now())
                     .unwrap_or(BreakerState::Closed),
+                health: &health,
+                health_age_ms: health_age.as_millis() as i64,
+                hostname: state.hosts.first().map_or("", String::as_str),
+                process_prefix: &prefix,
+                alive_within_ms: crate::delivery::worker::STALE_AFTER.as_millis() as i64,
                 now_ms: now_ms(),
             };
-            html(StatusCode::OK, pages::overview(&page, &access.csrf))
+            html(
+                StatusCode::OK,
+                pages::overview(&page, &access.csrf, &refresh),
+            )
         }
         Err(err) => store_failed(err, &access),
     }
+}
+
+async fn pause_form(Extension(access): Extension<Access>) -> Response {
+    html(
+        StatusCode::OK,
+        pages::relay_action(
+            "pause",
+            "Pause delivery?",
+            "No record is attempted while delivery is paused; intake goes on, and records wait queued until delivery resumes.",
+            &access.csrf,
+        ),
+    )
+}
+
+async fn resume_form(Extension(access): Extension<Access>) -> Response {
+    html(
+        StatusCode::OK,
+        pages::relay_action(
+            "resume",
+            "Resume delivery?",
+            "Queued records are attempted again, each when it is due.",
+            &access.csrf,
+        ),
+    )
+}
+
+async fn flush_all_form(Extension(access): Extension<Access>) -> Response {
+    html(
+        StatusCode::OK,
+        pages::relay_action(
+            "flush",
+            "Flush: make every queued record due now?",
+            "Every queued record becomes due at once, its retry backoff cut short (the upstream rate limit still paces the attempts).",
+            &access.csrf,
+        ),
+    )
 }
 
 /// The search form's fields are the API's list filters (`GET /api/v1/messages`), read by the
@@ -394,7 +474,7 @@ async fn relay_facts(state: &AdminState) -> Result<RelayFacts, StoreError> {
 async fn search(
     State(state): State<Arc<AdminState>>,
     Extension(access): Extension<Access>,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
     let bad = |text: String| {
         html(
@@ -402,7 +482,14 @@ async fn search(
             pages::notice("Bad search", &text, Some(&access.csrf)),
         )
     };
-    let mut query = match query {
+    // A list asked for (any filter) reloads itself; the bare form does not.
+    let (refresh, rest) = split_refresh("/console/search", raw.as_deref());
+    let refresh = (!rest.is_empty()).then_some(refresh);
+    let uri: axum::http::Uri = match format!("/console/search?{rest}").parse() {
+        Ok(uri) => uri,
+        Err(err) => return bad(err.to_string()),
+    };
+    let mut query = match Query::<ListQuery>::try_from_uri(&uri) {
         Ok(Query(query)) => query,
         Err(rejection) => return bad(rejection.body_text()),
     };
@@ -447,7 +534,10 @@ async fn search(
                 waiting: &waiting,
                 next,
             };
-            html(StatusCode::OK, pages::search(&results, &access.csrf))
+            html(
+                StatusCode::OK,
+                pages::search(&results, &access.csrf, refresh.as_ref()),
+            )
         }
         Err(err) => store_failed(err, &access),
     }
@@ -456,7 +546,9 @@ async fn search(
 async fn unresolved(
     State(state): State<Arc<AdminState>>,
     Extension(access): Extension<Access>,
+    RawQuery(query): RawQuery,
 ) -> Response {
+    let (refresh, _) = split_refresh("/console/unresolved", query.as_deref());
     let filter = ListFilter {
         state: Some(StateFilter::Is(RecordState::Unresolved)),
         ..ListFilter::all(UNRESOLVED_PAGE)
@@ -464,7 +556,12 @@ async fn unresolved(
     match state.store.list_page(&filter).await {
         Ok(page) => html(
             StatusCode::OK,
-            pages::unresolved(&page.records, page.next_cursor.is_some(), &access.csrf),
+            pages::unresolved(
+                &page.records,
+                page.next_cursor.is_some(),
+                &access.csrf,
+                &refresh,
+            ),
         ),
         Err(err) => store_failed(err, &access),
     }

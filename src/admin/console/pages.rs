@@ -10,8 +10,8 @@ use crate::admin::waiting::Waiting;
 use crate::admin::wire::ListQuery;
 use crate::delivery::breaker::BreakerState;
 use crate::store::{
-    ActionRow, AttemptRow, EventRow, MessageSummary, Pause, QueueStats, State, StateFilter,
-    StoredMessage,
+    ActionRow, AttemptRow, EventRow, MessageSummary, Pause, ProcessRow, QueueStats, RelayHealth,
+    State, StateFilter, StoredMessage,
 };
 
 const STYLE: &str = "
@@ -30,6 +30,16 @@ td.n{text-align:right}
 pre,code{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-all}
 form.inline{display:inline}
 label{margin-right:1em}
+table.list{font-size:13px}
+td.id,td.id code{white-space:nowrap;word-break:normal}
+.clip{max-width:24em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+td.clip.key{max-width:12em}td.clip.addr{max-width:16em}
+.clip code{white-space:nowrap;word-break:normal}
+td.reply .clip{max-width:34em}div.waiting{font-size:92%}
+#last-error-reply{word-break:normal}
+.refresh{float:right;font-size:90%;color:#666}
+.bad{background:#fde8e8;border:1px solid #d33;padding:.75em;max-width:60em}
+.ok{color:#080}
 ";
 
 /// One link in the header bar: (path, label).
@@ -39,12 +49,42 @@ const NAV: [(&str, &str); 3] = [
     ("/console/unresolved", "Unresolved"),
 ];
 
+/// How often a page that shows the queue's state reloads itself while auto-refresh is on.
+pub(crate) const REFRESH_SECONDS: u32 = 15;
+
+/// Auto-refresh of a page that shows the queue's state: a `<meta http-equiv="refresh">`
+/// (no script: the console's CSP allows none), stopped by `refresh=off` in the query.
+pub(crate) struct AutoRefresh {
+    pub on: bool,
+    /// The page's path and query without `refresh` (where "turn it on" leads).
+    pub here: String,
+}
+
+impl AutoRefresh {
+    fn off_href(&self) -> String {
+        let sep = if self.here.contains('?') { '&' } else { '?' };
+        format!("{}{sep}refresh=off", self.here)
+    }
+}
+
 pub(crate) fn layout(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
+    layout_with(title, csrf, None, body)
+}
+
+pub(crate) fn layout_with(
+    title: &str,
+    csrf: Option<&str>,
+    refresh: Option<&AutoRefresh>,
+    body: Markup,
+) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
+                @if refresh.is_some_and(|r| r.on) {
+                    meta http-equiv="refresh" content=(REFRESH_SECONDS);
+                }
                 title { (title) " · idemrelay console" }
                 style { (maud::PreEscaped(STYLE)) }
             }
@@ -62,6 +102,17 @@ pub(crate) fn layout(title: &str, csrf: Option<&str>, body: Markup) -> Markup {
                     }
                 }
                 main {
+                    @if let Some(r) = refresh {
+                        p.refresh #auto-refresh {
+                            @if r.on {
+                                "Refreshes every " (REFRESH_SECONDS) " s · "
+                                a #refresh-off href=(r.off_href()) { "Stop auto-refresh" }
+                            } @else {
+                                "Auto-refresh is off · "
+                                a #refresh-on href=(r.here) { "Refresh every " (REFRESH_SECONDS) " s" }
+                            }
+                        }
+                    }
                     h1 { (title) }
                     (body)
                 }
@@ -79,6 +130,11 @@ pub(crate) fn enc(value: &str) -> String {
 
 pub(crate) fn message_href(id: &str) -> String {
     format!("/console/messages/{}", enc(id))
+}
+
+/// The search page for one state filter's name (`deferred` included).
+pub(crate) fn search_href_filter(state: &str) -> String {
+    format!("/console/search?state={}", enc(state))
 }
 
 pub(crate) fn search_href(state: Option<State>, scope: Option<&str>) -> String {
@@ -144,7 +200,146 @@ pub(crate) struct Overview<'a> {
     /// The newest relay-wide operator actions (pause, resume, purge).
     pub actions: &'a [ActionRow],
     pub breaker: BreakerState,
+    /// The ledger's newest failure, the deferred count, the processes' heartbeats.
+    pub health: &'a RelayHealth,
+    /// How long ago `health` was read (it is cached): ages count on from its read by this.
+    pub health_age_ms: i64,
+    /// This relay: its `hostname` setting, and the start of its process id as its heartbeat
+    /// row names it (`host/pid/`).
+    pub hostname: &'a str,
+    pub process_prefix: &'a str,
+    /// How old a heartbeat may be for its process to count as alive.
+    pub alive_within_ms: i64,
     pub now_ms: i64,
+}
+
+/// How long ago `then` was, from `now` (both Unix ms), to the second: "9m 12s".
+pub(crate) fn age(now_ms: i64, then_ms: i64) -> String {
+    let secs = ((now_ms - then_ms).max(0) / 1000) as u64;
+    if secs == 0 {
+        return "0s".into();
+    }
+    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+}
+
+fn time_and_age(now_ms: i64, then_ms: i64) -> Markup {
+    html! { (time_ms(then_ms)) " (" span.age { (age(now_ms, then_ms)) } " ago)" }
+}
+
+/// An attempt's reply line with what kind of failure it was: "transient at rcpt: 451 …".
+fn failure_text(a: &AttemptRow) -> Markup {
+    html! {
+        span.note #last-error-class {
+            (a.outcome.as_deref().unwrap_or("open"))
+            @if let Some(phase) = &a.phase { " at " (phase) }
+            ": "
+        }
+        code #last-error-reply { (a.reply.as_deref().unwrap_or("no reply recorded")) }
+    }
+}
+
+/// The upstream as the attempt ledger shows it: failing (since when, the last error), or its
+/// last delivery and last error; and how many records wait to retry.
+fn upstream_section(o: &Overview<'_>) -> Markup {
+    let h = o.health;
+    let now = h.read_at_ms + o.health_age_ms;
+    // A failure with no delivery since is an outage only while something waits on it: a lone
+    // parked record or one greylisted recipient is not the upstream down.
+    let outage = h.deferred > 0 || o.breaker == BreakerState::Open;
+    html! {
+        @match (&h.newest_failure, h.failing_since_ms.filter(|_| outage)) {
+            (Some((id, a)), Some(since)) => {
+                div.bad #upstream-failing {
+                    p {
+                        strong { "Upstream failing since " (time_and_age(now, since)) "." }
+                        @match h.last_delivery_ms {
+                            Some(ms) => { " Last delivery: " (time_and_age(now, ms)) "." }
+                            None => { " No delivery yet." }
+                        }
+                    }
+                    p #last-error {
+                        "Last error " (time_and_age(now, a.finished_at_ms.unwrap_or(a.started_at_ms)))
+                        ", record " a href=(message_href(id)) { code { (id) } } ", attempt " (a.attempt) ": "
+                        (failure_text(a))
+                    }
+                }
+            }
+            (Some((id, a)), None) => {
+                p #last-error {
+                    "Last upstream error " (time_and_age(now, a.finished_at_ms.unwrap_or(a.started_at_ms)))
+                    ", record " a href=(message_href(id)) { code { (id) } } ": " (failure_text(a))
+                    @match (h.failing_since_ms, h.last_delivery_ms) {
+                        (Some(_), Some(ms)) => { ". No delivery since; the last one " (time_and_age(now, ms)) }
+                        (Some(_), None) => { ". No delivery yet" }
+                        (None, Some(ms)) => { ". Delivered since: last delivery " (time_and_age(now, ms)) }
+                        (None, None) => {}
+                    }
+                    "."
+                }
+            }
+            (None, _) => {
+                p #last-error {
+                    "No failed attempt in the ledger."
+                    @if let Some(ms) = h.last_delivery_ms { " Last delivery: " (time_and_age(now, ms)) "." }
+                }
+            }
+        }
+        p #deferred {
+            @if h.deferred > 0 {
+                a href=(search_href_filter("deferred")) { strong { (h.deferred) " deferred" } }
+            } @else { "0 deferred" }
+            " (queued, waiting to retry after a failed attempt)."
+            @if o.health_age_ms >= 1000 {
+                span.note #health-read { " Read from the store " (age(now, h.read_at_ms)) " ago (at most every 10 s)." }
+            }
+        }
+    }
+}
+
+/// Whether `p` is this relay's process: its id starts with this process's host and pid (the
+/// random rest of the id is the delivery workers' own).
+fn is_this(p: &ProcessRow, prefix: &str) -> bool {
+    p.id.starts_with(prefix)
+}
+
+fn instances_section(o: &Overview<'_>) -> Markup {
+    let h = o.health;
+    let now = h.read_at_ms + o.health_age_ms;
+    // Alive or not as of the read: a cached read must not make a live process look stopped.
+    let alive = |p: &ProcessRow| h.read_at_ms - p.heartbeat_at_ms <= o.alive_within_ms;
+    let this = h
+        .processes
+        .iter()
+        .filter(|p| is_this(p, o.process_prefix))
+        .max_by_key(|p| p.heartbeat_at_ms);
+    let siblings = h
+        .processes
+        .iter()
+        .filter(|p| this.is_none_or(|t| t.id != p.id) && alive(p))
+        .count();
+    html! {
+        p #this-instance {
+            "This console: relay " strong { (o.hostname) } ", process "
+            @match this {
+                Some(p) => { code { (p.id) } }
+                None => { code { (o.process_prefix) "…" } " (no heartbeat in the store: this relay runs no delivery workers)" }
+            }
+            ". Other live instances on this store: " strong #siblings { (siblings) } "."
+        }
+        @if !h.processes.is_empty() {
+            table #instances {
+                tr { th { "Process (host/pid/nonce)" } th { "Started" } th { "Last heartbeat" } th { "State" } }
+                @for p in &h.processes {
+                    tr {
+                        td.id { code { (p.id) } @if this.is_some_and(|t| t.id == p.id) { " " strong { "(this one)" } } }
+                        td { (time_ms(p.started_at_ms)) }
+                        td { (time_and_age(now, p.heartbeat_at_ms)) }
+                        td { @if alive(p) { span.ok { "alive" } } @else { span.note { "stopped (no heartbeat)" } } }
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn all_states() -> impl Iterator<Item = State> {
@@ -203,23 +398,26 @@ fn waiting_text(w: Option<&Waiting>) -> Markup {
     }
 }
 
-pub(crate) fn overview(o: &Overview<'_>, csrf: &str) -> Markup {
+pub(crate) fn overview(o: &Overview<'_>, csrf: &str, refresh: &AutoRefresh) -> Markup {
     let body = html! {
         h2 { "Delivery" }
         @match o.paused {
             Some(p) => {
                 p.warn {
-                    "Paused since " (time_ms(p.since_ms)) ": " (p.reason)
+                    "Paused since " (time_and_age(o.now_ms, p.since_ms)) ": " (p.reason)
                     @if p.probe { " (the relay resumes by itself once the upstream answers a probe normally)" }
                 }
-                (action_form("/console/resume", "Resume delivery", csrf, "resume"))
+                p { a.action #resume href="/console/resume" { "Resume delivery…" } }
             }
             None => {
-                p #delivering { "Delivering. Upstream circuit breaker: " (o.breaker.as_str()) "." }
-                (action_form("/console/pause", "Pause delivery", csrf, "pause"))
+                p #delivering { "Delivering. Upstream circuit breaker: " strong { (o.breaker.as_str()) } "." }
+                p { a.action #pause href="/console/pause" { "Pause delivery…" } }
             }
         }
-        p { (action_form("/console/flush", "Flush: make every queued record due now", csrf, "flush-all")) }
+        (upstream_section(o))
+        p { a.action #flush-all href="/console/flush" { "Flush: make every queued record due now…" } }
+        h2 { "Instances" }
+        (instances_section(o))
         @if !o.actions.is_empty() {
             h3 { "Recent operator actions" }
             (actions_table("relay-actions", o.actions))
@@ -237,7 +435,7 @@ pub(crate) fn overview(o: &Overview<'_>, csrf: &str) -> Markup {
         p {
             "Oldest queued: "
             @match o.stats.oldest_queued_at_ms {
-                Some(ms) => { (time_ms(ms)) " (" (humantime::format_duration(std::time::Duration::from_secs(((o.now_ms - ms).max(0) / 1000) as u64))) " ago)" }
+                Some(ms) => { (time_and_age(o.now_ms, ms)) }
                 None => { "none" }
             }
             ". Damaged bodies: " (o.stats.damaged)
@@ -265,30 +463,81 @@ pub(crate) fn overview(o: &Overview<'_>, csrf: &str) -> Markup {
             }
         }
     };
-    layout("Queue overview", Some(csrf), body)
+    layout_with("Queue overview", Some(csrf), Some(refresh), body)
+}
+
+/// The form of a relay-wide action (pause, resume, flush), on a page of its own: the
+/// overview reloads itself, which would wipe a reason being typed.
+pub(crate) fn relay_action(action: &str, title: &str, explain: &str, csrf: &str) -> Markup {
+    let button = title.trim_end_matches('?');
+    let body = html! {
+        p { (explain) }
+        p { (action_form(&format!("/console/{action}"), button, csrf, action)) }
+        p { a href="/console" { "Back to the overview" } }
+    };
+    layout(title, Some(csrf), body)
+}
+
+/// The reply a listed record last got: its newest attempt's reply line, else the final
+/// upstream reply; one line, cut with an ellipsis (the whole line is its title). Below it,
+/// why a queued record waits (the detail in its title).
+fn last_reply_cell(r: &MessageSummary, waiting: Option<&Waiting>) -> Markup {
+    let reply = r.last_reply.as_deref().or(r.upstream_reply.as_deref());
+    html! {
+        td.reply {
+            @match reply {
+                Some(reply) => {
+                    div.clip.last-reply title=(reply) {
+                        @if let Some(outcome) = &r.last_outcome { span.note { (outcome) ": " } }
+                        code { (reply) }
+                    }
+                }
+                None => { div.last-reply { span.note { "—" } } }
+            }
+            @if let Some(w) = waiting {
+                div.clip.waiting title=(w.detail) { span.note { "waiting: " } (w.reason) " — " (w.detail) }
+            }
+        }
+    }
+}
+
+/// A key: one line, cut with an ellipsis, whole in its title.
+fn key_cell(key: Option<&str>) -> Markup {
+    html! {
+        @match key {
+            Some(k) => { td.clip.key title=(k) { code { (k) } } }
+            None => { td { span.note { "—" } } }
+        }
+    }
+}
+
+/// A time on one line without its milliseconds ("2026-12-04 23:40:48"), whole in its title.
+fn short_time(ms: i64) -> Markup {
+    let full = time_ms(ms);
+    let short = full.get(..19).unwrap_or(&full).replace('T', " ");
+    html! { span title=(full) { (short) } }
 }
 
 fn summary_table(rows: &[MessageSummary], waiting: &[Option<Waiting>]) -> Markup {
     html! {
-        table #results {
+        table.list #results {
             tr {
-                th { "Id" } th { "State" } th { "Scope" } th { "Key" } th { "From" } th { "To" }
+                th { "Id" } th { "State" } th { "Scope" } th { "Key" } th { "From / to" }
                 th { "Accepted" } th { "Attempts" } th { "Last reply / waiting" }
             }
             @for (i, r) in rows.iter().enumerate() {
                 tr {
-                    td { a href=(message_href(&r.id)) { code { (r.id) } } }
+                    td.id { a href=(message_href(&r.id)) { code { (r.id) } } }
                     td { (state_badge(r.state)) }
                     td { (r.scope) }
-                    td { code { (opt(r.key.as_deref())) } }
-                    td { code { (r.mail_from) } }
-                    td { @for to in &r.rcpt_to { code { (to) } br; } }
-                    td { (time_ms(r.accepted_at_ms)) }
-                    td.n { (r.attempts) }
-                    td {
-                        (opt(r.upstream_reply.as_deref()))
-                        @if let Some(w) = waiting.get(i).and_then(Option::as_ref) { br; (waiting_text(Some(w))) }
+                    (key_cell(r.key.as_deref()))
+                    td.clip.addr title=(format!("from {} to {}", r.mail_from, r.rcpt_to.join(", "))) {
+                        span.note { code { (r.mail_from) } } br;
+                        @for to in &r.rcpt_to { code { (to) } br; }
                     }
+                    td.id { (short_time(r.accepted_at_ms)) }
+                    td.n { (r.attempts) }
+                    (last_reply_cell(r, waiting.get(i).and_then(Option::as_ref)))
                 }
             }
         }
@@ -311,7 +560,7 @@ fn text_field(label: &str, name: &str, value: &Option<String>, hint: &str) -> Ma
     }
 }
 
-pub(crate) fn search(s: &SearchResults<'_>, csrf: &str) -> Markup {
+pub(crate) fn search(s: &SearchResults<'_>, csrf: &str, refresh: Option<&AutoRefresh>) -> Markup {
     let f = s.form;
     let state = f.state.as_deref().and_then(StateFilter::parse);
     let newest = f.order.as_deref() == Some("newest");
@@ -342,34 +591,41 @@ pub(crate) fn search(s: &SearchResults<'_>, csrf: &str) -> Markup {
                         option value="newest" selected[newest] { "newest first" }
                     }
                 }
+                @if refresh.is_some_and(|r| !r.on) { input type="hidden" name="refresh" value="off"; }
                 button type="submit" { "Search" }
             }
         }
         p #result-count { (s.rows.len()) " record(s)" @if s.next.is_some() { ", more on the next page" } "." }
         (summary_table(s.rows, s.waiting))
         @if let Some(next) = &s.next {
-            p { a #next-page href=(format!("/console/search?{next}")) { "Next page" } }
+            @let off = if refresh.is_some_and(|r| !r.on) { "&refresh=off" } else { "" };
+            p { a #next-page href=(format!("/console/search?{next}{off}")) { "Next page" } }
         }
     };
-    layout("Search", Some(csrf), body)
+    layout_with("Search", Some(csrf), refresh, body)
 }
 
-pub(crate) fn unresolved(rows: &[MessageSummary], more: bool, csrf: &str) -> Markup {
+pub(crate) fn unresolved(
+    rows: &[MessageSummary],
+    more: bool,
+    csrf: &str,
+    refresh: &AutoRefresh,
+) -> Markup {
     let body = html! {
         p {
             "An unresolved record's last attempt ended without a reply to the final dot: the upstream may or may not have it. "
             "Check with the upstream (its events, its logs) before a retry; a retry may deliver a second copy."
         }
-        table #unresolved {
+        table.list #unresolved {
             tr { th { "Id" } th { "Scope" } th { "Key" } th { "Accepted" } th { "Attempts" } th { "Last reply" } th {} }
             @for r in rows {
                 tr {
-                    td { a href=(message_href(&r.id)) { code { (r.id) } } }
+                    td.id { a href=(message_href(&r.id)) { code { (r.id) } } }
                     td { (r.scope) }
-                    td { code { (opt(r.key.as_deref())) } }
-                    td { (time_ms(r.accepted_at_ms)) }
+                    (key_cell(r.key.as_deref()))
+                    td.id { (short_time(r.accepted_at_ms)) }
                     td.n { (r.attempts) }
-                    td { (opt(r.upstream_reply.as_deref())) }
+                    (last_reply_cell(r, None))
                     td { a.retry href=(format!("{}/retry", message_href(&r.id))) { "Retry…" } }
                 }
             }
@@ -377,7 +633,7 @@ pub(crate) fn unresolved(rows: &[MessageSummary], more: bool, csrf: &str) -> Mar
         @if rows.is_empty() { p #none { "No unresolved records." } }
         @if more { p.note { "Showing the first " (rows.len()) "; search by state for the rest." } }
     };
-    layout("Unresolved records", Some(csrf), body)
+    layout_with("Unresolved records", Some(csrf), Some(refresh), body)
 }
 
 pub(crate) struct MessagePage<'a> {

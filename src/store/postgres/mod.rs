@@ -19,8 +19,8 @@ use crate::store::listing::{self, ListFilter, Page};
 use crate::store::migrate::{self, Embedded};
 use crate::store::record::{
     queue_stats, retention_ms, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed,
-    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, Requeue,
-    Resolution, Resolve, Settle, State, StoreError, StoredMessage, FORGET_PROCESS_AFTER,
+    DailyCounts, Existing, Flush, Insert, NewRecord, Operator, Pause, QueueStats, RelayHealth,
+    Requeue, Resolution, Resolve, Settle, State, StoreError, StoredMessage, FORGET_PROCESS_AFTER,
 };
 use crate::store::retention::Retention;
 use crate::store::rows;
@@ -607,6 +607,27 @@ impl Store for PostgresStore {
         .fetch_all(&self.pool)
         .await?;
         Ok(queue_stats(counts, oldest, damaged, unmatched, by_scope))
+    }
+
+    async fn relay_health(&self) -> Result<RelayHealth, StoreError> {
+        let sql = listing::health_sql(listing::Dialect::Postgres);
+        let summary = sqlx::query(&sql.summary).fetch_one(&self.pool).await?;
+        let newest = sqlx::query(&sql.newest_failure)
+            .fetch_optional(&self.pool)
+            .await?;
+        let processes = sqlx::query(listing::PROCESSES)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut health = rows::relay_health(&summary, newest.as_ref(), &processes)?;
+        if health.failing_since_ms.is_some() {
+            let after = health.last_delivery_ms.unwrap_or(i64::MIN);
+            let since: Option<i64> = sqlx::query_scalar(&sql.failing_since)
+                .bind(after)
+                .fetch_one(&self.pool)
+                .await?;
+            health.failing_since_ms = since.or(health.failing_since_ms);
+        }
+        Ok(health)
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {

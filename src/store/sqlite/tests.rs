@@ -583,3 +583,74 @@ async fn the_state_check_lists_every_state() {
     let check = format!("CHECK (state IN ({}))", State::sql_list(State::ALL));
     assert!(sql.contains(&check), "{sql}");
 }
+
+/// The overview's health read: the newest failed attempt, the run of failures it ends (from
+/// the first failure after the newest delivery; none once a delivery follows it), the deferred
+/// count and the heartbeat rows.
+#[tokio::test]
+async fn relay_health_tells_the_run_of_failures_since_the_last_delivery() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir).await;
+    let retention = Retention::flat(Duration::from_secs(3600));
+    let health = store.relay_health().await.unwrap();
+    assert_eq!(
+        (
+            health.newest_failure,
+            health.failing_since_ms,
+            health.deferred
+        ),
+        (None, None, 0)
+    );
+    assert!(health.processes.is_empty());
+    let retry = || Settle::Retry {
+        after: Duration::ZERO,
+    };
+    // Ledger times are milliseconds: a pause keeps each step after the one before.
+    let tick = || tokio::time::sleep(Duration::from_millis(5));
+
+    store.insert(&record("m1", "k1"), retention).await.unwrap();
+    attempt(&store, "m1", "transient", retry()).await;
+    let first = store.attempts("m1").await.unwrap()[0].clone();
+    let health = store.relay_health().await.unwrap();
+    assert_eq!(health.newest_failure, Some(("m1".into(), first.clone())));
+    assert_eq!(health.failing_since_ms, Some(first.started_at_ms));
+    assert_eq!((health.last_delivery_ms, health.deferred), (None, 1));
+
+    tick().await;
+    attempt(
+        &store,
+        "m1",
+        "accepted",
+        Settle::Delivered {
+            upstream_reply: "250 ok".into(),
+        },
+    )
+    .await;
+    let delivered = store.attempts("m1").await.unwrap()[1].finished_at_ms;
+    let health = store.relay_health().await.unwrap();
+    assert_eq!(health.newest_failure, Some(("m1".into(), first)));
+    assert_eq!(health.failing_since_ms, None, "a delivery came after it");
+    assert_eq!((health.last_delivery_ms, health.deferred), (delivered, 0));
+
+    tick().await;
+    store.insert(&record("m2", "k2"), retention).await.unwrap();
+    attempt(&store, "m2", "transient", retry()).await;
+    tick().await;
+    attempt(&store, "m2", "unknown", retry()).await;
+    let ledger = store.attempts("m2").await.unwrap();
+    let health = store.relay_health().await.unwrap();
+    assert_eq!(
+        health.newest_failure,
+        Some(("m2".into(), ledger[1].clone()))
+    );
+    assert_eq!(health.failing_since_ms, Some(ledger[0].started_at_ms));
+    assert_eq!(health.deferred, 1);
+
+    store.heartbeat("host/1/abc").await.unwrap();
+    let health = store.relay_health().await.unwrap();
+    assert_eq!(health.processes.len(), 1);
+    assert_eq!(health.processes[0].id, "host/1/abc");
+    assert!(health.read_at_ms >= health.processes[0].heartbeat_at_ms);
+    let listed = store.list(Some(State::Queued), 10, None).await.unwrap();
+    assert_eq!(listed[0].last_reply.as_deref(), Some("550 no"));
+}

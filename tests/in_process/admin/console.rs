@@ -1,7 +1,8 @@
 //! The web console (`/console` on the admin listener, `/ui` on the sink's API): its access
 //! rules over raw HTTP, and an operator's round through its pages in a real headless Chromium
 //! driven over WebDriver, with a screenshot of each page under
-//! `target/console-screenshots/`.
+//! `target/console-screenshots/<test>/` (or `$IDEMRELAY_SCREENSHOT_DIR/<test>/`); each test
+//! prints where its screenshots are.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -355,6 +356,31 @@ async fn the_console_needs_the_token_a_session_and_its_csrf_token() {
     assert_eq!(typo.status, 400, "{typo:?}");
     let missing = http(admin, "GET", "/console/messages/nope", &[with_cookie], "").await;
     assert_eq!(missing.status, 404);
+    // `refresh=off` stops a list's auto-refresh and is no filter; the bare search form does
+    // not reload itself.
+    let refresh = r#"<meta http-equiv="refresh" content="15">"#;
+    for (path, reloads) in [
+        ("/console", true),
+        ("/console?refresh=off", false),
+        ("/console/unresolved", true),
+        ("/console/search?state=deferred", true),
+        ("/console/search?state=deferred&refresh=off", false),
+        ("/console/search", false),
+    ] {
+        let page = http(admin, "GET", path, &[with_cookie], "").await;
+        assert_eq!(page.status, 200, "{path}: {page:?}");
+        assert_eq!(page.body.contains(refresh), reloads, "{path}");
+        assert!(!page.body.contains("<script"), "{path}");
+    }
+    let typo = http(
+        admin,
+        "GET",
+        "/console/search?rcpt=x&refresh=off",
+        &[with_cookie],
+        "",
+    )
+    .await;
+    assert_eq!(typo.status, 400, "{typo:?}");
 
     // The sink's view escapes too, and says 404 for an unknown message.
     let api = sink.api_addr().unwrap();
@@ -460,15 +486,27 @@ struct Screenshots {
 }
 
 impl Screenshots {
-    fn new() -> Screenshots {
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
-        let dir = target.join("console-screenshots");
+    /// A directory of its own per test (they run at once): under `$IDEMRELAY_SCREENSHOT_DIR`
+    /// when set, else `target/console-screenshots`.
+    fn new(test: &str) -> Screenshots {
+        let base = match std::env::var_os("IDEMRELAY_SCREENSHOT_DIR") {
+            Some(dir) => PathBuf::from(dir),
+            None => std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+                .join("console-screenshots"),
+        };
+        let dir = base.join(test);
         // Only this run's pages: none left over from a run that took others.
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         Screenshots { dir, taken: vec![] }
+    }
+
+    fn print(&self) {
+        for shot in &self.taken {
+            println!("screenshot: {}", shot.display());
+        }
     }
 
     async fn take(&mut self, browser: &Browser, name: &str) {
@@ -556,7 +594,7 @@ async fn an_operator_finds_and_retries_a_message_in_a_real_browser() {
 
     let driver = start_driver(&chromedriver).await;
     let browser = open_browser(&driver, &chromium).await;
-    let mut shots = Screenshots::new();
+    let mut shots = Screenshots::new("operator-round");
 
     // Login.
     browser.goto(&format!("{console}/console")).await.unwrap();
@@ -577,6 +615,16 @@ async fn an_operator_finds_and_retries_a_message_in_a_real_browser() {
     assert!(by_state.contains("unresolved 1"), "{by_state}");
     let by_scope = text(&browser, "#by-scope").await;
     assert!(by_scope.contains("default"), "{by_scope}");
+    // The parked record's failures are the ledger's newest, but nothing waits on them and
+    // the breaker is closed: the last error is told, not an outage.
+    let last = text(&browser, "#last-error").await;
+    assert!(last.contains("No delivery since"), "{last}");
+    assert_eq!(text(&browser, "#last-error a").await, unresolved);
+    assert!(browser
+        .find(Locator::Css("#upstream-failing"))
+        .await
+        .is_err());
+    assert!(text(&browser, "#deferred").await.starts_with("0 deferred"));
     shots.take(&browser, "overview").await;
 
     // Search by key: the hostile key, typed into the form, comes back as text.
@@ -664,7 +712,13 @@ async fn an_operator_finds_and_retries_a_message_in_a_real_browser() {
     let filtered = text(&browser, "#messages").await;
     assert!(filtered.contains(UNRESOLVED_KEY), "{filtered}");
     assert!(!filtered.contains(OK_KEY), "{filtered}");
-    let first = sink.messages()[0].id.clone();
+    // The filtered list's message (the three arrive in any order).
+    let first = sink
+        .messages()
+        .into_iter()
+        .find(|m| m.key.as_deref() == Some(UNRESOLVED_KEY))
+        .unwrap()
+        .id;
     let link = browser.find(Locator::LinkText(&first)).await.unwrap();
     click(&browser, link).await;
     let raw = text(&browser, "#raw").await;
@@ -722,8 +776,10 @@ async fn an_operator_finds_and_retries_a_message_in_a_real_browser() {
         .unwrap();
     element(&browser, "#none").await;
 
-    // Pause and resume delivery.
+    // Pause and resume delivery, each from the overview's link to its form (the overview
+    // reloads itself, which would wipe a reason being typed there).
     browser.goto(&format!("{console}/console")).await.unwrap();
+    click(&browser, element(&browser, "a#pause").await).await;
     let form = browser
         .form(Locator::Css("form[action='/console/pause']"))
         .await
@@ -736,6 +792,8 @@ async fn an_operator_finds_and_retries_a_message_in_a_real_browser() {
     assert!(paused.contains("upstream maintenance"), "{paused}");
     let stored = relay.store().paused().await.unwrap().expect("paused");
     assert_eq!(stored.reason, "upstream maintenance");
+    shots.take(&browser, "paused").await;
+    click(&browser, element(&browser, "a#resume").await).await;
     let form = browser
         .form(Locator::Css("form[action='/console/resume']"))
         .await
@@ -743,9 +801,8 @@ async fn an_operator_finds_and_retries_a_message_in_a_real_browser() {
     form.set_by_name("reason", "maintenance over")
         .await
         .unwrap();
-    shots.take(&browser, "paused").await;
     submit_form(&browser, &form).await;
-    element(&browser, "form[action='/console/pause']").await;
+    element(&browser, "a#pause").await;
     assert!(relay.store().paused().await.unwrap().is_none());
     let actions = text(&browser, "#relay-actions").await;
     assert!(
@@ -759,9 +816,7 @@ async fn an_operator_finds_and_retries_a_message_in_a_real_browser() {
     shots.take(&browser, "resumed").await;
 
     browser.close().await.unwrap();
-    for shot in &shots.taken {
-        println!("screenshot: {}", shot.display());
-    }
+    shots.print();
     assert_eq!(shots.taken.len(), 11);
 }
 
@@ -843,4 +898,356 @@ async fn a_page_of_another_origin_cannot_pause_delivery_in_a_real_browser() {
         "a page of another origin paused delivery"
     );
     let _ = browser.close().await;
+}
+
+/// An age as the console prints it ("1m 5s", "0s"), in seconds.
+fn age_seconds(age: &str) -> u64 {
+    age.split_whitespace()
+        .map(|part| {
+            let (n, unit) = part.split_at(part.find(|c: char| !c.is_ascii_digit()).unwrap());
+            let n: u64 = n.parse().unwrap_or_else(|_| panic!("age {age:?}"));
+            match unit {
+                "s" => n,
+                "m" => n * 60,
+                "h" => n * 3600,
+                "days" | "day" => n * 86_400,
+                other => panic!("age {age:?}: unit {other:?}"),
+            }
+        })
+        .sum()
+}
+
+/// The height of the first element `css` selects, in CSS pixels.
+async fn height(browser: &Browser, css: &str) -> f64 {
+    element(browser, css).await.rectangle().await.unwrap().3
+}
+
+const OUTAGE_REPLY: &str = "421 4.3.2 Upstream closed for maintenance";
+
+/// An upstream outage as an operator sees it: the overview says the upstream has been failing
+/// since the first failed attempt after the last delivery, with the last error's reply and
+/// age, how many records are deferred, which relay process serves the page and that a sibling
+/// on the same store is alive; it reloads itself until told to stop. The deferred list shows
+/// each record's last reply on one line, ids unwrapped. Screenshots of both pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_outage_shows_the_last_error_its_age_and_the_deferred_in_a_real_browser() {
+    let Some((chromium, chromedriver)) = browser_programs() else {
+        println!("SKIPPED: chromium or chromedriver not found (apt-get install chromium chromium-driver)");
+        return;
+    };
+    let sink = sink_with_api().await;
+    let relay = relay_for(&sink, |s| {
+        s.admin_token = Some(Secret(TOKEN.into()));
+        s.delivery.retry_base = Duration::from_secs(2);
+        s.delivery.retry_cap = Duration::from_secs(4);
+        s.delivery.breaker_threshold = 3;
+        s.delivery.breaker_cooldown = Duration::from_secs(120);
+    })
+    .await;
+    let from = "ops@example.com";
+    let before = submit(
+        &relay,
+        from,
+        &["a@example.com"],
+        &message(Some("before-outage"), "fine", "body"),
+    )
+    .await;
+    wait_state(&relay, &before, State::Delivered).await;
+    let delivered_at = relay.stored(&before).await.finished_at_ms.unwrap();
+
+    // The upstream goes down: every transaction is refused with a 421 (at MAIL, so that a
+    // connection the relay kept open from the delivery above is refused too).
+    let (code, words) = OUTAGE_REPLY.split_at(3);
+    sink.set_faults(vec![FaultRule::reply(
+        idemrelay::sink::FaultStage::Mail,
+        code.parse().unwrap(),
+        words.trim(),
+    )])
+    .unwrap();
+    let mut deferred = Vec::new();
+    for n in 1..=3 {
+        deferred.push(
+            submit(
+                &relay,
+                from,
+                &[&format!("r{n}@example.com")],
+                &message(Some(&format!("outage-{n}")), "during the outage", "body"),
+            )
+            .await,
+        );
+    }
+    // A sibling relay on the same store: its heartbeat shows it alive.
+    let mut sibling_settings = relay.settings.clone();
+    sibling_settings.listen = vec!["127.0.0.1:0".parse().unwrap()];
+    let sibling = TestRelay::start_in(tempfile::tempdir().unwrap(), sibling_settings).await;
+    crate::common::eventually(Duration::from_secs(20), "3 deferred records", || async {
+        let page = relay
+            .store()
+            .list_page(&idemrelay::store::ListFilter {
+                state: Some(idemrelay::store::StateFilter::Deferred),
+                ..idemrelay::store::ListFilter::all(10)
+            })
+            .await
+            .unwrap();
+        (page.records.len() == 3).then_some(())
+    })
+    .await;
+    crate::common::eventually(Duration::from_secs(20), "two live processes", || async {
+        let health = relay.store().relay_health().await.unwrap();
+        (health.processes.len() == 2).then_some(())
+    })
+    .await;
+    // The run of failures began with the first failed attempt after the delivery.
+    let mut first_failure = i64::MAX;
+    for id in &deferred {
+        for a in relay.store().attempts(id).await.unwrap() {
+            assert_eq!(a.outcome.as_deref(), Some("transient"), "{a:?}");
+            assert_eq!(a.reply.as_deref(), Some(OUTAGE_REPLY), "{a:?}");
+            first_failure = first_failure.min(a.started_at_ms);
+        }
+    }
+    let time = |ms: i64| {
+        humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms as u64))
+            .to_string()
+    };
+
+    let console = format!("http://{}", relay.admin());
+    let driver = start_driver(&chromedriver).await;
+    let browser = open_browser(&driver, &chromium).await;
+    let mut shots = Screenshots::new("outage");
+    browser.goto(&format!("{console}/console")).await.unwrap();
+    let form = browser
+        .form(Locator::Css("form[action='/console/login']"))
+        .await
+        .unwrap();
+    form.set_by_name("token", TOKEN).await.unwrap();
+    submit_form(&browser, &form).await;
+
+    let delivering = reload_until(&browser, "#delivering", "open").await;
+    assert!(delivering.contains("circuit breaker: open"), "{delivering}");
+    let failing = text(&browser, "#upstream-failing").await;
+    for wanted in [
+        "Upstream failing since",
+        &time(first_failure),
+        "ago",
+        "Last delivery:",
+        &time(delivered_at),
+        "Last error",
+        "transient at mail",
+        OUTAGE_REPLY,
+    ] {
+        assert!(failing.contains(wanted), "{wanted:?} not in {failing:?}");
+    }
+    let last_error_id = text(&browser, "#last-error a").await;
+    assert!(deferred.contains(&last_error_id), "{last_error_id}");
+    // The ages are the store's, read at each load: they grow.
+    let age = text(&browser, "#upstream-failing .age").await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    navigate(&browser, || browser.refresh()).await;
+    let later = text(&browser, "#upstream-failing .age").await;
+    assert!(
+        age_seconds(&later) >= age_seconds(&age) + 2,
+        "{age:?} then {later:?}"
+    );
+    assert_eq!(text(&browser, "#deferred a").await, "3 deferred");
+    let this = text(&browser, "#this-instance").await;
+    assert!(this.contains("relay relay.test"), "{this}");
+    assert_eq!(text(&browser, "#siblings").await, "1");
+    let instances = text(&browser, "#instances").await;
+    assert!(instances.contains("(this one)"), "{instances}");
+    assert_eq!(instances.matches("alive").count(), 2, "{instances}");
+    let prefix = format!("/{}/", std::process::id());
+    assert_eq!(instances.matches(&prefix).count(), 2, "{instances}");
+    // It reloads itself, until told to stop.
+    let meta = element(&browser, "meta[http-equiv=refresh]").await;
+    assert_eq!(meta.attr("content").await.unwrap().as_deref(), Some("15"));
+    assert!(!browser.source().await.unwrap().contains("<script"));
+    shots.take(&browser, "outage-overview").await;
+    click(&browser, element(&browser, "#refresh-off").await).await;
+    element(&browser, "#refresh-on").await;
+    assert!(browser
+        .find(Locator::Css("meta[http-equiv=refresh]"))
+        .await
+        .is_err());
+    click(&browser, element(&browser, "#refresh-on").await).await;
+    element(&browser, "meta[http-equiv=refresh]").await;
+
+    // The deferred list, from the overview's count.
+    click(&browser, element(&browser, "#deferred a").await).await;
+    assert!(browser
+        .current_url()
+        .await
+        .unwrap()
+        .as_str()
+        .ends_with("/console/search?state=deferred"));
+    let results = text(&browser, "#results").await;
+    for id in &deferred {
+        assert!(results.contains(id.as_str()), "{id} not in {results}");
+    }
+    assert!(!results.contains(&before), "{results}");
+    let replies = browser
+        .find_all(Locator::Css("#results .last-reply"))
+        .await
+        .unwrap();
+    assert_eq!(replies.len(), 3);
+    for cell in replies {
+        assert_eq!(
+            cell.attr("title").await.unwrap().as_deref(),
+            Some(OUTAGE_REPLY)
+        );
+        assert!(cell.text().await.unwrap().contains("421 4.3.2"));
+    }
+    // One line each: an id and a reply no taller than the state badge beside them.
+    let line = height(&browser, "#results span.state").await;
+    for css in ["#results td.id code", "#results .last-reply code"] {
+        let h = height(&browser, css).await;
+        assert!(h < line * 1.5, "{css} is {h}px tall, a line is {line}px");
+    }
+    element(&browser, "meta[http-equiv=refresh]").await;
+    shots.take(&browser, "deferred-list").await;
+
+    browser.close().await.unwrap();
+    shots.print();
+    drop(sibling);
+}
+
+/// A message with a text part and an HTML part whose script would mark the page it runs in
+/// and whose image would load from `pixel`.
+fn html_message(key: &str, subject: &str, pixel: SocketAddr) -> Vec<u8> {
+    format!(
+        "From: Sender <sender@example.com>\r\nTo: rcpt@example.com\r\n\
+         X-Bird-Idempotency-Key: {key}\r\nSubject: {subject}\r\nMIME-Version: 1.0\r\n\
+         Content-Type: multipart/alternative; boundary=\"b1\"\r\n\r\n\
+         --b1\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         Content-Transfer-Encoding: quoted-printable\r\n\r\n\
+         Plain words, Gr=C3=BC=C3=9Fe.\r\n\
+         --b1\r\nContent-Type: text/html; charset=utf-8\r\n\r\n\
+         <h1 id=\"hello\" style=\"color:#a00\">Hello HTML</h1>\r\n\
+         <script>document.body.setAttribute('data-ran','yes');parent.document.title='pwned';</script>\r\n\
+         <img src=\"http://{pixel}/pixel.png\">\r\n\
+         --b1--\r\n"
+    )
+    .into_bytes()
+}
+
+/// Counts the connections a page's remote resources would open.
+async fn pixel_server() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((_stream, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (addr, hits)
+}
+
+/// The test upstream's inbox as a developer uses it after a test run: subjects in the list,
+/// a filter that narrows the per-key counts and transactions too, and a message's text part
+/// and HTML part, the HTML rendered in a sandbox where its script does not run and its remote
+/// image is not fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sink_inbox_shows_subjects_text_and_sandboxed_html_in_a_real_browser() {
+    let Some((chromium, chromedriver)) = browser_programs() else {
+        println!("SKIPPED: chromium or chromedriver not found (apt-get install chromium chromium-driver)");
+        return;
+    };
+    let sink = sink_with_api().await;
+    let relay = relay_for(&sink, |_| {}).await;
+    let (pixel, hits) = pixel_server().await;
+    let from = "ops@example.com";
+    let report = submit(
+        &relay,
+        from,
+        &["a@example.com"],
+        &html_message("report-key", "Quarterly report", pixel),
+    )
+    .await;
+    let other = submit(
+        &relay,
+        from,
+        &["b@example.com"],
+        &message(Some("other-key"), "Unrelated note", "nothing to see"),
+    )
+    .await;
+    wait_state(&relay, &report, State::Delivered).await;
+    wait_state(&relay, &other, State::Delivered).await;
+    let sink_ui = format!("http://{}/ui", sink.api_addr().unwrap());
+
+    let driver = start_driver(&chromedriver).await;
+    let browser = open_browser(&driver, &chromium).await;
+    let mut shots = Screenshots::new("sink");
+    browser.goto(&sink_ui).await.unwrap();
+    let messages = text(&browser, "#messages").await;
+    assert!(
+        messages.contains("Quarterly report") && messages.contains("Unrelated note"),
+        "{messages}"
+    );
+    let keys = text(&browser, "#keys").await;
+    assert!(
+        keys.contains("report-key") && keys.contains("other-key"),
+        "{keys}"
+    );
+    shots.take(&browser, "sink-inbox").await;
+
+    // The filter narrows every table.
+    let form = browser.form(Locator::Css("#search")).await.unwrap();
+    form.set_by_name("text", "quarterly").await.unwrap();
+    submit_form(&browser, &form).await;
+    let messages = text(&browser, "#messages").await;
+    assert!(
+        messages.contains("Quarterly report") && !messages.contains("Unrelated"),
+        "{messages}"
+    );
+    let keys = text(&browser, "#keys").await;
+    assert!(
+        keys.contains("report-key") && !keys.contains("other-key"),
+        "{keys}"
+    );
+    let transactions = text(&browser, "#transactions").await;
+    assert!(
+        transactions.contains("report-key") && !transactions.contains("other-key"),
+        "{transactions}"
+    );
+    shots.take(&browser, "sink-filtered").await;
+
+    // The message: its subject, its text part decoded, its HTML rendered in a sandbox.
+    click(
+        &browser,
+        browser
+            .find(Locator::LinkText("Quarterly report"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(text(&browser, "#subject").await, "Quarterly report");
+    let plain = text(&browser, ".text-part").await;
+    assert!(plain.contains("Plain words, Grüße."), "{plain}");
+    let frame = element(&browser, "iframe.html-part").await;
+    assert_eq!(frame.attr("sandbox").await.unwrap().as_deref(), Some(""));
+    frame.clone().enter_frame().await.unwrap();
+    let hello = element(&browser, "#hello").await.text().await.unwrap();
+    assert_eq!(hello, "Hello HTML");
+    let body = element(&browser, "body").await;
+    assert_eq!(
+        body.attr("data-ran").await.unwrap(),
+        None,
+        "the HTML part's script ran"
+    );
+    browser.enter_parent_frame().await.unwrap();
+    let title = browser.title().await.unwrap();
+    assert!(!title.contains("pwned"), "{title}");
+    // Give an image load time to arrive, had it been let out.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the HTML part's remote image was fetched"
+    );
+    shots.take(&browser, "sink-html-message").await;
+
+    browser.close().await.unwrap();
+    shots.print();
 }
