@@ -14,6 +14,7 @@ mod admin;
 mod delivery;
 mod delivery_policy;
 mod delivery_races;
+mod docs_reference;
 mod example_config;
 mod fuzz_session;
 mod hostile;
