@@ -658,32 +658,6 @@ impl Metrics {
     }
 }
 
-/// The OpenMetrics exposition of a fresh relay registry with every family exercised once, so
-/// that each label a family has shows up in a sample (the reference page `docs/reference/
-/// metrics.md` is generated from it by a test). Values mean nothing; only names, types, HELP
-/// texts and label names and values are read.
-#[doc(hidden)]
-pub fn reference_exposition() -> String {
-    let labels = crate::app::relay_label_values();
-    let m = Metrics::new(&labels);
-    let decision = labels.decisions.first().copied().unwrap_or("");
-    for &(outcome, phase) in &labels.attempt_endings {
-        m.attempt(outcome, Some(phase), decision, Duration::ZERO);
-    }
-    let stats = QueueStats {
-        by_state: State::ALL.iter().map(|&s| (s, 0)).collect(),
-        oldest_queued_at_ms: None,
-        damaged: 0,
-        unmatched_events: 0,
-        queued_by_scope: Vec::new(),
-    };
-    let snapshot = Snapshot {
-        stats: Some(stats),
-        ..Snapshot::default()
-    };
-    m.render(&snapshot, Format::OpenMetrics)
-}
-
 /// The Prometheus text format 0.0.4, from prometheus-client's OpenMetrics output. The sample
 /// lines are the same in both; the differences are in the metadata: 0.0.4 has no `# UNIT` and
 /// no `# EOF`, and a counter's HELP and TYPE name the sample (`x_total`), where OpenMetrics

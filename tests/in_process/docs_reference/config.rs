@@ -35,9 +35,15 @@ const NAMED_TABLES: &[&str] = &["webhooks"];
 #[derive(Debug)]
 enum Item {
     /// A banner in the example: a heading, and the text after its first `: ` or `. `.
-    Group { title: String, text: String },
+    Group {
+        title: String,
+        text: String,
+    },
     /// A table header and the comment block above it.
-    Table { table: String, text: String },
+    Table {
+        table: String,
+        text: String,
+    },
     Setting(Setting),
 }
 
@@ -117,10 +123,7 @@ fn parse_example(text: &str) -> Vec<Item> {
         } else if is_rule(line) {
             if in_banner {
                 let banner = join(&pending);
-                let cut = [": ", ". "]
-                    .iter()
-                    .filter_map(|sep| banner.find(sep))
-                    .min();
+                let cut = [": ", ". "].iter().filter_map(|sep| banner.find(sep)).min();
                 let (title, text) = match cut {
                     Some(i) => (banner[..i].to_string(), banner[i + 2..].to_string()),
                     None => (banner.clone(), String::new()),
@@ -145,8 +148,7 @@ fn parse_example(text: &str) -> Vec<Item> {
                 text: join(&pending),
             });
             pending.clear();
-        } else if let Some((key, literal)) = setting_line(line.strip_prefix("# ").unwrap_or(line))
-        {
+        } else if let Some((key, literal)) = setting_line(line.strip_prefix("# ").unwrap_or(line)) {
             items.push(Item::Setting(Setting {
                 table: table.clone(),
                 key: key.to_string(),
@@ -265,7 +267,11 @@ fn type_of(setting: &Setting, choices: Option<&Vec<String>>) -> String {
                 None if probe("[\"10.0.0.0/8\"]") => "network",
                 None => "value",
             };
-            let plural = if element == "address" { "addresses" } else { &format!("{element}s") };
+            let plural = if element == "address" {
+                "addresses"
+            } else {
+                &format!("{element}s")
+            };
             format!("list of {plural}")
         }
         other => other.type_str().into(),
@@ -315,12 +321,10 @@ fn key_of_flag(id: &str, keys: &[String]) -> Option<String> {
     let candidates = [
         Some(id.to_string()),
         Some(format!("delivery.{id}")),
-        id.strip_prefix("upstream_").map(|rest| format!("delivery.{rest}")),
+        id.strip_prefix("upstream_")
+            .map(|rest| format!("delivery.{rest}")),
     ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|c| keys.contains(c))
+    candidates.into_iter().flatten().find(|c| keys.contains(c))
 }
 
 /// The key each global flag sets, by the flag's id (for the command-line page too).
@@ -361,7 +365,9 @@ pub fn render() -> String {
         }
     }
 
-    let full: toml::Table = uncommented(EXAMPLE).parse().expect("the uncommented example");
+    let full: toml::Table = uncommented(EXAMPLE)
+        .parse()
+        .expect("the uncommented example");
     let host_name = Settings::default().hostname;
     let default_of = |s: &Setting| -> String {
         if !s.commented {

@@ -1,6 +1,6 @@
 //! `docs/reference/metrics.md`: every metric family of the relay's registry, read from the
 //! exposition of a fresh registry in which every family was exercised once
-//! (`idemrelay::metrics::reference_exposition`): the `# HELP`, `# TYPE` and `# UNIT` lines,
+//! (`idemrelay::docs_reference::metrics_exposition`): the `# HELP`, `# TYPE` and `# UNIT` lines,
 //! and the label names and values of the samples.
 
 use std::collections::BTreeMap;
@@ -16,7 +16,11 @@ const OPEN_LABELS: &[(&str, &str, &str)] = &[
         "a scope name (the largest scopes), or `other` for the rest",
     ),
     ("idemrelay_build_info", "version", "the relay's version"),
-    ("idemrelay_build_info", "commit", "the git commit it was built from"),
+    (
+        "idemrelay_build_info",
+        "commit",
+        "the git commit it was built from",
+    ),
 ];
 
 #[derive(Default)]
@@ -29,6 +33,9 @@ struct Family {
     label_order: Vec<String>,
     /// A histogram's bucket bounds.
     buckets: Vec<String>,
+    /// The label sets seen, for families with more than one label (not every combination
+    /// of values exists: an attempt accepted at RCPT cannot happen).
+    combinations: std::collections::BTreeSet<Vec<String>>,
 }
 
 /// Parses `name{a="x",b="y"} value` into its name and labels.
@@ -72,6 +79,14 @@ fn families(exposition: &str) -> BTreeMap<String, Family> {
                 continue;
             };
             let family = families.get_mut(&family).expect("found above");
+            let combination: Vec<String> = labels
+                .iter()
+                .filter(|(k, _)| k != "le")
+                .map(|(k, v)| format!("{k}=\"{v}\""))
+                .collect();
+            if combination.len() > 1 {
+                family.combinations.insert(combination);
+            }
             for (k, v) in labels {
                 if k == "le" {
                     if !family.buckets.contains(&v) {
@@ -105,7 +120,7 @@ fn sample_names(name: &str, kind: &str) -> Vec<String> {
 }
 
 pub fn render() -> String {
-    let families = families(&idemrelay::metrics::reference_exposition());
+    let families = families(&idemrelay::docs_reference::metrics_exposition());
     let mut out = generated_notice("the relay's metrics registry");
     out.push_str("\n# Metrics reference\n\n");
     out.push_str(
@@ -119,7 +134,12 @@ pub fn render() -> String {
         let labels: Vec<String> = f.label_order.iter().map(|l| code(l)).collect();
         out.push_str(&format!(
             "| {} | {} | {} | {} |\n",
-            code(&sample_names(name, &f.kind)[0]),
+            // Queries name a counter by its sample, the others by the family.
+            code(&if f.kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.clone()
+            }),
             f.kind,
             labels.join(", "),
             cell(&f.help)
@@ -131,7 +151,10 @@ pub fn render() -> String {
         if !f.unit.is_empty() {
             out.push_str(&format!("- Unit: {}\n", f.unit));
         }
-        let samples: Vec<String> = sample_names(name, &f.kind).iter().map(|s| code(s)).collect();
+        let samples: Vec<String> = sample_names(name, &f.kind)
+            .iter()
+            .map(|s| code(s))
+            .collect();
         out.push_str(&format!("- Samples: {}\n", samples.join(", ")));
         if !f.buckets.is_empty() {
             out.push_str(&format!("- Buckets (`le`): {}\n", f.buckets.join(", ")));
@@ -153,6 +176,16 @@ pub fn render() -> String {
             };
             out.push_str(&format!("- Label {}: {}\n", code(label), values));
         }
+        // Not for labels with open values (the build's version and commit would be written).
+        let open = OPEN_LABELS.iter().any(|(family, _, _)| family == name);
+        if !f.combinations.is_empty() && !open {
+            let shown: Vec<String> = f
+                .combinations
+                .iter()
+                .map(|c| code(&format!("{{{}}}", c.join(","))))
+                .collect();
+            out.push_str(&format!("- Label sets that occur: {}\n", shown.join(", ")));
+        }
     }
     out
 }
@@ -171,6 +204,8 @@ fn metrics_page_walk_finds_types_labels_and_buckets() {
         "| `idemrelay_submissions_total` | counter | `result` |",
         "| `idemrelay_queue_depth` | gauge | `state` |",
         "## `idemrelay_upstream_attempt_duration_seconds`",
+        "| `idemrelay_upstream_attempt_duration_seconds` | histogram | `outcome` |",
+        "`{outcome=\"unknown\",phase=\"dot\"}`",
         "- Label `outcome`: ",
         "- Label `phase`: ",
         "- Label `state`: `cancelled`, `delivered`, ",

@@ -4,9 +4,10 @@
 //!
 //! The rendering lives here, in the test, rather than in the library: it is needed only to
 //! write and check these pages, and the product should not carry Markdown writers. The
-//! library exposes only what a test cannot reach otherwise, hidden from its docs: the metrics
-//! registry's exposition with every family exercised (`metrics::reference_exposition`) and the
-//! list of reply constructors (`reply::catalogue`).
+//! library exposes only what a test cannot reach otherwise (the metrics registry and the reply
+//! constructors are crate-private), in one small module hidden from its docs,
+//! `src/docs_reference.rs`: the registry's exposition with every family exercised, and the list
+//! of reply constructors.
 
 mod cli;
 mod config;
@@ -47,7 +48,12 @@ fn check(page: &str, text: &str) {
         .zip(text.lines())
         .position(|(a, b)| a != b)
         .unwrap_or_else(|| current.lines().count().min(text.lines().count()));
-    let line = |t: &str| t.lines().nth(first_difference).unwrap_or("(end of file)").to_string();
+    let line = |t: &str| {
+        t.lines()
+            .nth(first_difference)
+            .unwrap_or("(end of file)")
+            .to_string()
+    };
     panic!(
         "docs/reference/{page} is stale (or missing): it differs from what the code says from line {} on.\n  in the file: {}\n  generated:   {}\nRegenerate every reference page with:\n  {REGENERATE}\nand commit docs/reference/.",
         first_difference + 1,
@@ -80,11 +86,7 @@ fn cell(text: &str) -> String {
 
 /// Inline code for any text: a span fenced with more backticks than the text holds in a row.
 fn code(text: &str) -> String {
-    let longest = text
-        .split(|c| c != '`')
-        .map(str::len)
-        .max()
-        .unwrap_or(0);
+    let longest = text.split(|c| c != '`').map(str::len).max().unwrap_or(0);
     let fence = "`".repeat(longest + 1);
     if longest == 0 {
         format!("{fence}{text}{fence}")

@@ -1,7 +1,7 @@
 //! `docs/reference/replies.md`: every SMTP reply line the relay sends, with its code, enhanced
 //! status code, text and when it is sent.
 //!
-//! The lines come from the reply constructors themselves (`idemrelay::reply::catalogue`,
+//! The lines come from the reply constructors themselves (`idemrelay::docs_reference::reply_catalogue`,
 //! which calls each with placeholders such as `<hostname>`); "when" is each constructor's doc
 //! comment in `src/reply.rs`, read from the source since doc comments do not exist at run
 //! time. The checks below keep that honest: every constructor of `Reply` is in the catalogue
@@ -18,17 +18,24 @@ use super::{cell, check, code, generated_notice};
 const REPLY_SOURCE: &str = include_str!("../../../src/reply.rs");
 
 /// Replies built outside `src/reply.rs`, on purpose: (file, what it builds, when).
-const BUILT_ELSEWHERE: &[(&str, &str, &str)] = &[
-    (
-        "src/smtp/session/auth.rs",
-        "334 <base64 challenge>",
-        "During AUTH LOGIN (and AUTH PLAIN without an initial response): the server's challenge, \
+const BUILT_ELSEWHERE: &[(&str, &str, &str)] = &[(
+    "src/smtp/session/auth.rs",
+    "334 <base64 challenge>",
+    "During AUTH LOGIN (and AUTH PLAIN without an initial response): the server's challenge, \
          answered by the client with the next base64 line.",
-    ),
-];
+)];
 
 /// Constructors of `Reply` that are not replies the relay sends on their own.
-const NOT_REPLIES: &[&str] = &["new", "multi", "from_line", "replayed", "line", "is_positive", "write_to", "to_bytes"];
+const NOT_REPLIES: &[&str] = &[
+    "new",
+    "multi",
+    "from_line",
+    "replayed",
+    "line",
+    "is_positive",
+    "write_to",
+    "to_bytes",
+];
 
 /// Each `fn` of `impl Reply` that returns `Self`, with its doc comment joined into one line.
 fn constructors() -> Vec<(String, String)> {
@@ -63,7 +70,11 @@ fn constructors() -> Vec<(String, String)> {
 fn files_building_replies(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
-        let relative = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+        let relative = path
+            .strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
         if path.is_dir() {
             if relative != "src/sink" {
                 files_building_replies(&path, root, out);
@@ -81,7 +92,9 @@ fn enhanced_code(reply: &Reply) -> (String, String) {
     let first = &reply.lines[0];
     let (head, rest) = first.split_once(' ').unwrap_or((first, ""));
     let is_enhanced = head.split('.').count() == 3
-        && head.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        && head
+            .split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
     if is_enhanced {
         let mut lines = vec![rest.to_string()];
         lines.extend(reply.lines[1..].iter().cloned());
@@ -105,7 +118,7 @@ pub fn render() -> String {
         code(idemrelay::reply::REPLAY_SUFFIX)
     ));
     out.push_str("| Code | Enhanced | Text | When |\n|---|---|---|---|\n");
-    for (name, reply) in idemrelay::reply::catalogue() {
+    for (name, reply) in idemrelay::docs_reference::reply_catalogue() {
         let when = docs
             .iter()
             .find(|(n, _)| n == name)
@@ -115,14 +128,22 @@ pub fn render() -> String {
         out.push_str(&format!(
             "| {} | {} | {} | {} |\n",
             reply.code,
-            if enhanced.is_empty() { String::new() } else { code(&enhanced) },
+            if enhanced.is_empty() {
+                String::new()
+            } else {
+                code(&enhanced)
+            },
             code(&text),
             cell(when)
         ));
     }
     for (_, line, when) in BUILT_ELSEWHERE {
         let (code_part, text) = line.split_once(' ').unwrap_or((line, ""));
-        out.push_str(&format!("| {code_part} |  | {} | {} |\n", code(text), cell(when)));
+        out.push_str(&format!(
+            "| {code_part} |  | {} | {} |\n",
+            code(text),
+            cell(when)
+        ));
     }
     out
 }
@@ -136,16 +157,19 @@ fn replies_page_is_current() {
 /// unlisted: so the page cannot miss a reply.
 #[test]
 fn every_reply_is_in_the_catalogue_with_a_when() {
-    let listed: BTreeSet<&str> = idemrelay::reply::catalogue()
+    let listed: BTreeSet<&str> = idemrelay::docs_reference::reply_catalogue()
         .iter()
         .map(|(name, _)| *name)
         .collect();
     let constructors = constructors();
-    assert!(constructors.len() > 40, "the source walk found {constructors:?}");
+    assert!(
+        constructors.len() > 40,
+        "the source walk found {constructors:?}"
+    );
     for (name, doc) in &constructors {
         assert!(
             listed.contains(name.as_str()),
-            "Reply::{name} is missing from reply::catalogue() in src/reply.rs"
+            "Reply::{name} is missing from reply_catalogue() in src/docs_reference.rs"
         );
         assert!(
             !doc.is_empty(),
@@ -155,10 +179,13 @@ fn every_reply_is_in_the_catalogue_with_a_when() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut found = BTreeSet::new();
     files_building_replies(&root.join("src"), root, &mut found);
-    let allowed: BTreeSet<String> = BUILT_ELSEWHERE.iter().map(|(f, _, _)| f.to_string()).collect();
+    let allowed: BTreeSet<String> = BUILT_ELSEWHERE
+        .iter()
+        .map(|(f, _, _)| f.to_string())
+        .collect();
     let unlisted: Vec<_> = found.difference(&allowed).collect();
     assert!(
         unlisted.is_empty(),
-        "replies built outside src/reply.rs: {unlisted:?}; add a constructor there (and to catalogue()) or list them in BUILT_ELSEWHERE"
+        "replies built outside src/reply.rs: {unlisted:?}; add a constructor there (and to reply_catalogue() in src/docs_reference.rs) or list them in BUILT_ELSEWHERE"
     );
 }
