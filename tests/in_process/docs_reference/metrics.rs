@@ -215,3 +215,47 @@ fn metrics_page_walk_finds_types_labels_and_buckets() {
         assert!(page.contains(needle), "missing {needle:?} in\n{page}");
     }
 }
+
+/// The names `src/metrics.rs` registers: the string after each `register(` or
+/// `register_with_unit(`.
+fn registered_names() -> Vec<String> {
+    const SOURCE: &str = include_str!("../../../src/metrics.rs");
+    let mut names = Vec::new();
+    for call in ["register(", "register_with_unit("] {
+        for (at, _) in SOURCE.match_indices(&format!(".{call}")) {
+            let rest = &SOURCE[at + call.len() + 1..];
+            let Some(open) = rest.find('"') else { continue };
+            let Some(len) = rest[open + 1..].find('"') else {
+                continue;
+            };
+            names.push(rest[open + 1..open + 1 + len].to_string());
+        }
+    }
+    names
+}
+
+/// prometheus-client leaves a labelled family that nothing has touched out of the exposition
+/// altogether, so the page would miss it: every family `src/metrics.rs` registers must be in
+/// `metrics_exposition`'s output.
+#[test]
+fn every_registered_metric_is_on_the_page() {
+    let families = families(&idemrelay::docs_reference::metrics_exposition());
+    let registered = registered_names();
+    assert!(
+        registered.len() > 20,
+        "the source walk found {registered:?}"
+    );
+    let missing: Vec<&String> = registered
+        .iter()
+        .filter(|name| {
+            let family = format!("idemrelay_{name}");
+            !families
+                .keys()
+                .any(|f| *f == family || f.starts_with(&format!("{family}_")))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "metric families missing from the exposition: {missing:?}; touch each once in metrics_exposition() (src/docs_reference.rs) so it and its labels show in docs/reference/metrics.md"
+    );
+}

@@ -79,9 +79,27 @@ fn prose(text: &str) -> String {
     out
 }
 
-/// A table cell: prose without line breaks, `|` escaped.
+/// A table cell: prose without line breaks, `|` escaped. A code span holding a `|` loses its
+/// backticks: GitHub's tables need `\|` even inside code, where MkDocs' Markdown shows the
+/// backslash, so only plain text reads the same in both.
 fn cell(text: &str) -> String {
-    prose(&text.replace('\n', " ")).replace('|', "\\|")
+    let text = text.replace('\n', " ");
+    let mut out = String::with_capacity(text.len());
+    let parts: Vec<&str> = text.split('`').collect();
+    for (i, part) in parts.iter().enumerate() {
+        let is_code = i % 2 == 1 && i + 1 < parts.len();
+        if is_code && !part.contains('|') {
+            out.push('`');
+            out.push_str(part);
+            out.push('`');
+        } else {
+            if i % 2 == 1 && !is_code {
+                out.push('`');
+            }
+            out.push_str(&prose(part).replace('|', "\\|"));
+        }
+    }
+    out
 }
 
 /// Inline code for any text: a span fenced with more backticks than the text holds in a row.
@@ -103,4 +121,5 @@ fn prose_escapes_tags_outside_code_only() {
     );
     assert_eq!(code("a`b"), "`` a`b ``");
     assert_eq!(cell("a | b"), "a \\| b");
+    assert_eq!(cell("`a | b` and `<c>`"), "a \\| b and `<c>`");
 }
