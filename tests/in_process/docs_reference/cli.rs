@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use clap::CommandFactory as _;
 
-use super::{cell, check, code, generated_notice, prose};
+use super::{cell, check, code, page_head, prose};
 
 /// The sendmail interface parses its own options (sendmail's syntax, which clap cannot
 /// express); its `--help` text is a constant in its module, read here from the source.
@@ -215,12 +215,15 @@ pub fn render() -> String {
     let mut command = idemrelay::cli::Cli::command();
     // Building sets each subcommand's full name in its usage and propagates the globals.
     command.build();
-    let mut out = generated_notice("the command-line definition (clap)");
-    out.push_str("\n# Command-line reference\n\n");
+    let mut out = page_head(
+        "Command-line reference",
+        "the command-line definition (clap)",
+    );
+    out.push('\n');
     out.push_str(
         "Every command of `idemrelay`, its arguments and options. Each configuration option \
          also reads the environment variable named beside it; a flag wins over its variable, \
-         and both over the configuration file (see the configuration reference). \
+         and both over the configuration file (see the [configuration reference](configuration.md)). \
          `idemrelay COMMAND --help` prints the same text, and `idemrelay man` the manual page.\n",
     );
     let subcommands: Vec<String> = command

@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use clap::CommandFactory as _;
 use idemrelay::config::Settings;
 
-use super::{cell, check, code, generated_notice, prose};
+use super::{cell, check, code, page_head, prose};
 
 const EXAMPLE: &str = include_str!("../../../idemrelay.example.toml");
 
@@ -416,8 +416,11 @@ pub fn render() -> String {
         .collect();
     let row_of = |path: &str| rows.iter().find(|r| r.path == path).expect("a row per key");
 
-    let mut out = generated_notice("`idemrelay.example.toml` and the settings code");
-    out.push_str("\n# Configuration reference\n\n");
+    let mut out = page_head(
+        "Configuration reference",
+        "`idemrelay.example.toml` and the settings code",
+    );
+    out.push('\n');
     out.push_str(
         "Every setting of the relay (`idemrelay serve` and the commands that read its settings). \
          Settings come from a TOML file given with `--config FILE` (or `IDEMRELAY_CONFIG`), then \
@@ -425,7 +428,8 @@ pub fn render() -> String {
          variable, and both over the file. Unknown keys in the file are refused. Durations are \
          written the human way: `500ms`, `30s`, `5m`, `3h`, `2days`. \
          `idemrelay check-config` prints the effective settings (validated, secrets redacted). \
-         `idemrelay.example.toml` in the repository holds every setting at its default.\n\n",
+         `idemrelay.example.toml` in the repository holds every setting at its default. Flags and \
+         commands: the [command-line reference](cli.md).\n\n",
     );
     out.push_str("| Key | Type | Default | Variable | Flag |\n|---|---|---|---|---|\n");
     for r in &rows {

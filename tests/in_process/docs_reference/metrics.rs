@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{cell, check, code, generated_notice};
+use super::{cell, check, code, page_head};
 
 /// Labels whose values come from data or from the build, not from a fixed list: the page
 /// says what they hold instead of listing what the fresh registry happened to hold.
@@ -121,8 +121,8 @@ fn sample_names(name: &str, kind: &str) -> Vec<String> {
 
 pub fn render() -> String {
     let families = families(&idemrelay::docs_reference::metrics_exposition());
-    let mut out = generated_notice("the relay's metrics registry");
-    out.push_str("\n# Metrics reference\n\n");
+    let mut out = page_head("Metrics reference", "the relay's metrics registry");
+    out.push('\n');
     out.push_str(
         "Every metric the relay exposes at `/metrics` on its admin listener (OpenMetrics by \
          default, the Prometheus text format 0.0.4 for a client that asks for `text/plain`). \

@@ -22,10 +22,12 @@ pub const REGENERATE: &str =
 
 const UPDATE_VARIABLE: &str = "IDEMRELAY_UPDATE_DOCS";
 
-/// The first line of every page.
-fn generated_notice(source: &str) -> String {
+/// The head of every page: its title, then the line that says it is generated and how to
+/// regenerate it. The title comes first because MkDocs takes a page's title from a `#`
+/// heading only when it is the page's first element.
+fn page_head(title: &str, source: &str) -> String {
     format!(
-        "*Generated from {source} by a test; do not edit by hand. Regenerate with `{REGENERATE}`.*\n"
+        "# {title}\n\n*Generated from {source} by a test; do not edit by hand. Regenerate with `{REGENERATE}`.*\n"
     )
 }
 

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use idemrelay::reply::Reply;
 
-use super::{cell, check, code, generated_notice};
+use super::{cell, check, code, page_head};
 
 const REPLY_SOURCE: &str = include_str!("../../../src/reply.rs");
 
@@ -106,8 +106,8 @@ fn enhanced_code(reply: &Reply) -> (String, String) {
 
 pub fn render() -> String {
     let docs = constructors();
-    let mut out = generated_notice("the reply constructors in `src/reply.rs`");
-    out.push_str("\n# SMTP replies\n\n");
+    let mut out = page_head("SMTP replies", "the reply constructors in `src/reply.rs`");
+    out.push('\n');
     out.push_str(&format!(
         "Every reply the relay sends to an SMTP client, in the order of a session: connection, \
          commands, then the end of DATA. Words in angle brackets stand for what the reply \
