@@ -19,6 +19,8 @@ const READ_ELSEWHERE: &[&str] = &[
     "IDEMRELAY_TEST_POSTGRES",
     "IDEMRELAY_TEST_BACKEND",
     "IDEMRELAY_CORPUS",
+    // Rewrites the generated reference pages under docs/reference/ (tests/in_process).
+    "IDEMRELAY_UPDATE_DOCS",
     "IDEMRELAY_LAZYFS",
     "IDEMRELAY_POWER_LOSS_EATMYDATA",
     "IDEMRELAY_CRASH_SEED",

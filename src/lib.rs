@@ -15,6 +15,8 @@ pub mod cli;
 pub mod config;
 pub mod config_env;
 pub mod delivery;
+#[doc(hidden)]
+pub mod docs_reference;
 pub(crate) mod hostname;
 pub(crate) mod http_serve;
 pub(crate) mod human_duration;

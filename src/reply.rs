@@ -77,10 +77,13 @@ impl Reply {
 
     // --- connection level -------------------------------------------------------------
 
+    /// The greeting, when a session starts (after `greet_delay` / `submission_greet_delay`).
     pub(crate) fn greeting(hostname: &str) -> Self {
         Reply::new(220, format!("{hostname} ESMTP idemrelay ready"))
     }
 
+    /// The answer to EHLO: the relay's name, then its extensions (SIZE is `max_message_size`;
+    /// STARTTLS and AUTH are added where the listener offers them).
     pub(crate) fn ehlo(hostname: &str, client: &str, max_size: usize) -> Self {
         Reply::multi(
             250,
@@ -97,26 +100,34 @@ impl Reply {
         )
     }
 
+    /// The answer to HELO.
     pub(crate) fn helo(hostname: &str, client: &str) -> Self {
         Reply::new(250, format!("{hostname} greets {client}"))
     }
 
+    /// The answer to QUIT; the connection is closed.
     pub fn bye() -> Self {
         Reply::new(221, "2.0.0 Bye")
     }
 
+    /// The relay is stopping (SIGTERM): idle sessions at once, a session inside a message after
+    /// `shutdown_grace`, and new connections; the connection is closed.
     pub(crate) fn shutting_down() -> Self {
         Reply::new(421, "4.3.0 idemrelay is shutting down; try again later")
     }
 
+    /// No command or DATA read within `read_timeout`; the connection is closed.
     pub fn timeout() -> Self {
         Reply::new(421, "4.4.2 Timeout waiting for input; closing connection")
     }
 
+    /// A session reached `max_errors` client errors; the connection is closed.
     pub fn too_many_errors() -> Self {
         Reply::new(421, "4.7.0 Too many errors; closing connection")
     }
 
+    /// A new connection while the store is not writable (see `store_probe_interval`); the
+    /// connection is closed.
     pub(crate) fn store_unavailable_at_connect() -> Self {
         Reply::new(
             421,
@@ -124,6 +135,8 @@ impl Reply {
         )
     }
 
+    /// A bare CR or LF in a command or in the message (the shape of SMTP smuggling); the connection
+    /// is closed.
     pub fn bare_line_ending() -> Self {
         Reply::new(
             521,
@@ -133,30 +146,38 @@ impl Reply {
 
     // --- commands -----------------------------------------------------------------------
 
+    /// The answer to NOOP.
     pub fn ok() -> Self {
         Reply::new(250, "2.0.0 OK")
     }
 
+    /// The answer to RSET.
     pub fn reset_ok() -> Self {
         Reply::new(250, "2.0.0 Reset OK")
     }
 
+    /// MAIL FROM accepted.
     pub fn sender_ok() -> Self {
         Reply::new(250, "2.1.0 Sender OK")
     }
 
+    /// RCPT TO accepted (also for a mailbox already named in the transaction, which is not added
+    /// twice).
     pub fn recipient_ok() -> Self {
         Reply::new(250, "2.1.5 Recipient OK")
     }
 
+    /// The answer to DATA: the client sends the message.
     pub(crate) fn start_data() -> Self {
         Reply::new(354, "Start mail input; end with <CRLF>.<CRLF>")
     }
 
+    /// A BDAT chunk that is not the last was received (the number is the chunk's size).
     pub(crate) fn chunk_ok(size: usize) -> Self {
         Reply::new(250, format!("2.0.0 {size} octets received"))
     }
 
+    /// The answer to VRFY: the relay does not say whether an address exists.
     pub(crate) fn cannot_vrfy() -> Self {
         Reply::new(
             252,
@@ -164,6 +185,7 @@ impl Reply {
         )
     }
 
+    /// The answer to HELP.
     pub(crate) fn help() -> Self {
         Reply::new(
             214,
@@ -171,34 +193,44 @@ impl Reply {
         )
     }
 
+    /// A command line (or an AUTH response) longer than the relay reads.
     pub fn line_too_long() -> Self {
         Reply::new(500, "5.5.2 Line too long")
     }
 
+    /// A command the relay does not know.
     pub fn unknown_command() -> Self {
         Reply::new(500, "5.5.1 Command unrecognized")
     }
 
+    /// A known command the relay does not do (e.g. ETRN), STARTTLS on a listener without it, or
+    /// AUTH where no users are configured.
     pub(crate) fn not_implemented(command: &str) -> Self {
         Reply::new(502, format!("5.5.1 {command} not implemented"))
     }
 
+    /// A command with a syntax error; the text shows the command's usage (e.g. `EHLO domain`, `BDAT
+    /// chunk-size [LAST]`) or names the invalid parameter.
     pub(crate) fn syntax(usage: &str) -> Self {
         Reply::new(501, format!("5.5.4 Syntax: {usage}"))
     }
 
+    /// Control characters in a command's arguments or in an address.
     pub fn bad_characters() -> Self {
         Reply::new(501, "5.5.2 Control characters are not allowed here")
     }
 
+    /// MAIL FROM with an address that is not a valid reverse-path.
     pub fn bad_sender_address() -> Self {
         Reply::new(501, "5.1.7 Bad sender address syntax")
     }
 
+    /// RCPT TO with an address that is not a valid forward-path.
     pub fn bad_recipient_address() -> Self {
         Reply::new(553, "5.1.3 Bad recipient address syntax")
     }
 
+    /// HELO/EHLO with a name that is neither a domain name nor an address literal.
     pub(crate) fn bad_helo_name() -> Self {
         Reply::new(
             501,
@@ -206,10 +238,12 @@ impl Reply {
         )
     }
 
+    /// A MAIL FROM parameter given twice.
     pub(crate) fn duplicate_parameter(param: &str) -> Self {
         Reply::new(501, format!("5.5.4 Duplicate parameter {param}"))
     }
 
+    /// A non-ASCII address in a transaction without the SMTPUTF8 parameter.
     pub fn non_ascii_address() -> Self {
         Reply::new(
             553,
@@ -217,30 +251,38 @@ impl Reply {
         )
     }
 
+    /// At the end of DATA: a header section over 256 KiB or 1,000 fields (checked before parsing);
+    /// nothing is stored.
     pub(crate) fn header_section_too_large() -> Self {
         Reply::new(550, "5.6.0 Header section too large; message not accepted")
     }
 
+    /// A MAIL FROM or RCPT TO parameter the relay does not support.
     pub(crate) fn unsupported_parameter(param: &str) -> Self {
         Reply::new(555, format!("5.5.4 Parameter {param} not supported"))
     }
 
+    /// MAIL before EHLO or HELO.
     pub fn need_helo() -> Self {
         Reply::new(503, "5.5.1 Send EHLO or HELO first")
     }
 
+    /// RCPT, DATA or BDAT before MAIL FROM.
     pub fn need_mail() -> Self {
         Reply::new(503, "5.5.1 Need MAIL command first")
     }
 
+    /// A second MAIL FROM inside a transaction.
     pub(crate) fn nested_mail() -> Self {
         Reply::new(503, "5.5.1 Sender already specified")
     }
 
+    /// DATA or BDAT in a transaction without an accepted recipient.
     pub(crate) fn no_valid_recipients() -> Self {
         Reply::new(554, "5.5.1 No valid recipients")
     }
 
+    /// DATA after BDAT (or the reverse) in one transaction.
     pub(crate) fn mixed_data_bdat() -> Self {
         Reply::new(
             503,
@@ -248,18 +290,22 @@ impl Reply {
         )
     }
 
+    /// The answer to STARTTLS: the TLS handshake follows.
     pub(crate) fn ready_for_tls() -> Self {
         Reply::new(220, "2.0.0 Ready to start TLS")
     }
 
+    /// STARTTLS on a connection that already uses TLS.
     pub(crate) fn tls_already_active() -> Self {
         Reply::new(503, "5.5.1 TLS already active")
     }
 
+    /// MAIL before STARTTLS on a STARTTLS submission listener (`submission_listen`).
     pub(crate) fn starttls_first() -> Self {
         Reply::new(530, "5.7.0 Must issue a STARTTLS command first")
     }
 
+    /// AUTH before STARTTLS on a STARTTLS submission listener.
     pub(crate) fn encryption_required_for_auth() -> Self {
         Reply::new(
             538,
@@ -267,14 +313,18 @@ impl Reply {
         )
     }
 
+    /// AUTH succeeded.
     pub(crate) fn auth_ok() -> Self {
         Reply::new(235, "2.7.0 Authentication successful")
     }
 
+    /// AUTH with a wrong user name or password, after `auth_failure_delay`.
     pub fn auth_failed() -> Self {
         Reply::new(535, "5.7.8 Authentication credentials invalid")
     }
 
+    /// A connection reached `max_auth_failures` failed AUTHs, or AUTH from a client locked out
+    /// (`max_auth_failures_per_user`, `max_auth_failures_per_ip`); the connection is closed.
     pub(crate) fn too_many_auth_failures() -> Self {
         Reply::new(
             421,
@@ -282,14 +332,17 @@ impl Reply {
         )
     }
 
+    /// A second AUTH after one succeeded.
     pub(crate) fn already_authenticated() -> Self {
         Reply::new(503, "5.5.1 Already authenticated")
     }
 
+    /// AUTH between MAIL FROM and the end of the message.
     pub(crate) fn auth_during_transaction() -> Self {
         Reply::new(503, "5.5.1 AUTH not allowed during a mail transaction")
     }
 
+    /// AUTH with a mechanism other than PLAIN or LOGIN.
     pub(crate) fn unsupported_mechanism() -> Self {
         Reply::new(
             504,
@@ -297,48 +350,64 @@ impl Reply {
         )
     }
 
+    /// An AUTH response that is not valid base64 or not a valid PLAIN/LOGIN response.
     pub(crate) fn bad_sasl_response() -> Self {
         Reply::new(501, "5.5.2 Cannot decode the authentication response")
     }
 
+    /// The client cancelled AUTH (`*`).
     pub(crate) fn auth_cancelled() -> Self {
         Reply::new(501, "5.7.0 Authentication cancelled")
     }
 
+    /// MAIL FROM with a sender the AUTH user's entry in `users_file` does not allow.
     pub(crate) fn sender_not_allowed() -> Self {
         Reply::new(550, "5.7.1 Sender address not allowed for this user")
     }
 
+    /// A client that sent data before the greeting (see `greet_delay`); the connection is closed.
     pub fn early_talker() -> Self {
         Reply::new(554, "5.5.0 Protocol error: data sent before the greeting")
     }
 
+    /// A new connection beyond `max_connections` or `max_connections_per_ip`; the connection is
+    /// closed.
     pub fn too_many_connections() -> Self {
         Reply::new(421, "4.7.0 Too many connections; try again later")
     }
 
+    /// A session longer than `session_timeout`; the connection is closed.
     pub fn session_too_long() -> Self {
         Reply::new(421, "4.4.2 Session time limit exceeded; closing connection")
     }
 
+    /// A message arriving slower than `min_data_rate` after `data_rate_grace`; the connection is
+    /// closed.
     pub fn too_slow() -> Self {
         Reply::new(421, "4.4.2 Data arriving too slowly; closing connection")
     }
 
+    /// MAIL from a client that is neither authenticated nor in `allow_networks`
+    /// (`submission_allow_networks` on the TLS listeners).
     pub fn auth_required() -> Self {
         Reply::new(530, "5.7.0 Authentication required")
     }
 
+    /// RCPT TO beyond `max_recipients` in one transaction (not counted as a client error; the
+    /// client sends the rest in another transaction).
     pub fn too_many_recipients() -> Self {
         Reply::new(452, "4.5.3 Too many recipients")
     }
 
+    /// A SIZE parameter at MAIL, or a message, larger than `max_message_size` (the body is read to
+    /// its end first).
     pub fn message_too_big() -> Self {
         Reply::new(552, "5.3.4 Message size exceeds fixed maximum message size")
     }
 
     // --- end of DATA ----------------------------------------------------------------------
 
+    /// At the end of DATA: a message line over 998 octets; nothing is stored.
     pub fn data_line_too_long() -> Self {
         Reply::new(
             550,
@@ -346,10 +415,12 @@ impl Reply {
         )
     }
 
+    /// At the end of DATA: a NUL octet in the message; nothing is stored.
     pub fn nul_in_data() -> Self {
         Reply::new(554, "5.6.0 NUL character in message; message not accepted")
     }
 
+    /// At the end of DATA: a message without a header section; nothing is stored.
     pub fn no_header_section() -> Self {
         Reply::new(
             550,
@@ -367,6 +438,8 @@ impl Reply {
         )
     }
 
+    /// At the end of DATA: a message without a From: header field; stored under its key as a
+    /// rejection, so a retry gets the same reply.
     pub(crate) fn no_from_header() -> Self {
         Reply::new(
             550,
@@ -374,10 +447,14 @@ impl Reply {
         )
     }
 
+    /// At the end of DATA: the message was recorded under its key (the id is its queue id). A retry
+    /// of the same request is answered with the same line and ` (idempotent replay)`.
     pub fn queued(id: &str) -> Self {
         Reply::new(250, format!("2.0.0 OK queued as {id}"))
     }
 
+    /// At the end of DATA: the key was used before for a different request (E01005); with a note
+    /// when the key was derived from a reused Message-ID. Nothing is stored.
     pub(crate) fn key_reuse(derived_from_message_id: bool) -> Self {
         let mut text = String::from(
             "5.6.0 X-Bird-Idempotency-Key already used for a different message (E01005 IdempotencyKeyReuse); use a new key",
@@ -388,6 +465,8 @@ impl Reply {
         Reply::new(554, text)
     }
 
+    /// At the end of DATA: another session is committing a message with the same key and did not
+    /// finish within `in_progress_wait` (E01004).
     pub(crate) fn key_in_progress() -> Self {
         Reply::new(
             451,
@@ -395,6 +474,9 @@ impl Reply {
         )
     }
 
+    /// At the end of DATA: the X-Bird-Idempotency-Key header is invalid (empty, too long, control
+    /// or invisible characters, an encoded word that does not decode, or two key headers that
+    /// differ) (E01001).
     pub fn key_invalid() -> Self {
         Reply::new(
             554,
@@ -402,6 +484,7 @@ impl Reply {
         )
     }
 
+    /// At the end of DATA: a message without a key header while `missing_key = "reject"`.
     pub(crate) fn key_required() -> Self {
         Reply::new(
             554,
@@ -409,6 +492,8 @@ impl Reply {
         )
     }
 
+    /// At the end of DATA: the store could not be written within `store_busy_timeout` (E01033);
+    /// nothing was recorded.
     pub(crate) fn store_unavailable() -> Self {
         Reply::new(
             451,

@@ -15,6 +15,7 @@ mod breaker;
 mod delivery;
 mod delivery_policy;
 mod delivery_races;
+mod docs_reference;
 mod example_config;
 mod fuzz_session;
 mod hostile;
