@@ -88,8 +88,9 @@ fn store_reason(record: &RecordFacts, relay: &RelayFacts) -> Option<Waiting> {
     if relay.breaker == Some(BreakerState::Open) {
         return wait(
             "breaker_open",
-            "the upstream circuit breaker is open after a run of failures; one probe follows \
-             its cooldown",
+            "the upstream circuit breaker is open: the upstream itself failed (connection, \
+             greeting, TLS, AUTH) or many different messages failed at once; one probe \
+             follows its cooldown",
         );
     }
     let due_in = record
