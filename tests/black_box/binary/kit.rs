@@ -1,5 +1,6 @@
 //! The operator's kit (issue 15 point 7), through the built binary: SIGHUP reloads the users
-//! file, `user add` refuses short passwords, `--version` and the startup line name the commit,
+//! file, `user add` refuses short passwords, `--version` and the startup line name the commit
+//! (and the build script finds it, or says `unknown`, without making every build a rebuild),
 //! a second relay on one SQLite file is warned about, the systemd unit verifies, and the shell
 //! completions and man page come out of the CLI definition.
 
