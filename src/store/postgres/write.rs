@@ -10,7 +10,7 @@ use crate::store::record::{
     body_checksum, retention_ms, Action, AttemptResult, Flush, NewRecord, Operator, Requeue,
     Resolution, Resolve, Settle, State, StoreError,
 };
-use crate::store::transition::{self, CancelFacts, FlushFacts, RequeueFacts};
+use crate::store::transition::{self, CancelFacts, Finish, FlushFacts, RequeueFacts};
 
 /// A record whose body cannot be used is failed with the reason, so that it is never
 /// forwarded; an open intent stays on record as UNKNOWN (closed by the claim before this).
@@ -433,8 +433,20 @@ async fn cancel_unrecorded(tx: &mut PgConnection, id: &str, now: i64) -> Result<
     let Some(finish) = transition::cancel(found) else {
         return Ok(false);
     };
+    finish_record(tx, id, &finish, now).await?;
+    Ok(true)
+}
+
+/// Writes a `Finish` (as SQLite's `finish_record` does): the record's terminal state and
+/// reply, its open intents closed as UNKNOWN when asked, its job row gone.
+async fn finish_record(
+    conn: &mut PgConnection,
+    id: &str,
+    finish: &Finish,
+    now: i64,
+) -> Result<(), StoreError> {
     if finish.close_open_intents {
-        close_open_intents(&mut *tx, id, now).await?;
+        close_open_intents(&mut *conn, id, now).await?;
     }
     sqlx::query(
         "UPDATE messages SET state = $1, finished_at = $2, upstream_reply = $3
@@ -444,10 +456,9 @@ async fn cancel_unrecorded(tx: &mut PgConnection, id: &str, now: i64) -> Result<
     .bind(now)
     .bind(&finish.upstream_reply)
     .bind(id)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await?;
-    delete_job(&mut *tx, id).await?;
-    Ok(true)
+    delete_job(conn, id).await
 }
 
 pub(super) async fn resolve(
@@ -472,20 +483,7 @@ pub(super) async fn resolve(
             return Ok(refusal);
         }
     };
-    if finish.close_open_intents {
-        close_open_intents(&mut tx, id, now).await?;
-    }
-    sqlx::query(
-        "UPDATE messages SET state = $1, finished_at = $2, upstream_reply = $3
-         WHERE id = $4",
-    )
-    .bind(finish.state.as_str())
-    .bind(now)
-    .bind(&finish.upstream_reply)
-    .bind(id)
-    .execute(&mut *tx)
-    .await?;
-    delete_job(&mut tx, id).await?;
+    finish_record(&mut tx, id, &finish, now).await?;
     record_action(
         &mut tx,
         Some(id),
