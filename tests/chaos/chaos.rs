@@ -779,7 +779,7 @@ rcpt = "2s"
 data = "2s"
 dot = "{DOT_TIMEOUT}"
 
-# The sink's event shape (README "Its webhooks").
+# The sink's event shape (docs/guides/sink.md "Its webhooks").
 [webhooks.{HOOK_SOURCE}]
 secrets = ["{HOOK_SECRET}"]
 [webhooks.{HOOK_SOURCE}.fields]

@@ -26,7 +26,7 @@ fn key_of(secret: &str) -> Vec<u8> {
         .unwrap()
 }
 
-/// The README's worked example: the sink's event shape.
+/// The worked example of docs/concepts/webhooks.md: the sink's event shape.
 fn with_webhooks(s: &mut Settings) {
     s.webhook_listen = Some("127.0.0.1:0".parse().unwrap());
     s.webhooks.insert(
