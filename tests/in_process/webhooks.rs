@@ -1,4 +1,4 @@
-//! Upstream events over real HTTP (issue 16, DESIGN §7): the relay's webhook listener on port
+//! Upstream events over real HTTP (docs/concepts/webhooks.md): the relay's webhook listener on port
 //! 0, requests signed here the Standard Webhooks way (the sink's own sender is an independent
 //! implementation), and what they change seen through the store, the admin API and metrics.
 

@@ -1,4 +1,4 @@
-//! The operator's kit (issue 15 point 7), through the built binary: SIGHUP reloads the users
+//! The operator's kit, through the built binary: SIGHUP reloads the users
 //! file, `user add` refuses short passwords, `--version` and the startup line name the commit,
 //! a second relay on one SQLite file is warned about, the systemd unit verifies, and the shell
 //! completions and man page come out of the CLI definition.
