@@ -79,14 +79,16 @@ fn migrations() {
 /// new commit rebuilds with the new id (and nothing else does).
 fn git_commit() -> Option<String> {
     let commit = git(&["rev-parse", "--short=12", "HEAD"])?;
-    for path in ["HEAD", "packed-refs"] {
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
+    for path in ["HEAD", "packed-refs"].into_iter().chain(branch.as_deref()) {
+        // Only files that exist: Cargo takes a missing one as changed on every build, so the
+        // script would rerun and the crate recompile each time (a checkout whose refs were
+        // never packed has no packed-refs). The branch's ref is either loose (watched here) or
+        // in packed-refs; packing it deletes the loose file, which reruns the script too.
         if let Some(p) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo::rerun-if-changed={p}");
-        }
-    }
-    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        if let Some(p) = git(&["rev-parse", "--git-path", &branch]) {
-            println!("cargo::rerun-if-changed={p}");
+            if std::path::Path::new(&p).exists() {
+                println!("cargo::rerun-if-changed={p}");
+            }
         }
     }
     Some(commit)

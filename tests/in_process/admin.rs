@@ -978,10 +978,17 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
     assert_eq!(history[0]["actor"], "admin API (no token configured)");
     assert_eq!(history[0]["reason"], "probe now");
     // The reason may come in a JSON body; the person is the client's claim, kept beside the
-    // token's name (a value that is no plain word is left out).
+    // token's name, as people write names (spaces, parentheses); a value longer than 64
+    // characters, or with bytes other than visible ASCII and spaces, is left out.
+    let too_long = "x".repeat(65);
     for (who, recorded) in [
         ("ops-bob", "admin API (no token configured) (ops-bob)"),
-        ("two words", "admin API (no token configured)"),
+        (
+            "Ann O'Neil (on call)",
+            "admin API (no token configured) (Ann O'Neil (on call))",
+        ),
+        (too_long.as_str(), "admin API (no token configured)"),
+        ("tab\there", "admin API (no token configured)"),
     ] {
         let answer = common::http::send(
             admin,

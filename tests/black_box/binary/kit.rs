@@ -1,5 +1,6 @@
 //! The operator's kit, through the built binary: SIGHUP reloads the users
-//! file, `user add` refuses short passwords, `--version` and the startup line name the commit,
+//! file, `user add` refuses short passwords, `--version` and the startup line name the commit
+//! (and the build script finds it, or says `unknown`, without making every build a rebuild),
 //! a second relay on one SQLite file is warned about, the systemd unit verifies, and the shell
 //! completions and man page come out of the CLI definition.
 
@@ -634,4 +635,113 @@ fn every_man_page_named_can_be_generated_and_renders() {
         .collect();
     named.sort();
     assert_eq!(written, named);
+}
+
+/// build.rs, compiled and run as Cargo runs it, in a fresh git checkout (one commit, refs loose,
+/// no packed-refs), outside any checkout, and with IDEMRELAY_GIT_COMMIT: the commit it hands to
+/// `--version` in each case, and every file it asks Cargo to watch exists. A watched file that
+/// does not exist is stale forever, so each build would rerun the script and recompile the crate.
+#[test]
+fn the_build_script_names_the_commit_and_watches_only_files_that_exist() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("build-script");
+    let out = Command::new("rustc")
+        .args(["--edition", "2021", "-o"])
+        .arg(&script)
+        .arg(manifest.join("build.rs"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // A package directory like the repository's: build.rs and the migrations it lists.
+    let package = |at: &Path| {
+        std::fs::create_dir_all(at).unwrap();
+        std::fs::copy(manifest.join("build.rs"), at.join("build.rs")).unwrap();
+        for dialect in ["sqlite", "postgres"] {
+            let to = at.join("migrations").join(dialect);
+            std::fs::create_dir_all(&to).unwrap();
+            for entry in std::fs::read_dir(manifest.join("migrations").join(dialect)).unwrap() {
+                let from = entry.unwrap().path();
+                std::fs::copy(&from, to.join(from.file_name().unwrap())).unwrap();
+            }
+        }
+    };
+    // Runs the script in `at` as Cargo would; (commit, watched paths resolved against `at`).
+    let run = |at: &Path, forced: Option<&str>| -> (String, Vec<std::path::PathBuf>) {
+        let out_dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(&script);
+        cmd.current_dir(at)
+            .env("CARGO_MANIFEST_DIR", at)
+            .env("OUT_DIR", out_dir.path())
+            .env_remove("IDEMRELAY_GIT_COMMIT")
+            .env_remove("IDEMRELAY_TEST_POSTGRES")
+            .env_remove("GIT_DIR")
+            // No checkout above the temporary directory is found (TMPDIR may lie inside one).
+            .env("GIT_CEILING_DIRECTORIES", at.parent().unwrap());
+        if let Some(commit) = forced {
+            cmd.env("IDEMRELAY_GIT_COMMIT", commit);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        let commit = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("cargo::rustc-env=IDEMRELAY_GIT_COMMIT="))
+            .expect(&stdout)
+            .to_string();
+        let watched = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("cargo::rerun-if-changed="))
+            .map(|p| at.join(p))
+            .collect();
+        (commit, watched)
+    };
+    let git = |at: &Path, args: &[&str]| {
+        let out = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args)
+            .current_dir(at)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", text(&out.stderr));
+        text(&out.stdout).trim().to_string()
+    };
+
+    let checkout = dir.path().join("checkout");
+    package(&checkout);
+    git(&checkout, &["init", "-q"]);
+    git(&checkout, &["add", "."]);
+    git(&checkout, &["commit", "-qm", "one"]);
+    assert!(!checkout.join(".git/packed-refs").exists());
+    let head = git(&checkout, &["rev-parse", "--short=12", "HEAD"]);
+    let (commit, watched) = run(&checkout, None);
+    assert_eq!(commit, head);
+    for path in &watched {
+        assert!(
+            path.exists(),
+            "watches {} that does not exist",
+            path.display()
+        );
+    }
+    // The files that move with HEAD are among them: a new commit rebuilds with its id.
+    let branch = git(&checkout, &["symbolic-ref", "-q", "HEAD"]);
+    assert!(
+        watched.iter().any(|p| p.ends_with(&branch)),
+        "{branch} not watched: {watched:?}"
+    );
+
+    let loose = dir.path().join("no-checkout");
+    package(&loose);
+    let (commit, watched) = run(&loose, None);
+    assert_eq!(commit, "unknown");
+    for path in &watched {
+        assert!(
+            path.exists(),
+            "watches {} that does not exist",
+            path.display()
+        );
+    }
+    let (commit, _) = run(&loose, Some("0123456789ab"));
+    assert_eq!(commit, "0123456789ab");
 }
