@@ -167,7 +167,7 @@ impl Relay {
             )
             .with_metrics(metrics.clone()),
         );
-        // Counted per (client, user name), with a looser cap per client (README "Exposing it: TLS, AUTH and relay policy").
+        // Counted per (client, user name), with a looser cap per client (docs/guides/tls-auth-relay.md).
         let auth_throttle = Arc::new(AuthThrottle::new(ThrottleLimits {
             per_user: settings.max_auth_failures_per_user,
             per_address: settings.max_auth_failures_per_ip,

@@ -32,7 +32,7 @@ fn is_invisible(c: char) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum MissingKey {
-    /// Derive a deterministic key (README "What the relay answers at the end of DATA") and add it to the stored message.
+    /// Derive a deterministic key (docs/concepts/contract.md "What the relay answers at the end of DATA") and add it to the stored message.
     #[default]
     Derive,
     /// Accept and forward without deduplication.

@@ -428,7 +428,7 @@ impl Reply {
         )
     }
 
-    /// A header section whose key readers would disagree about (README "What the relay answers at the end of DATA"): any key the relay recorded might not be the one the upstream dedupes on.
+    /// A header section whose key readers would disagree about (docs/concepts/contract.md "What the relay answers at the end of DATA"): any key the relay recorded might not be the one the upstream dedupes on.
     pub(crate) fn key_in_malformed_header_section() -> Self {
         Reply::new(
             554,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the import cycles between idemrelay's source files (issue 18: a one-way module graph).
+"""Prints the import cycles between idemrelay's source files (the module graph must be one-way).
 
 Every path a file names (`use crate::a::b`, `super::x`, `crate::a::f(...)` in code) is resolved
 to the longest module prefix that is a file under src/, giving an edge file -> file. Declaring a

@@ -182,7 +182,7 @@ async fn bench(args: &Args) -> anyhow::Result<Vec<String>> {
     let store = &args.store;
     let dir = bench_dir()?;
     store.clean().await?;
-    // Issue 17's targets for Postgres; SQLite's are issue 7's.
+    // The performance targets (docs/contributing/performance.md), for Postgres and for SQLite.
     let (c50_target, c1_target) = match store {
         StoreKind::Sqlite => (0.50, 1.6),
         StoreKind::Postgres(_) => (0.50, 2.0),

@@ -59,7 +59,7 @@ impl Report {
         }
     }
 
-    /// The relay's peak RSS against issue 17's bound.
+    /// The relay's peak RSS against its bound (docs/contributing/performance.md).
     pub fn rss(&mut self, what: &str, kib: Option<u64>) {
         match kib {
             Some(kib) if kib <= 64 * 1024 => {

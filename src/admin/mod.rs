@@ -1,4 +1,4 @@
-//! The admin HTTP listener: health checks, Prometheus metrics and the ledger API (README "Operations").
+//! The admin HTTP listener: health checks, Prometheus metrics and the ledger API (docs/operations/).
 //!
 //! `/healthz` and `/readyz` are always open (container and load-balancer probes carry no
 //! credentials; `/readyz` shows its details only to a caller that passes the token check);

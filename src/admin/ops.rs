@@ -1,6 +1,6 @@
 //! The queue's operations, one function each, shared by the admin API and by `idemrelay queue
 //! --direct` (the store without the relay): the same checks, the same answers (JSON), the same
-//! record of who did what and why (README "Operations": every operator action is logged with who and
+//! record of who did what and why (docs/operations/: every operator action is logged with who and
 //! why). Errors carry the HTTP status the API answers with; the CLI prints their message.
 
 use axum::http::StatusCode;

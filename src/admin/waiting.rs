@@ -1,4 +1,4 @@
-//! Why a queued record is waiting (issue 15, point 4): from what the store knows (its job's
+//! Why a queued record is waiting: from what the store knows (its job's
 //! due time, its lease, its last attempt, the relay's pause) and what only the running relay
 //! knows (its circuit breaker). Pure, so every case has a table test.
 

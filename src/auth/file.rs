@@ -233,7 +233,7 @@ fn parse_user(text: &str, name: &str, entry: &Spanned<DeValue<'_>>) -> anyhow::R
     })?;
     Ok(User {
         password_hash,
-        // README "What the relay answers at the end of DATA": keys are scoped by the authenticated user unless told otherwise.
+        // docs/concepts/contract.md "What the relay answers at the end of DATA": keys are scoped by the authenticated user unless told otherwise.
         scope: scope.unwrap_or_else(|| name.to_string()),
         allowed_senders,
         upstream,

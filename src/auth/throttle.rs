@@ -1,4 +1,4 @@
-//! AUTH failure throttling (README "Exposing it: TLS, AUTH and relay policy"): counts per (client, user name), with a looser cap per
+//! AUTH failure throttling (docs/guides/tls-auth-relay.md): counts per (client, user name), with a looser cap per
 //! client across all names.
 //!
 //! Pure bookkeeping, no I/O and no clock of its own: every call takes `now`, so tests drive

@@ -12,7 +12,7 @@ use crate::secret::SecretUrl;
 
 /// Longest user name; SMTP AUTH names are short, and a bound keeps them loggable.
 pub const MAX_NAME_LEN: usize = 64;
-/// Longest scope, the same bound the idempotency key has (README "What the relay answers at the end of DATA").
+/// Longest scope, the same bound the idempotency key has (docs/concepts/contract.md "What the relay answers at the end of DATA").
 pub const MAX_SCOPE_LEN: usize = 255;
 /// Longest sender pattern: an RFC 5321 path is at most 256 octets including `<>`.
 pub const MAX_PATTERN_LEN: usize = 254;
@@ -29,7 +29,7 @@ const DUMMY_HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$/vInwvf23mup6TIs4TNmyw$
 pub struct User {
     /// PHC string, argon2id.
     pub password_hash: String,
-    /// Idempotency scope (README "What the relay answers at the end of DATA").
+    /// Idempotency scope (docs/concepts/contract.md "What the relay answers at the end of DATA").
     pub scope: String,
     /// `a@example.com` exact (case-insensitive) or `@example.com` domain; empty = any sender.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -3,7 +3,7 @@
 //! argon2 with the default parameters works in 19 MiB. Allocating that per check and freeing
 //! it afterwards leaves it with the allocator: glibc raises its mmap threshold after the first
 //! such free and then serves the next ones from per-thread arenas, which it does not give back,
-//! so every failed AUTH used to leave about 19 MiB behind (issue 14). Here the working memory
+//! so every failed AUTH used to leave about 19 MiB behind. Here the working memory
 //! is allocated once per permitted concurrent check and reused: what a stream of failures can
 //! cost is `slots × the largest m_cost`, whatever the number of attempts.
 

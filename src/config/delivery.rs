@@ -9,7 +9,7 @@ use crate::delivery::breaker::BreakerPolicy;
 use crate::delivery::retry::RetryPolicy;
 use crate::delivery::upstream::PhaseTimeouts;
 
-/// How accepted messages are forwarded upstream (README "What delivery does").
+/// How accepted messages are forwarded upstream (docs/concepts/delivery.md).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeliveryConfig {

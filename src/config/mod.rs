@@ -207,7 +207,7 @@ pub struct Settings {
     pub log_recipients: bool,
     /// Delivery upstream (used only when `upstream` is set).
     pub delivery: DeliveryConfig,
-    /// Listener for upstream events (`POST /webhooks/{name}`, README "Upstream events (webhooks)"); unset: off. TLS when
+    /// Listener for upstream events (`POST /webhooks/{name}`, docs/concepts/webhooks.md); unset: off. TLS when
     /// `tls_cert` and `tls_key` are set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub webhook_listen: Option<SocketAddr>,
@@ -280,7 +280,7 @@ impl Default for Settings {
     }
 }
 
-/// The settings' flags, global: accepted before or after any subcommand (README "Operations"). Each also
+/// The settings' flags, global: accepted before or after any subcommand (docs/operations/). Each also
 /// reads its `IDEMRELAY_*` variable; `idemrelay sink` has settings of its own and shares only
 /// the ids of `--listen`, `--hostname`, `--tls-cert`, `--tls-key` and `--max-message-size`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -655,7 +655,7 @@ impl Settings {
         for (name, source) in &self.webhooks {
             source.validate(name)?;
         }
-        // A key must stay taken while the upstream may still hold it (README "What the relay answers at the end of DATA" Retention).
+        // A key must stay taken while the upstream may still hold it (docs/concepts/contract.md "What the relay answers at the end of DATA" Retention).
         if self.retention < d.upstream_window || self.parked_retention < d.upstream_window {
             bail!(
                 "retention ({}) and parked_retention ({}) may not be shorter than delivery.upstream_window ({})",
@@ -828,7 +828,7 @@ bounced = ["bounce"]
     }
 
     /// A key given up while the upstream may still hold it would make a new operation under
-    /// it look like a reuse there (README "What the relay answers at the end of DATA" Retention).
+    /// it look like a reuse there (docs/concepts/contract.md "What the relay answers at the end of DATA" Retention).
     #[test]
     fn retention_may_not_be_shorter_than_the_upstream_window() {
         let mut s = Settings::default();

@@ -1,4 +1,4 @@
-//! Circuit breaker for the upstream (README "What delivery does", "Circuit breaker"): when the
+//! Circuit breaker for the upstream (docs/concepts/delivery.md, "Circuit breaker"): when the
 //! upstream itself is unwell, all attempts stop for a cooldown, then one probe decides whether
 //! traffic resumes.
 //!

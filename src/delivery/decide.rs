@@ -1,4 +1,4 @@
-//! What the relay does about one message, as data (README "What delivery does"): before an attempt, whether it
+//! What the relay does about one message, as data (docs/concepts/delivery.md): before an attempt, whether it
 //! may be sent at all; after it, the ledger row, what becomes of the message, the account
 //! pause, what the breaker and the pace learn, and the metric label. The worker only carries
 //! these out (claim, intent, send, settle), so the exactly-once policy is read here, not in
@@ -92,7 +92,7 @@ pub(crate) fn before_attempt(policy: &RetryPolicy, job: &JobFacts, now_ms: i64) 
     }
 }
 
-/// What the attempt tells the relay-wide circuit breaker (README "What delivery does",
+/// What the attempt tells the relay-wide circuit breaker (docs/concepts/delivery.md,
 /// "Circuit breaker").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BreakerInput {

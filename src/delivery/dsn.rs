@@ -1,4 +1,4 @@
-//! RFC 3464 delivery status notification for a permanently failed message (README "What delivery does").
+//! RFC 3464 delivery status notification for a permanently failed message (docs/concepts/delivery.md).
 //!
 //! The DSN is built as bytes from its inputs alone (no clock, no randomness): the relay sends
 //! it exactly once under [`dsn_key`], and a retry must carry byte-identical content, so the

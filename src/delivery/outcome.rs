@@ -1,4 +1,4 @@
-//! What an upstream attempt came to, decided in one place, as data (README "What delivery does").
+//! What an upstream attempt came to, decided in one place, as data (docs/concepts/delivery.md).
 //!
 //! The SMTP client reports *where* it stopped ([`Phase`]) and *how* ([`Failure`], or the reply
 //! to the final dot); everything that depends on the meaning of a reply code lives here so the

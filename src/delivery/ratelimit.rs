@@ -1,4 +1,4 @@
-//! Token bucket on the upstream message rate (README "What delivery does"). One bucket serves the whole relay,
+//! Token bucket on the upstream message rate (docs/concepts/delivery.md). One bucket serves the whole relay,
 //! so a "slow down" reply to any message lowers the pace for all of them; accepted messages
 //! bring it back gradually (additive increase, multiplicative decrease).
 //!

@@ -1,4 +1,4 @@
-//! Retry math as pure functions (README "What delivery does"): exponential backoff with full jitter, a cap, a
+//! Retry math as pure functions (docs/concepts/delivery.md): exponential backoff with full jitter, a cap, a
 //! maximum number of attempts, a deadline, and the upstream's idempotency window for attempts
 //! whose outcome is unknown.
 //!

@@ -60,7 +60,7 @@ struct Shared {
     alive_until: Mutex<Instant>,
 }
 
-/// How often each relay process writes its heartbeat (README "Running several instances (Postgres)").
+/// How often each relay process writes its heartbeat (docs/guides/postgres.md).
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 /// A process whose heartbeat is older than this is dead: its leases are taken over.
 pub(crate) const STALE_AFTER: Duration = Duration::from_secs(10);
@@ -616,7 +616,7 @@ impl Worker {
     ) {
         let key = job.key.as_deref().unwrap_or("-");
         let delay_ms = since_accepted.as_millis() as u64;
-        // Only with `log_recipients` (personal data: see the README's logging section).
+        // Only with `log_recipients` (personal data: see docs/operations/logs.md).
         let envelope = self.shared.settings.log_recipients;
         let from = envelope.then(|| tracing::field::display(job.mail_from.as_str()));
         let to = envelope.then(|| tracing::field::display(job.rcpt_to.join(",")));

@@ -1,5 +1,5 @@
 //! A strict RFC 5322 reader of the header section, for the idempotency key alone. The key the
-//! relay deduplicates on must be the key the upstream finds in the bytes it is sent (README "What the relay answers at the end of DATA"),
+//! relay deduplicates on must be the key the upstream finds in the bytes it is sent (docs/concepts/contract.md "What the relay answers at the end of DATA"),
 //! and the upstream is an RFC 5322 reader: a line starting with white space continues the field
 //! above it (§2.2.3), a field is `name:` with printable ASCII in the name (§2.2; §4.5 allows
 //! white space before the colon). mail-parser is lenient in ways that disagree with that (it

@@ -1,4 +1,4 @@
-//! The request fingerprint (README "What the relay answers at the end of DATA"): blake3 over a canonical, length-prefixed encoding of
+//! The request fingerprint (docs/concepts/contract.md "What the relay answers at the end of DATA"): blake3 over a canonical, length-prefixed encoding of
 //! everything that makes two submissions "the same request".
 
 use crate::mail::{Envelope, Fingerprint};
@@ -47,7 +47,7 @@ pub(crate) fn fingerprint(scope: &str, envelope: &Envelope, message: &[u8]) -> F
 }
 
 /// The fingerprint without the recipient set: the parts of one message split across
-/// transactions (README "Split transactions") share it.
+/// transactions (docs/concepts/contract.md "Split transactions") share it.
 pub(crate) fn message_fingerprint(scope: &str, envelope: &Envelope, message: &[u8]) -> Fingerprint {
     let mut h = Hasher::new("idemrelay message fingerprint v1");
     h.field(scope.as_bytes());

@@ -1,4 +1,4 @@
-//! Reading, validating and deriving the idempotency key (README "What the relay answers at the end of DATA"). Pure functions.
+//! Reading, validating and deriving the idempotency key (docs/concepts/contract.md "What the relay answers at the end of DATA"). Pure functions.
 
 use super::fingerprint::Hasher;
 use crate::mail::{is_valid_key, Envelope, Fingerprint, MAX_KEY_CHARS};
@@ -308,7 +308,7 @@ pub(crate) fn derive_key(
     }
 }
 
-/// The key the upstream sees for part `part` of (scope, key) (README "What the relay answers at the end of DATA"): one upstream account
+/// The key the upstream sees for part `part` of (scope, key) (docs/concepts/contract.md "What the relay answers at the end of DATA"): one upstream account
 /// is one key space, so it must be unique per scope and part across everything the relay sends
 /// there. The client's key unchanged for part 1 of a scope that keeps its clients' keys (alone
 /// on its upstream, and that upstream's key-space owner in the store: the common case);

@@ -1,4 +1,4 @@
-//! Split transactions (README "What the relay answers at the end of DATA"): which part of an operation a submission under a taken key
+//! Split transactions (docs/concepts/contract.md "What the relay answers at the end of DATA"): which part of an operation a submission under a taken key
 //! is. Pure: decided from the live parts the store returned.
 
 use crate::mail::Fingerprint;

@@ -1,4 +1,4 @@
-//! `idemrelay sendmail`: the `/usr/sbin/sendmail` interface (README "Operations") for programs that hand
+//! `idemrelay sendmail`: the `/usr/sbin/sendmail` interface (docs/operations/) for programs that hand
 //! mail to a sendmail binary (PHP's `mail()`, cron, git send-email, logwatch). It reads the
 //! message from standard input and submits it to the relay over SMTP, so every intake rule
 //! applies; a message without a key gets the relay's derived key, so running the same command

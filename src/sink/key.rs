@@ -1,5 +1,5 @@
 //! The sink's own reading of the `X-Bird-Idempotency-Key` header: the key as the upstream sees
-//! it (README "What the relay answers at the end of DATA"). Written apart from the relay's intake on purpose: the sink is the oracle the
+//! it (docs/concepts/contract.md "What the relay answers at the end of DATA"). Written apart from the relay's intake on purpose: the sink is the oracle the
 //! tests check the relay against, so a bug in how the relay reads keys must show up as a
 //! disagreement instead of being repeated here. Pure functions over the message bytes.
 

@@ -1,5 +1,5 @@
 //! The sink's idempotency record: the upstream side of the contract the relay relies on
-//! (README "The test upstream: `idemrelay sink`"). Pure: the caller passes the clock in.
+//! (docs/guides/sink.md). Pure: the caller passes the clock in.
 //!
 //! A key's first transaction reserves the record before anything is committed, so a second
 //! transaction under the same key sees "in progress" (E01004) until the first has committed and

@@ -1,5 +1,5 @@
 //! `idemrelay sink`: the test upstream. An SMTP server that behaves like Bird's SMTP endpoint
-//! as far as idempotency goes (README "The test upstream: `idemrelay sink`"), records everything it is sent, and misbehaves on
+//! as far as idempotency goes (docs/guides/sink.md), records everything it is sent, and misbehaves on
 //! request, so that tests and demos can prove the relay delivers exactly once.
 //!
 //! # What it answers at the final dot

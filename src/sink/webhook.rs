@@ -1,5 +1,5 @@
 //! What the sink's webhook sender posts, and how it signs it: Standard Webhooks
-//! (<https://www.standardwebhooks.com/>) with HMAC-SHA256, the event JSON of the README's
+//! (<https://www.standardwebhooks.com/>) with HMAC-SHA256, the event JSON of docs/guides/sink.md's
 //! worked example, and the retry schedule. Pure: no I/O, no clock (times come in).
 //!
 //! The relay verifies these signatures with its own code; this one is written separately on

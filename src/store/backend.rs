@@ -71,7 +71,7 @@ pub trait Store: Send + Sync {
     /// unchanged. The first claim stands for good, for every instance on this store.
     async fn claim_key_space(&self, key_space: &str, scope: &str) -> Result<String, StoreError>;
 
-    /// Records, at the store's clock, that the relay process `process` is alive (README "What delivery does"
+    /// Records, at the store's clock, that the relay process `process` is alive (docs/concepts/delivery.md
     /// "Liveness"). Its workers' lease owners are `<process>-<n>`.
     async fn heartbeat(&self, process: &str) -> Result<(), StoreError>;
 
@@ -188,7 +188,7 @@ pub trait Store: Send + Sync {
 
     /// Receives one webhook request exactly once, in ONE transaction: the receipt under the
     /// unique (source, webhook id) (a duplicate changes nothing), every event, its match and
-    /// its effect (README "Upstream events (webhooks)").
+    /// its effect (docs/concepts/webhooks.md).
     async fn apply_webhook(&self, receipt: &WebhookReceipt) -> Result<WebhookApplied, StoreError>;
 
     /// The upstream events matched to a record, by recipient and event time.

@@ -95,11 +95,11 @@ pub struct NewRecord {
     pub reply: String,
     /// For a delivery status notification: the message it reports on.
     pub dsn_of: Option<String>,
-    /// Which part of a split message this is (README "Split transactions"); 1 for most.
+    /// Which part of a split message this is (docs/concepts/contract.md "Split transactions"); 1 for most.
     pub part: u32,
     /// The fingerprint without the recipient set, shared by the parts of one message.
     pub message_fp: Fingerprint,
-    /// The key the upstream sees, as written into `content` (README "What the relay answers at the end of DATA").
+    /// The key the upstream sees, as written into `content` (docs/concepts/contract.md "What the relay answers at the end of DATA").
     pub upstream_key: Option<String>,
     /// The Message-ID header's value (without angle brackets), for matching upstream events.
     pub message_id: Option<String>,
@@ -456,7 +456,7 @@ pub(crate) fn report_damage(id: &str, reason: &str) -> String {
         target: "idemrelay::store",
         id = %id,
         reason,
-        "ALERT stored body damaged; record failed, not forwarded (see README: damaged records)"
+        "ALERT stored body damaged; record failed, not forwarded (see docs/operations/data.md: damaged records)"
     );
     format!("stored body damaged ({reason}); not forwarded")
 }

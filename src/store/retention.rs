@@ -1,11 +1,11 @@
-//! How long records keep their keys (README "What the relay answers at the end of DATA"), decided once for the purge, the
+//! How long records keep their keys (docs/concepts/contract.md "What the relay answers at the end of DATA"), decided once for the purge, the
 //! insert's takeover of an expired key and the lookups, in Rust and as SQL.
 
 use std::time::Duration;
 
 use super::record::{retention_ms, State};
 
-/// How long a terminal record keeps its key and replays (README "What the relay answers at the end of DATA").
+/// How long a terminal record keeps its key and replays (docs/concepts/contract.md "What the relay answers at the end of DATA").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// A `delivered` or `rejected` record replays for at least this long after acceptance.

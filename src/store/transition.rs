@@ -19,7 +19,7 @@ pub(crate) const CANCELLED_REPLY: &str = "cancelled by an operator";
 pub(crate) struct Finish {
     pub state: State,
     pub upstream_reply: String,
-    /// An intent left open by a dead worker is closed as UNKNOWN first (README "What delivery does"): the
+    /// An intent left open by a dead worker is closed as UNKNOWN first (docs/concepts/delivery.md): the
     /// ledger must not claim it was never sent.
     pub close_open_intents: bool,
 }

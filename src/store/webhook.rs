@@ -1,4 +1,4 @@
-//! Upstream events (README "Upstream events (webhooks)") as the store keeps them: the types both backends share and the
+//! Upstream events (docs/concepts/webhooks.md) as the store keeps them: the types both backends share and the
 //! decisions they take the same way (which record an event names, whether it is stale, what
 //! a resolution says), free of SQL.
 

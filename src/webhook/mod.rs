@@ -1,4 +1,4 @@
-//! The upstream-events listener (README "Upstream events (webhooks)"): `POST /webhooks/{name}` per configured source.
+//! The upstream-events listener (docs/concepts/webhooks.md): `POST /webhooks/{name}` per configured source.
 //! A request is verified (`signature`), read as events (`events`) and received exactly once
 //! by the store in one transaction; 200 only after that commit. Every refusal stores nothing
 //! and is counted by reason.

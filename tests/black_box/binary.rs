@@ -364,7 +364,7 @@ fn check_config_rejects_bad_settings() {
         ),
         (&["--config", missing.to_str().unwrap()], &["missing.toml"]),
         (&["--retention", "soon"], &["--retention"]),
-        // A key may not be freed while the upstream may still hold it (DESIGN §1).
+        // A key may not be freed while the upstream may still hold it (docs/concepts/contract.md).
         (&["--retention", "1h"], &["retention", "upstream_window"]),
         (
             &["--parked-retention", "1h"],
@@ -1060,7 +1060,7 @@ async fn serve_with_the_default_relative_store_in_an_empty_directory_queues_a_me
     assert_eq!(out.matches("queued").count(), 2, "{out}");
 }
 
-// --- config flags anywhere, and the variables (issue 14 point 2) ---------------------------
+// --- config flags anywhere, and the variables ---------------------------
 
 /// `queue show ID --store URL --json` used to answer `unexpected argument '--store'`: a config
 /// flag is now taken before the subcommand, between it and its own subcommand, or after both.
@@ -1199,7 +1199,7 @@ fn unknown_variables_are_warned_about_and_bad_values_name_their_variable() {
     );
 }
 
-// --- certificates a real client accepts (issue 14 point 5) ----------------------------------
+// --- certificates a real client accepts ----------------------------------
 
 /// The listeners of one kind the relay logged (`listening on ADDR (ImplicitTls)`).
 fn logged_listeners(relay: &RelayProcess, kind: &str, count: usize) -> Vec<SocketAddr> {
@@ -1304,7 +1304,7 @@ fn msmtp_accepts_the_generated_certificate_for_ipv4_and_ipv6_loopback() {
     );
 }
 
-// --- a real Postfix as the client (issue 12 point 1) -----------------------------------
+// --- a real Postfix as the client -----------------------------------
 
 /// The tests that start Postfix run as root, as CI does (`postfix start` requires it).
 fn running_as_root() -> bool {
@@ -1569,7 +1569,7 @@ fn queue_json(db: &Path, args: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("queue {args:?}: not JSON ({e}): {}", text(&out.stdout)))
 }
 
-/// Issue 12 point 1, with the real client: Postfix splits a keyed message to 60 recipients into
+/// Split transactions with the real client: Postfix splits a keyed message to 60 recipients into
 /// 50 + 10 (smtp_destination_recipient_limit) and sends both transactions with the same key,
 /// bytes and MAIL FROM. The relay must take the second as part 2 (it answered 554 E01005 and
 /// Postfix bounced ten recipients), and the upstream must see both under distinct keys.

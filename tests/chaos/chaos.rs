@@ -1,4 +1,4 @@
-//! Chaos test of exactly-once (issue 7), black-box. Run it with
+//! Chaos test of exactly-once, black-box. Run it with
 //!
 //! ```sh
 //! cargo test --locked --features failpoints --test chaos
@@ -12,13 +12,13 @@
 //! its window, like the real upstream) while client tasks submit a few thousand messages and
 //! retry (same key, same bytes) until they get a 250 or a 5xx. Some keys are submitted by two
 //! clients at once with the same bytes, some with different bytes (one must get E01005 and never
-//! be forwarded). Some are split messages (DESIGN §1 "Split transactions"): the same bytes in
+//! be forwarded). Some are split messages (docs/concepts/contract.md "Split transactions"): the same bytes in
 //! two or three transactions with disjoint recipient sets, one after the other or all at once,
 //! each its own part, and each part re-sent once after its 250 (it must replay its own queue
 //! id). Some keys are used by two scopes at once (users alice and bob, who AUTH PLAIN, and the
 //! unauthenticated clients' scope), each with its own bytes: both are accepted. With several
-//! scopes on the one upstream, every key the sink sees is `u1-<scope tag>-<part>-<key>` (DESIGN
-//! §1 "The key the upstream sees"), mapped back to (scope, key, part) through the store.
+//! scopes on the one upstream, every key the sink sees is `u1-<scope tag>-<part>-<key>`
+//! (docs/concepts/contract.md "The key the upstream sees"), mapped back to (scope, key, part) through the store.
 //! Faults: the relay is SIGKILLed at random moments and aborts at its crash points (and is
 //! restarted on the same store each time), clients hang up right after the final dot, the sink
 //! cuts the connection or withholds its reply after the dot, answers 4xx in bursts, and the
@@ -412,7 +412,7 @@ fn message_bytes(plan: &Plan, variant: char) -> Vec<u8> {
 }
 
 /// Whether `stored` is what the relay must store for `submitted` when the upstream is to see
-/// `upstream` (DESIGN §1): its `Received:` line, the key field for `upstream`, then the
+/// `upstream` (docs/concepts/contract.md): its `Received:` line, the key field for `upstream`, then the
 /// submitted bytes without the client's key field.
 fn stored_as(stored: &[u8], submitted: &[u8], key: &str, upstream: &str) -> bool {
     let find = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).position(|w| w == needle);
@@ -779,7 +779,7 @@ rcpt = "2s"
 data = "2s"
 dot = "{DOT_TIMEOUT}"
 
-# The sink's event shape (README "Its webhooks").
+# The sink's event shape (docs/guides/sink.md "Its webhooks").
 [webhooks.{HOOK_SOURCE}]
 secrets = ["{HOOK_SECRET}"]
 [webhooks.{HOOK_SOURCE}.fields]

@@ -1,5 +1,5 @@
-//! Power cuts (issue 13; DESIGN §4: "a power cut at any instant loses no acknowledged
-//! message"). The relay's SQLite store, spool included, sits on LazyFS, a FUSE file system that
+//! Power cuts (docs/operations/data.md: "a power cut loses nothing that was answered
+//! 250"). The relay's SQLite store, spool included, sits on LazyFS, a FUSE file system that
 //! keeps every unsynced byte in its own cache; `lazyfs::clear-cache` drops them, as a power cut
 //! would. Concurrent clients submit keyed messages (a mix of small ones, kept inline, and
 //! spool-sized ones) while the relay, which delivers to an in-process sink, is repeatedly

@@ -1,4 +1,4 @@
-//! The upstream circuit breaker blames the right thing (README "What delivery does", "Circuit
+//! The upstream circuit breaker blames the right thing (docs/concepts/delivery.md, "Circuit
 //! breaker"), over real sockets with `idemrelay sink` as the upstream: messages failing on their
 //! own (a busy mailbox, a lost reply to the dot) leave it closed and a healthy message goes
 //! through at once; an upstream that cannot be reached opens it, connection checks (not the

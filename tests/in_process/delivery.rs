@@ -1,5 +1,5 @@
-//! Delivery over real sockets with `idemrelay sink` as the upstream: every row of DESIGN §2's
-//! outcome table, byte-identical forwarding, DSNs, pause on account failures.
+//! Delivery over real sockets with `idemrelay sink` as the upstream: every row of the delivery
+//! outcome table (docs/concepts/delivery.md), byte-identical forwarding, DSNs, pause on account failures.
 
 use crate::common;
 
@@ -408,7 +408,7 @@ async fn unknown_past_the_window_is_unresolved_and_not_resent() {
 }
 
 /// The 354 may take up to the DATA timeout: a retry that passed the window check before DATA
-/// must not begin its body once the window has closed while it waited (DESIGN §2).
+/// must not begin its body once the window has closed while it waited (docs/concepts/delivery.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_body_byte_leaves_after_the_window_even_when_the_354_is_slow() {
     const WINDOW: Duration = Duration::from_secs(10);
@@ -879,7 +879,7 @@ async fn probes_that_are_still_refused_at_mail_keep_the_queue_paused() {
     assert_eq!(sink.faults()[0].fired, 3, "the probes met the refusal too");
 }
 
-/// A split message (DESIGN §1): both parts reach the upstream, each under a key of its own
+/// A split message (docs/concepts/contract.md): both parts reach the upstream, each under a key of its own
 /// (the client's for part 1), so the upstream takes neither for a reuse of the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_parts_of_a_split_message_are_delivered_under_their_own_keys() {
@@ -910,7 +910,7 @@ async fn both_parts_of_a_split_message_are_delivered_under_their_own_keys() {
     assert!(stats.keys.values().all(|k| k.accepted == 1), "{stats:?}");
 }
 
-/// Two tenants sharing one upstream account (DESIGN §1 "The key the upstream sees"): alice and
+/// Two tenants sharing one upstream account (docs/concepts/contract.md "The key the upstream sees"): alice and
 /// bob each send their own message under `welcome-customer-1`. Both are delivered, each once,
 /// under keys that carry the scope; the upstream sees no reuse and no DSN is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Relay-wide delivery policy (DESIGN §2), in process, with `idemrelay sink` as the upstream:
+//! Relay-wide delivery policy (docs/concepts/delivery.md), in process, with `idemrelay sink` as the upstream:
 //! fairness across scopes sharing one store, the circuit breaker, the relay-wide slow-down,
 //! and connection reuse with its cap.
 

@@ -928,7 +928,7 @@ fn bdat_fault_does_not_depend_on_the_split() {
     assert_eq!(one, two);
 }
 
-/// Regression (found by (a)): DESIGN §3 says a command line over 2048 octets gets `500 5.5.2`.
+/// Regression (found by (a)): docs/guides/tls-auth-relay.md says a command line over 2048 octets gets `500 5.5.2`.
 /// A SASL response is a command line too, and the answer must not depend on whether it
 /// arrived in one read or several (whole, it used to be decoded: 501 Cannot decode).
 #[test]

@@ -1,4 +1,4 @@
-//! Hostile clients over real sockets (DESIGN §3, "Input rules"): each defence gets the bytes an
+//! Hostile clients over real sockets (docs/guides/tls-auth-relay.md, "Limits"): each defence gets the bytes an
 //! attacker or a broken client would send, and the test checks the exact reply (against the
 //! constants in `src/reply.rs`), what happens to the connection afterwards (closed when
 //! the contract says so; otherwise the same session still answers NOOP and can still submit a
@@ -947,7 +947,7 @@ async fn a_client_outside_the_allow_list_cannot_submit_without_auth() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// what black-box fuzzing found (issue 14, point 8)
+// what black-box fuzzing found
 // ---------------------------------------------------------------------------------------------
 
 const MIB: u64 = 1024 * 1024;
@@ -1165,7 +1165,7 @@ async fn large_messages_leave_nothing_behind_on_open_connections() {
     }
 }
 
-/// A reply that must carry this code and enhanced code (for replies added by issue 14).
+/// A reply that must carry this code and enhanced code (for the replies of the input rules).
 fn assert_code(answer: &Answer, code_and_enhanced: &str) {
     assert_eq!(answer.lines.len(), 1, "{answer:?}");
     assert!(

@@ -1,4 +1,4 @@
-//! Intake over real sockets: every row of DESIGN §1's reply table, derived keys, the
+//! Intake over real sockets: every row of the reply table of docs/concepts/contract.md, derived keys, the
 //! concurrent same-key race, retention, and store unavailability.
 
 use crate::common;
@@ -167,7 +167,7 @@ async fn transaction(
     (codes, answer)
 }
 
-/// DESIGN §1 "Split transactions": the relay's own `max_recipients` answers 452 to the rest,
+/// docs/concepts/contract.md "Split transactions": the relay's own `max_recipients` answers 452 to the rest,
 /// as Postfix's recipient limit would split it, and the client sends those in a new
 /// transaction with the same message. That is a second part of the same operation: a record
 /// of its own, with its own queue id and its own key for the upstream, and a retry of either

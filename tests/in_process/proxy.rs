@@ -1,4 +1,4 @@
-//! The PROXY protocol (DESIGN §3) over real sockets: a listed load balancer's header (v1 and
+//! The PROXY protocol (docs/guides/haproxy.md) over real sockets: a listed load balancer's header (v1 and
 //! v2, IPv4 and IPv6 clients) names the client that the allow list, the per-client connection
 //! cap and the `Received:` line see; a missing, malformed, oversized or late header, and a PROXY
 //! header from an address not in the list, close the connection with a warning in the log; and

@@ -455,7 +455,7 @@ async fn fail_until_locked_out(relay: &TestRelay, user: &str) -> usize {
     panic!("{user} was never locked out");
 }
 
-/// Issue 12 point 8: one program with a wrong password must not lock out every other program on
+/// One program with a wrong password must not lock out every other program on
 /// its host. Failures count per (client address, user name).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_out_user_does_not_lock_out_other_users_on_the_same_host() {

@@ -1,4 +1,4 @@
-//! Upstream events over real HTTP (issue 16, DESIGN §7): the relay's webhook listener on port
+//! Upstream events over real HTTP (docs/concepts/webhooks.md): the relay's webhook listener on port
 //! 0, requests signed here the Standard Webhooks way (the sink's own sender is an independent
 //! implementation), and what they change seen through the store, the admin API and metrics.
 
@@ -26,7 +26,7 @@ fn key_of(secret: &str) -> Vec<u8> {
         .unwrap()
 }
 
-/// The README's worked example: the sink's event shape.
+/// The worked example of docs/concepts/webhooks.md: the sink's event shape.
 fn with_webhooks(s: &mut Settings) {
     s.webhook_listen = Some("127.0.0.1:0".parse().unwrap());
     s.webhooks.insert(

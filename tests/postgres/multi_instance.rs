@@ -363,7 +363,7 @@ async fn wait_all_delivered(store: &dyn store::Store, ids: &[String], within: Du
     }
 }
 
-/// DESIGN §2 "Liveness": two relays, each PID 1 in its own PID namespace with the same host
+/// docs/guides/postgres.md "Liveness": two relays, each PID 1 in its own PID namespace with the same host
 /// name (containers with host networking), share one Postgres. While both live, neither takes
 /// the other's leases (each attempt is the only one of its message); once one is SIGKILLed,
 /// the other takes over its jobs within seconds, long before their leases would expire.

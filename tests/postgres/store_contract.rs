@@ -541,7 +541,7 @@ async fn no_intent_is_written_under_an_expired_lease(backend: Backend) {
 }
 
 on_both_backends!(parked_records_and_keys_inside_the_upstream_window_are_kept);
-/// DESIGN §1 "Retention": a parked record (`unresolved`, `failed`) keeps its key, bytes and
+/// docs/concepts/contract.md "Retention": a parked record (`unresolved`, `failed`) keeps its key, bytes and
 /// ledger until `parked` has passed since it was parked, whatever `replay` says; and no record
 /// gives up its key while the upstream window is open on its last attempt. Both the purge and
 /// an insert under the key follow the same rule.
@@ -615,7 +615,7 @@ async fn parked_records_and_keys_inside_the_upstream_window_are_kept(backend: Ba
 }
 
 on_both_backends!(parts_racing_on_two_instances_are_numbered_once);
-/// Parts are numbered once, at their first commit (DESIGN §1): two new parts of one message
+/// Parts are numbered once, at their first commit (docs/concepts/contract.md): two new parts of one message
 /// racing on two instances for the same part number get it once; the other learns of the
 /// winner and takes the next number.
 async fn parts_racing_on_two_instances_are_numbered_once(backend: Backend) {
@@ -661,7 +661,7 @@ async fn parts_racing_on_two_instances_are_numbered_once(backend: Backend) {
     }
 }
 
-// --- upstream events (webhooks, DESIGN §7) ------------------------------------------------
+// --- upstream events (webhooks, docs/concepts/webhooks.md) ------------------------------------------------
 
 /// Event times below are offsets from an hour after the first event was made: later than
 /// every attempt these tests make, as a real event follows the attempt it reports on. Tests

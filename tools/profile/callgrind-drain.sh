@@ -1,6 +1,6 @@
 #!/bin/bash
 # Instructions per delivered message of the relay draining a SQLite queue to the sink, under
-# callgrind (README, Performance: the backlog profile). Counts do not depend on the load.
+# callgrind (docs/contributing/performance.md: the backlog profile). Counts do not depend on the load.
 # usage: tools/profile/callgrind-drain.sh BIN STORE.db K TAG
 #   STORE.db: a migrated store with K or more queued jobs (copied, so it can be reused), e.g.
 #   one where K messages were submitted while delivery was paused, or the bench's

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Instructions per message of the relay or the sink under callgrind: counts that do not depend
-# on the machine's load (README, Performance: "What the relay spends per message").
+# on the machine's load (docs/contributing/performance.md, "What the relay spends per message").
 # usage: tools/profile/callgrind-per-message.sh BIN relay|sink N C TAG
 #   e.g. tools/profile/callgrind-per-message.sh target/release/idemrelay relay 1000 50 c50
 # Starts BIN under valgrind (relay: default settings, a fresh SQLite store in /tmp/callgrind-TAG),

@@ -342,7 +342,7 @@ fn split_refresh(path: &str, query: Option<&str>) -> (pages::AutoRefresh, String
 
 /// The start of this process's id in the store's liveness rows (`host/pid/`): the delivery
 /// workers name their process `host/pid/nonce`, with '/' and '-' in the host name replaced by
-/// '_' (README "Running several instances (Postgres)").
+/// '_' (docs/guides/postgres.md).
 fn process_prefix() -> String {
     format!(
         "{}/{}/",

@@ -86,7 +86,7 @@ impl Session {
                 "HELO domain"
             }));
         };
-        // Only an ASCII domain or address literal reaches the Received: line (README "Exposing it: TLS, AUTH and relay policy").
+        // Only an ASCII domain or address literal reaches the Received: line (docs/guides/tls-auth-relay.md).
         let Some(host) = std::str::from_utf8(name)
             .ok()
             .filter(|h| address::is_helo_name(h))

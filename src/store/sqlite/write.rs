@@ -88,7 +88,7 @@ fn insert_message(
 }
 
 /// An intent left open by a worker that lost its lease: whether the upstream got the message
-/// cannot be known, so it is recorded as UNKNOWN (README "What delivery does"), never as not sent.
+/// cannot be known, so it is recorded as UNKNOWN (docs/concepts/delivery.md), never as not sent.
 fn close_open_intents(conn: &Connection, id: &str, now: i64) -> Result<usize, StoreError> {
     Ok(conn
         .prepare_cached(

@@ -1,4 +1,4 @@
-//! `idemrelay sendmail` (DESIGN §5, issue 14 point 3), run as the built binary the way programs
+//! `idemrelay sendmail` (docs/guides/sendmail.md), run as the built binary the way programs
 //! run /usr/sbin/sendmail: a message on standard input, sendmail options on the command line,
 //! the answer in the exit status. Against a relay process on port 0 (what it stored is read
 //! back with `queue show` and from its SQLite file), an in-process sink where a reply has to be

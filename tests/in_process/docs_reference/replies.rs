@@ -113,8 +113,8 @@ pub fn render() -> String {
          commands, then the end of DATA. Words in angle brackets stand for what the reply \
          carries (`<id>` is the queue id). A multi-line reply shows its lines separated by \
          ` / `. A retry answered from the stored record gets the original line with {} \
-         appended. Replies with an `E01xxx` code are the idempotency outcomes described in the \
-         README (\"What the relay answers at the end of DATA\").\n\n",
+         appended. Replies with an `E01xxx` code are the idempotency outcomes described in \
+         [the idempotency contract](../concepts/contract.md#what-the-relay-answers-at-the-end-of-data).\n\n",
         code(idemrelay::reply::REPLAY_SUFFIX)
     ));
     out.push_str("| Code | Enhanced | Text | When |\n|---|---|---|---|\n");
