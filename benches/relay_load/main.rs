@@ -7,7 +7,7 @@
 //! every commit is an fsync), or with `--store postgres://USER@HOST/DB` a fresh schema in that
 //! database for each relay started (`synchronous_commit=on`, as the relay always sets it). It
 //! prints, per scenario, accepted messages/s and the latency from the final dot to the 250
-//! (p50/p99), the relay/sink ratio against the targets of issues 7 and 17, and the relay's
+//! (p50/p99), the relay/sink ratio against the project's throughput targets (docs/contributing/performance.md), and the relay's
 //! peak RSS.
 //!
 //! `--backlog N`: every relay's store holds N records (half queued) before it starts, and

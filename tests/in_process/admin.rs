@@ -773,7 +773,7 @@ fn promtool_check_metrics(page: &str) {
     );
 }
 
-/// A store outage must show on the dashboard: the drill (the store locked from
+/// A store outage must show on the dashboard: an operator's drill (the store locked from
 /// outside) answered clients `421 4.3.2` while `submissions_total{result="unavailable"}` stayed
 /// 0, because once the health probe sees the outage every client is turned away at connect,
 /// before any submission is counted.
