@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod backup;
 mod binary;
 mod delivery_crash;
 mod descriptors;
