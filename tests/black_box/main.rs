@@ -10,5 +10,6 @@ mod common;
 mod binary;
 mod delivery_crash;
 mod descriptors;
+mod doc_examples;
 mod logs;
 mod queue_cli;
