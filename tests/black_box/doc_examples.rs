@@ -57,7 +57,9 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, PartialEq)]
 enum Kind {
     File(String),
-    Run { check_output: bool },
+    Run {
+        check_output: bool,
+    },
     Rerun,
     /// Runs as the end of the page's previous run block, in the same script.
     Continuing,
@@ -161,7 +163,10 @@ fn parse_text(path: &str, text: &str) -> Result<Page, String> {
             i += 1;
         }
         i += 1;
-        let kind = match start.checked_sub(1).and_then(|p| marker(lines[p], "example")) {
+        let kind = match start
+            .checked_sub(1)
+            .and_then(|p| marker(lines[p], "example"))
+        {
             Some(spec) => parse_kind(spec),
             None => Err("no `<!-- example: ... -->` marker on the line before it".to_string()),
         };
@@ -184,7 +189,8 @@ fn parse_text(path: &str, text: &str) -> Result<Page, String> {
 }
 
 fn pages() -> Vec<Page> {
-    let (pages, errors): (Vec<_>, Vec<_>) = PAGES.iter().map(|p| parse_page(p)).partition(Result::is_ok);
+    let (pages, errors): (Vec<_>, Vec<_>) =
+        PAGES.iter().map(|p| parse_page(p)).partition(Result::is_ok);
     let errors: Vec<String> = errors.into_iter().map(|e| e.unwrap_err()).collect();
     assert!(errors.is_empty(), "{}", errors.join("\n"));
     pages.into_iter().map(Result::unwrap).collect()
@@ -217,15 +223,29 @@ fn sessions(pages: Vec<Page>) -> Vec<Vec<Page>> {
 fn every_block_carries_a_marker() {
     let pages = pages();
     let blocks: usize = pages.iter().map(|p| p.blocks.len()).sum();
-    assert!(blocks >= 10, "the pages hold {blocks} blocks: are they read?");
+    assert!(
+        blocks >= 10,
+        "the pages hold {blocks} blocks: are they read?"
+    );
     assert!(parse_kind("skip").is_err(), "a skip needs a reason");
     assert!(parse_kind("skip ()").is_err(), "a skip needs a reason");
     assert!(parse_kind("skip (needs network)").is_ok());
     assert!(parse_kind("run, check outptu").is_err());
     let unmarked = parse_text("x.md", "text\n\n```sh\nidemrelay --version\n```\n");
-    assert!(unmarked.err().unwrap().contains("no `<!-- example"), "an unmarked block fails");
-    let marked = parse_text("x.md", "<!-- example: run -->\n```sh\nidemrelay --version\n```\n");
-    assert_eq!(marked.unwrap().blocks[0].kind, Kind::Run { check_output: false });
+    assert!(
+        unmarked.err().unwrap().contains("no `<!-- example"),
+        "an unmarked block fails"
+    );
+    let marked = parse_text(
+        "x.md",
+        "<!-- example: run -->\n```sh\nidemrelay --version\n```\n",
+    );
+    assert_eq!(
+        marked.unwrap().blocks[0].kind,
+        Kind::Run {
+            check_output: false
+        }
+    );
 }
 
 /// A queue id: 24 upper-case hex digits, not inside a longer word.
@@ -300,11 +320,26 @@ fn expected_lines(block: &Block) -> Vec<String> {
 #[test]
 fn output_comparison_masks_ids_and_takes_wildcards() {
     let doc = "<-  250 2.0.0 OK queued as 1A2297034CC21CBAB1B81652 (idempotent replay)";
-    assert!(matches(doc, "<-  250 2.0.0 OK queued as 1A23B0C6D2E0F8A9B8C7D6E5 (idempotent replay)"));
-    assert!(!matches(doc, "<-  250 2.0.0 OK queued as 1A23B0C6D2E0F8A9B8C7D6E5"));
-    assert!(!matches(doc, "<-  554 5.6.0 X-Bird-Idempotency-Key already used"));
-    assert!(matches(r#"{"keys":{"k":{"accepted":1,...}},...}"#, r#"{"keys":{"k":{"accepted":1,"x":2}},"y":3}"#));
-    assert!(!matches(r#"{"keys":{"k":{"accepted":1,...}},...}"#, r#"{"keys":{"k":{"accepted":2}}}"#));
+    assert!(matches(
+        doc,
+        "<-  250 2.0.0 OK queued as 1A23B0C6D2E0F8A9B8C7D6E5 (idempotent replay)"
+    ));
+    assert!(!matches(
+        doc,
+        "<-  250 2.0.0 OK queued as 1A23B0C6D2E0F8A9B8C7D6E5"
+    ));
+    assert!(!matches(
+        doc,
+        "<-  554 5.6.0 X-Bird-Idempotency-Key already used"
+    ));
+    assert!(matches(
+        r#"{"keys":{"k":{"accepted":1,...}},...}"#,
+        r#"{"keys":{"k":{"accepted":1,"x":2}},"y":3}"#
+    ));
+    assert!(!matches(
+        r#"{"keys":{"k":{"accepted":1,...}},...}"#,
+        r#"{"keys":{"k":{"accepted":2}}}"#
+    ));
 }
 
 /// One session: a temp folder, its background processes, the ids learnt so far.
@@ -357,7 +392,10 @@ impl Session {
         let wrapper = dir.path().join(".example-bin/curl");
         std::fs::write(
             &wrapper,
-            format!("#!/bin/sh\nexec {} --fail-with-body \"$@\"\n", curl.display()),
+            format!(
+                "#!/bin/sh\nexec {} --fail-with-body \"$@\"\n",
+                curl.display()
+            ),
         )
         .unwrap();
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -385,8 +423,13 @@ impl Session {
         let mut prev: Option<char> = None;
         let mut rest = text;
         while let Some(c) = rest.chars().next() {
-            let at_word = prev.is_none_or(|p| matches!(p, ' ' | '\t' | '\n' | '"' | '\'' | '=' | '('));
-            if at_word && ["/usr/sbin/", "/etc/", "/tmp/"].iter().any(|p| rest.starts_with(p)) {
+            let at_word =
+                prev.is_none_or(|p| matches!(p, ' ' | '\t' | '\n' | '"' | '\'' | '=' | '('));
+            if at_word
+                && ["/usr/sbin/", "/etc/", "/tmp/"]
+                    .iter()
+                    .any(|p| rest.starts_with(p))
+            {
                 out.push_str(&root);
             }
             out.push(c);
@@ -439,7 +482,8 @@ impl Session {
                 std::fs::create_dir_all(path.parent().unwrap()).unwrap();
                 std::fs::write(&path, self.rewrite(&block.text)).unwrap();
                 if block.text.starts_with("#!") {
-                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                        .unwrap();
                 }
             }
             Kind::Background(addrs) => self.start(block, addrs),
@@ -456,7 +500,10 @@ impl Session {
             }
             Kind::Rerun => {
                 let previous = self.last_run.clone().unwrap_or_else(|| {
-                    panic!("{}: `rerun` with no run block before it on the page", block.at())
+                    panic!(
+                        "{}: `rerun` with no run block before it on the page",
+                        block.at()
+                    )
                 });
                 let output = self.run_script(block, &previous.text);
                 self.check_output(block, &output);
@@ -525,14 +572,19 @@ impl Session {
                     "doc example {}: the output does not show {want:?} (ids masked, `...` any \
                      text){}:\n{output}",
                     block.at(),
-                    if from > 0 { " after the lines before it" } else { "" }
+                    if from > 0 {
+                        " after the lines before it"
+                    } else {
+                        ""
+                    }
                 );
             };
             let got = lines[from + n];
             for ((_, doc), (_, real)) in ids(want).into_iter().zip(ids(got)) {
                 match self.ids.get(doc) {
                     Some(known) => assert_eq!(
-                        known, real,
+                        known,
+                        real,
                         "doc example {}: {doc} stands for {known} earlier on the page, but \
                          this output shows {real}",
                         block.at()
@@ -556,7 +608,10 @@ impl Session {
             let (_, child, _, _) = self.background.remove(i);
             stop(child, "INT");
         }
-        let log = self.dir.path().join(format!(".background-{}.log", block.line));
+        let log = self
+            .dir
+            .path()
+            .join(format!(".background-{}.log", block.line));
         let out = std::fs::File::create(&log).unwrap();
         let script = self.rewrite(&block.text);
         let mut child = self
@@ -580,7 +635,8 @@ impl Session {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        self.background.push((addrs.to_vec(), child, log, block.at()));
+        self.background
+            .push((addrs.to_vec(), child, log, block.at()));
     }
 }
 
@@ -605,7 +661,11 @@ fn the_examples_in_the_docs_run() {
                     .any(|w| w == tool)
         })
     };
-    let missing: Vec<&str> = TOOLS.iter().copied().filter(|t| used(t) && which(t).is_none()).collect();
+    let missing: Vec<&str> = TOOLS
+        .iter()
+        .copied()
+        .filter(|t| used(t) && which(t).is_none())
+        .collect();
     if !missing.is_empty() {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -616,10 +676,15 @@ fn the_examples_in_the_docs_run() {
     }
     for pages in sessions {
         let names: Vec<&str> = pages.iter().map(|p| p.path.as_str()).collect();
-        for addr in pages.iter().flat_map(|p| &p.blocks).filter_map(|b| match &b.kind {
-            Kind::Background(a) => Some(a),
-            _ => None,
-        }).flatten() {
+        for addr in pages
+            .iter()
+            .flat_map(|p| &p.blocks)
+            .filter_map(|b| match &b.kind {
+                Kind::Background(a) => Some(a),
+                _ => None,
+            })
+            .flatten()
+        {
             if let Err(e) = TcpListener::bind(addr) {
                 panic!("the examples of {names:?} use {addr}, which is taken ({e}): stop what listens there");
             }
@@ -629,7 +694,10 @@ fn the_examples_in_the_docs_run() {
             session.last_run = None;
             for (i, block) in page.blocks.iter().enumerate() {
                 let rest = &page.blocks[i + 1..];
-                let n = rest.iter().take_while(|b| b.kind == Kind::Continuing).count();
+                let n = rest
+                    .iter()
+                    .take_while(|b| b.kind == Kind::Continuing)
+                    .count();
                 session.run_block(block, &rest[..n]);
             }
         }
