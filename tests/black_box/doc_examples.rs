@@ -7,7 +7,9 @@
 //!   block is: `<!-- example: file NAME -->` (the block is written to NAME),
 //!   `<!-- example: run -->` (run with `bash -e` in the session's folder; exit 0),
 //!   `<!-- example: run, check output -->` (and every full-line `# ` comment after the first
-//!   command is a line the output must show, in order), `<!-- example: rerun, check output -->`
+//!   command is a line the output must show, in order; `run, check output within 10s`: the
+//!   block runs again until it does, for a state the docs say is reached soon),
+//!   `<!-- example: rerun, check output -->`
 //!   (the block is only output: the page's previous run block runs again and must show it),
 //!   `<!-- example: run, continuing the previous block -->` (a fragment that belongs at the end
 //!   of the previous run block: the two run as one script, once),
@@ -59,6 +61,7 @@ enum Kind {
     File(String),
     Run {
         check_output: bool,
+        within: Option<Duration>,
     },
     Rerun,
     /// Runs as the end of the page's previous run block, in the same script.
@@ -111,8 +114,20 @@ fn parse_kind(spec: &str) -> Result<Kind, String> {
         "file" if !rest.is_empty() => Ok(Kind::File(rest.to_string())),
         "run" if rest.is_empty() => Ok(Kind::Run {
             check_output: false,
+            within: None,
         }),
-        "run" if rest == "check output" => Ok(Kind::Run { check_output: true }),
+        "run" if rest == "check output" => Ok(Kind::Run {
+            check_output: true,
+            within: None,
+        }),
+        "run" if rest.starts_with("check output within ") && rest.ends_with('s') => rest
+            ["check output within ".len()..rest.len() - 1]
+            .parse()
+            .map(|secs| Kind::Run {
+                check_output: true,
+                within: Some(Duration::from_secs(secs)),
+            })
+            .map_err(|e| format!("{spec:?}: {e}")),
         "rerun" if rest == "check output" => Ok(Kind::Rerun),
         "run" if rest == "continuing the previous block" => Ok(Kind::Continuing),
         "background" if !rest.is_empty() => rest
@@ -122,7 +137,7 @@ fn parse_kind(spec: &str) -> Result<Kind, String> {
             .map(Kind::Background),
         "skip" if rest.starts_with('(') && rest.ends_with(')') && rest.len() > 2 => Ok(Kind::Skip),
         _ => Err(format!(
-            "unknown example marker {spec:?} (file NAME | run | run, check output | \
+            "unknown example marker {spec:?} (file NAME | run | run, check output [within Ns] | \
              run, continuing the previous block | rerun, check output | background ADDR... | skip (REASON))"
         )),
     }
@@ -231,6 +246,13 @@ fn every_block_carries_a_marker() {
     assert!(parse_kind("skip ()").is_err(), "a skip needs a reason");
     assert!(parse_kind("skip (needs network)").is_ok());
     assert!(parse_kind("run, check outptu").is_err());
+    assert_eq!(
+        parse_kind("run, check output within 10s"),
+        Ok(Kind::Run {
+            check_output: true,
+            within: Some(Duration::from_secs(10))
+        })
+    );
     let unmarked = parse_text("x.md", "text\n\n```sh\nidemrelay --version\n```\n");
     assert!(
         unmarked.err().unwrap().contains("no `<!-- example"),
@@ -243,7 +265,8 @@ fn every_block_carries_a_marker() {
     assert_eq!(
         marked.unwrap().blocks[0].kind,
         Kind::Run {
-            check_output: false
+            check_output: false,
+            within: None
         }
     );
 }
@@ -487,14 +510,26 @@ impl Session {
                 }
             }
             Kind::Background(addrs) => self.start(block, addrs),
-            Kind::Run { check_output } => {
+            Kind::Run {
+                check_output,
+                within,
+            } => {
                 let mut script = block.text.clone();
                 for next in following {
                     script.push_str(&next.text);
                 }
-                let output = self.run_script(block, &script);
-                if *check_output {
-                    self.check_output(block, &output);
+                // `within`: what the reader would see after waiting that long at most (a
+                // delivery "within a second"): the block runs again until its output shows it.
+                let deadline = Instant::now() + within.unwrap_or_default();
+                loop {
+                    let output = self.run_script(block, &script);
+                    match check_output.then(|| self.check_output(block, &output)) {
+                        Some(Err(_)) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(250))
+                        }
+                        Some(Err(e)) => panic!("{e}"),
+                        _ => break,
+                    }
                 }
                 self.last_run = Some(block.clone());
             }
@@ -506,7 +541,9 @@ impl Session {
                     )
                 });
                 let output = self.run_script(block, &previous.text);
-                self.check_output(block, &output);
+                if let Err(e) = self.check_output(block, &output) {
+                    panic!("{e}");
+                }
             }
             // Ran as the end of the run block before it.
             Kind::Continuing => assert!(
@@ -557,7 +594,8 @@ impl Session {
         }
     }
 
-    fn check_output(&mut self, block: &Block, output: &str) {
+    /// Checks the output against the block's `# ` lines; on success learns the ids it shows.
+    fn check_output(&mut self, block: &Block, output: &str) -> Result<(), String> {
         let expected = expected_lines(block);
         assert!(
             !expected.is_empty(),
@@ -565,10 +603,11 @@ impl Session {
             block.at()
         );
         let lines: Vec<&str> = output.lines().collect();
+        let mut learnt = self.ids.clone();
         let mut from = 0;
         for want in &expected {
             let Some(n) = lines[from..].iter().position(|l| matches(want, l)) else {
-                panic!(
+                return Err(format!(
                     "doc example {}: the output does not show {want:?} (ids masked, `...` any \
                      text){}:\n{output}",
                     block.at(),
@@ -577,25 +616,28 @@ impl Session {
                     } else {
                         ""
                     }
-                );
+                ));
             };
             let got = lines[from + n];
             for ((_, doc), (_, real)) in ids(want).into_iter().zip(ids(got)) {
-                match self.ids.get(doc) {
-                    Some(known) => assert_eq!(
-                        known,
-                        real,
-                        "doc example {}: {doc} stands for {known} earlier on the page, but \
-                         this output shows {real}",
-                        block.at()
-                    ),
+                match learnt.get(doc) {
+                    Some(known) if known != real => {
+                        return Err(format!(
+                            "doc example {}: {doc} stands for {known} earlier on the page, but \
+                             this output shows {real}:\n{output}",
+                            block.at()
+                        ))
+                    }
+                    Some(_) => {}
                     None => {
-                        self.ids.insert(doc.to_string(), real.to_string());
+                        learnt.insert(doc.to_string(), real.to_string());
                     }
                 }
             }
             from += n + 1;
         }
+        self.ids = learnt;
+        Ok(())
     }
 
     fn start(&mut self, block: &Block, addrs: &[SocketAddr]) {
