@@ -53,6 +53,9 @@ const PAGES: &[&str] = &[
 /// The tools the examples call besides `idemrelay` (CI installs them: .ci/run).
 const TOOLS: &[&str] = &["swaks", "curl", "python3", "php"];
 
+/// The ports the docs use: the relay's SMTP and admin defaults, the sink's in the guides.
+const DOC_PORTS: [u16; 4] = [2525, 8025, 2526, 8026];
+
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -718,14 +721,18 @@ fn the_examples_in_the_docs_run() {
     }
     for pages in sessions {
         let names: Vec<&str> = pages.iter().map(|p| p.path.as_str()).collect();
-        for addr in pages
+        // The docs' fixed ports, also those a block binds by itself (the CI guide's job):
+        // a relay left running there would answer instead of the example's.
+        let declared = pages
             .iter()
             .flat_map(|p| &p.blocks)
             .filter_map(|b| match &b.kind {
-                Kind::Background(a) => Some(a),
+                Kind::Background(a) => Some(a.clone()),
                 _ => None,
-            })
+            });
+        for addr in declared
             .flatten()
+            .chain(DOC_PORTS.map(|p| SocketAddr::from(([127, 0, 0, 1], p))))
         {
             if let Err(e) = TcpListener::bind(addr) {
                 panic!("the examples of {names:?} use {addr}, which is taken ({e}): stop what listens there");
