@@ -11,5 +11,6 @@ mod backup;
 mod binary;
 mod delivery_crash;
 mod descriptors;
+mod doc_examples;
 mod logs;
 mod queue_cli;
