@@ -53,7 +53,7 @@ pub(crate) async fn show_key(
     Path((scope, key)): Path<(String, String)>,
 ) -> Response {
     let result = async {
-        let id = ops::resolve_key(state.store.as_ref(), &scope, &key).await?;
+        let id = ops::id_of_key(state.store.as_ref(), &scope, &key).await?;
         show_id(&state, &id).await
     };
     respond(result.await)

@@ -140,7 +140,7 @@ pub(crate) async fn show(store: &dyn Store, id: &str, relay: &RelayFacts) -> OpR
 }
 
 /// The id of the record under (scope, key), expired or not (part 1 of a split message).
-pub(crate) async fn resolve_key(
+pub(crate) async fn id_of_key(
     store: &dyn Store,
     scope: &str,
     key: &str,

@@ -514,7 +514,7 @@ impl Queue {
     }
 
     /// The id of the record under (scope, key).
-    async fn resolve_key(&self, scope: &str, key: &str) -> Result<String, OpError> {
+    async fn id_of_key(&self, scope: &str, key: &str) -> Result<String, OpError> {
         match self {
             Queue::Api(api) => {
                 let record = api
@@ -522,14 +522,14 @@ impl Queue {
                     .await?;
                 Ok(record["id"].as_str().unwrap_or_default().to_string())
             }
-            Queue::Direct { store, .. } => ops::resolve_key(store.as_ref(), scope, key).await,
+            Queue::Direct { store, .. } => ops::id_of_key(store.as_ref(), scope, key).await,
         }
     }
 
     async fn id_of(&self, record: &RecordArg, scope: &str) -> Result<String, OpError> {
         match (&record.id, &record.key) {
             (Some(id), _) => self.expand_id(id).await,
-            (None, Some(key)) => self.resolve_key(scope, key).await,
+            (None, Some(key)) => self.id_of_key(scope, key).await,
             (None, None) => unreachable!("clap requires an id or --key"),
         }
     }
@@ -804,13 +804,13 @@ async fn execute(
         } => {
             let record = match (id_or_key, key) {
                 (_, Some(key)) => {
-                    let id = queue.resolve_key(scope, &key).await?;
+                    let id = queue.id_of_key(scope, &key).await?;
                     queue.show(&id).await?
                 }
                 (Some(id_or_key), None) => {
                     match queue.show(&queue.expand_id(&id_or_key).await?).await {
                         Err(e) if e.status == StatusCode::NOT_FOUND => {
-                            let id = queue.resolve_key(scope, &id_or_key).await.map_err(|_| {
+                            let id = queue.id_of_key(scope, &id_or_key).await.map_err(|_| {
                                 OpError::new(
                                     StatusCode::NOT_FOUND,
                                     "not_found",

@@ -505,8 +505,7 @@ impl Worker {
             "outcome unknown and the upstream window is over: parked for an operator"
         );
         // Parked without a new attempt, it still ends with its `status=` line like any other.
-        let since_accepted =
-            Duration::from_millis(job.now_ms.saturating_sub(job.accepted_at_ms).max(0) as u64);
+        let since_accepted = JobFacts::of(job).since_accepted(job.now_ms);
         self.log_final(job, job.attempts, None, &settle, since_accepted);
         Ok(())
     }
