@@ -510,6 +510,7 @@ fn derive_report(args: &DeriveArgs, scope: &str) -> anyhow::Result<String> {
             BodyType::SevenBit
         },
         smtputf8: args.smtputf8,
+        requests: Default::default(),
     };
     let scan = scan_headers(&message);
     let fp = fingerprint(scope, &envelope, &message);

@@ -5,6 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod requests;
+pub use requests::DeliveryRequests;
+
 pub(crate) const KEY_HEADER: &str = "X-Bird-Idempotency-Key";
 pub(crate) const MAX_KEY_CHARS: usize = 255;
 
@@ -127,6 +130,8 @@ pub struct Envelope {
     pub rcpt_to: Vec<String>,
     pub body: BodyType,
     pub smtputf8: bool,
+    /// DSN parameters and REQUIRETLS (`requests`); empty for most mail.
+    pub requests: DeliveryRequests,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

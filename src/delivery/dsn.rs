@@ -558,6 +558,7 @@ pub(crate) fn dsn_for(
             BodyType::SevenBit
         },
         smtputf8: job.smtputf8,
+        requests: Default::default(),
     };
     Some(NewRecord {
         fingerprint: fingerprint(&job.scope, &envelope, &content),
@@ -1045,6 +1046,7 @@ more body\r\n";
             rcpt_to: recipients(),
             eight_bit,
             smtputf8: false,
+            requests: Default::default(),
             content: ORIGINAL.to_vec(),
             accepted_at_ms: 1_700_000_000_000,
             attempts: 1,

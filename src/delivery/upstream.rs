@@ -251,6 +251,7 @@ pub(crate) struct UpstreamEnvelope<'a> {
     pub rcpt_to: &'a [String],
     pub eight_bit: bool,
     pub smtputf8: bool,
+    pub requests: &'a crate::mail::DeliveryRequests,
 }
 
 pub(crate) struct UpstreamClient {
@@ -732,6 +733,7 @@ mod tests {
             rcpt_to: &rcpt,
             eight_bit: false,
             smtputf8: false,
+            requests: &Default::default(),
         };
         client
             .send(&envelope, b"Subject: t\r\n\r\nbody\r\n", None)

@@ -360,6 +360,7 @@ impl Worker {
             rcpt_to: &job.rcpt_to,
             eight_bit: job.eight_bit,
             smtputf8: job.smtputf8,
+            requests: &job.requests,
         };
         let data_by = body_within.map(|left| claimed_at + left);
         // The lease is renewed while the attempt runs: a slow upstream (a tarpit on every

@@ -69,6 +69,7 @@ mod tests {
             rcpt_to: vec!["b@x".into(), "c@x".into()],
             body: BodyType::SevenBit,
             smtputf8: false,
+            requests: Default::default(),
         }
     }
 
@@ -110,6 +111,7 @@ mod tests {
             rcpt_to: rcpts.iter().map(|r| r.to_string()).collect(),
             body: BodyType::SevenBit,
             smtputf8: true,
+            requests: Default::default(),
         }
     }
 

@@ -573,6 +573,7 @@ mod tests {
             rcpt_to: rcpts.iter().map(|s| s.to_string()).collect(),
             body: BodyType::SevenBit,
             smtputf8: false,
+            requests: Default::default(),
         }
     }
 

@@ -224,6 +224,8 @@ pub struct Claimed {
     pub rcpt_to: Vec<String>,
     pub eight_bit: bool,
     pub smtputf8: bool,
+    /// The DSN parameters and REQUIRETLS stored with the record.
+    pub requests: crate::mail::DeliveryRequests,
     pub content: Vec<u8>,
     pub accepted_at_ms: i64,
     /// Finished attempts so far (a recovered one included).
@@ -597,6 +599,7 @@ pub(crate) fn test_record(id: &str, key: &str) -> NewRecord {
             rcpt_to: vec!["b@example.com".into()],
             body: crate::mail::BodyType::SevenBit,
             smtputf8: false,
+            requests: Default::default(),
         },
         content: Some(b"Subject: x\r\n\r\nbody\r\n".to_vec()),
         size: 20,

@@ -187,6 +187,8 @@ pub(crate) fn claimed(
         rcpt_to: recipients(row)?,
         eight_bit: row.text("body_type")? == "8BITMIME",
         smtputf8: row.flag("smtputf8")?,
+        // Read from the store by its own column once it has one.
+        requests: Default::default(),
         accepted_at_ms: row.int("accepted_at")?,
         attempts: u32::try_from(row.int("attempts")?).unwrap_or(u32::MAX),
         first_attempt_at_ms: row.opt_int("first_attempt_at")?,

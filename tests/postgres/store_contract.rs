@@ -42,6 +42,7 @@ fn record(id: &str, key: &str, fp: u8) -> NewRecord {
             rcpt_to: vec!["b@example.com".into()],
             body: BodyType::SevenBit,
             smtputf8: false,
+            requests: Default::default(),
         },
         content: Some(b"Subject: x\r\n\r\nbody\r\n".to_vec()),
         size: 20,

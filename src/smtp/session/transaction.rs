@@ -248,6 +248,7 @@ impl Session {
                 rcpt_to: txn.rcpt_to,
                 body: txn.body,
                 smtputf8: txn.smtputf8,
+                requests: Default::default(),
             },
             message,
             helo,
