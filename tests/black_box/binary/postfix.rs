@@ -15,6 +15,23 @@ fn running_as_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
+/// `postconf`'s path, or `None` (the caller returns) where Postfix cannot run: not installed,
+/// or not root. CI installs Postfix (.ci/run) and runs as root: there, the test must run.
+fn postfix_or_skip(name: &str) -> Option<std::path::PathBuf> {
+    let postconf = find_postconf();
+    let missing = match (&postconf, running_as_root()) {
+        (None, _) => Some("postfix is not installed (apt-get install -y postfix)"),
+        (Some(_), false) => Some("postfix start needs root"),
+        (Some(_), true) => None,
+    };
+    if let Some(why) = missing {
+        assert!(std::env::var_os("CI").is_none(), "{name}: {why}");
+        eprintln!("SKIPPED {name}: {why}");
+        return None;
+    }
+    postconf
+}
+
 /// `postconf` on the PATH or where Debian puts it (a test's PATH may lack the sbin dirs).
 fn find_postconf() -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -156,11 +173,18 @@ postlog   unix-dgram n  -       n       -       1       postlogd
     /// `sendmail -C DIR -f FROM -i -- TO...` with `message` on stdin (LF line ends, as a local
     /// program hands it over).
     fn sendmail(&self, from: &str, to: &[String], message: &[u8]) {
+        self.sendmail_with(from, &[], to, message);
+    }
+
+    /// `sendmail` with more options before `--` (`-N success -V envid`, ...).
+    fn sendmail_with(&self, from: &str, options: &[&str], to: &[String], message: &[u8]) {
         run_checked(
             Command::new(&self.sendmail)
                 .arg("-C")
                 .arg(&self.conf)
-                .args(["-f", from, "-i", "--"])
+                .args(["-f", from, "-i"])
+                .args(options)
+                .arg("--")
                 .args(to),
             Some(message),
         );
@@ -243,19 +267,9 @@ fn postfix_deliveries(log: &str) -> Vec<(String, String, String)> {
 async fn postfix_splits_a_keyed_message_into_two_parts_and_nothing_bounces() {
     const NAME: &str = "postfix_splits_a_keyed_message_into_two_parts_and_nothing_bounces";
     const KEY: &str = "postfix-split-1";
-    let postconf = find_postconf();
-    let missing = match (&postconf, running_as_root()) {
-        (None, _) => Some("postfix is not installed (apt-get install -y postfix)"),
-        (Some(_), false) => Some("postfix start needs root"),
-        (Some(_), true) => None,
-    };
-    if let Some(why) = missing {
-        // CI installs Postfix (.ci/run) and runs as root: there, this must run.
-        assert!(std::env::var_os("CI").is_none(), "{NAME}: {why}");
-        eprintln!("SKIPPED {NAME}: {why}");
+    let Some(postconf) = postfix_or_skip(NAME) else {
         return;
-    }
-    let postconf = postconf.unwrap();
+    };
     let started = Instant::now();
 
     let sink = common::start_sink().await;
