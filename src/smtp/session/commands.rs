@@ -34,7 +34,7 @@ impl Session {
         let (verb, args) = body.split_at(verb_end);
         let is = |name: &str| verb.eq_ignore_ascii_case(name.as_bytes());
         if is("MAIL") {
-            self.mail(args)
+            self.mail(args, out)
         } else if is("RCPT") {
             self.rcpt(args)
         } else if is("EHLO") || is("HELO") {
@@ -96,9 +96,19 @@ impl Session {
         self.txn = None;
         self.helo = Some((host.to_string(), esmtp));
         Answer::Reply(if esmtp {
-            let mut reply = Reply::ehlo(&self.config.hostname, host, self.config.max_message_size);
+            let mut reply = Reply::ehlo(
+                &self.config.hostname,
+                host,
+                self.config.max_message_size,
+                self.config.max_transactions,
+                self.config.max_recipients,
+            );
             if self.config.starttls && !self.tls {
                 reply.lines.push("STARTTLS".into());
+            }
+            // RFC 8689 §2: offered only on a session under TLS.
+            if self.tls {
+                reply.lines.push("REQUIRETLS".into());
             }
             if self.auth_offered() {
                 reply.lines.push("AUTH PLAIN LOGIN".into());
