@@ -169,9 +169,11 @@ pub(crate) struct RcptParams {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ParamError {
-    /// A known parameter with a value it cannot have (501); the text is the parameter's
-    /// usage, which names it.
+    /// A known parameter with a value it cannot have (501), by keyword.
     Invalid(&'static str),
+    /// A DSN or REQUIRETLS parameter with a value it cannot have (501); the text is the
+    /// parameter's usage, which names it.
+    Malformed(&'static str),
     /// A parameter this relay does not implement (555).
     Unsupported(String),
 }
@@ -194,8 +196,8 @@ fn checked(
     check: impl Fn(&str) -> Result<(), BadValue>,
     bad: BadValue,
 ) -> Result<String, ParamError> {
-    let value = value.ok_or(ParamError::Invalid(usage(bad)))?;
-    check(value).map_err(|b| ParamError::Invalid(usage(b)))?;
+    let value = value.ok_or(ParamError::Malformed(usage(bad)))?;
+    check(value).map_err(|b| ParamError::Malformed(usage(b)))?;
     Ok(value.to_string())
 }
 
@@ -210,7 +212,7 @@ pub(crate) fn mail_params(params: &[Param<'_>]) -> Result<MailParams, ParamError
             ("ENVID", v) => out.envid = Some(checked(v, check_envid, BadValue::Envid)?),
             ("REQUIRETLS", None) => out.require_tls = true,
             ("REQUIRETLS", Some(_)) => {
-                return Err(ParamError::Invalid(usage(BadValue::RequireTls)))
+                return Err(ParamError::Malformed(usage(BadValue::RequireTls)))
             }
             ("SIZE", Some(v)) if v.bytes().all(|b| b.is_ascii_digit()) => {
                 out.size = Some(v.to_string())
@@ -405,7 +407,7 @@ mod tests {
             (" FROM:<a@x> ENVID", "ENVID=xtext (1 to 100 characters)"),
             (" FROM:<a@x> REQUIRETLS=yes", "REQUIRETLS (no value)"),
         ] {
-            assert_eq!(p(args), Err(ParamError::Invalid(usage)), "{args}");
+            assert_eq!(p(args), Err(ParamError::Malformed(usage)), "{args}");
         }
         let r = |args| rcpt_params(&parse(Verb::Rcpt, args).unwrap().params);
         assert_eq!(
@@ -418,16 +420,16 @@ mod tests {
         assert_eq!(r(b" TO:<b@x>"), Ok(RcptParams::default()));
         assert_eq!(
             r(b" TO:<b@x> NOTIFY=NEVER,FAILURE"),
-            Err(ParamError::Invalid(usage(BadValue::Notify)))
+            Err(ParamError::Malformed(usage(BadValue::Notify)))
         );
         assert_eq!(
             r(b" TO:<b@x> ORCPT=b@x"),
-            Err(ParamError::Invalid(usage(BadValue::Orcpt)))
+            Err(ParamError::Malformed(usage(BadValue::Orcpt)))
         );
         // A malformed value is a syntax error even after a parameter the relay lacks.
         assert_eq!(
             r(b" TO:<b@x> X-Y=1 NOTIFY=ALWAYS"),
-            Err(ParamError::Invalid(usage(BadValue::Notify)))
+            Err(ParamError::Malformed(usage(BadValue::Notify)))
         );
         assert_eq!(
             r(b" TO:<b@x> X-Y=1 NOTIFY=NEVER"),

@@ -139,6 +139,8 @@ pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreE
         Err(StoreError::Damaged { reason, .. }) => (None, Some(reason)),
         Err(err) => return Err(err),
     };
+    // Shown, not acted on: unreadable requests show as none rather than hide the record.
+    let shown_requests = requests(row, &existing.id).unwrap_or_default();
     Ok(StoredMessage {
         id: existing.id,
         scope: row.text("scope")?,
@@ -149,6 +151,7 @@ pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreE
         fingerprint: existing.fingerprint,
         mail_from: row.text("mail_from")?,
         rcpt_to: recipients(row)?,
+        requests: shown_requests,
         content,
         damage,
         state: existing.state,

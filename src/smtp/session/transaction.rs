@@ -31,6 +31,7 @@ impl Session {
             Err(ParamError::Invalid(param)) => {
                 return Answer::Error(Reply::syntax(&format!("invalid {param}")))
             }
+            Err(ParamError::Malformed(usage)) => return Answer::Error(Reply::syntax(usage)),
             Err(ParamError::Unsupported(param)) => Err(param),
         };
         if self.helo.is_none() {
@@ -117,7 +118,9 @@ impl Session {
         // looked at (as at MAIL); an unimplemented one only once the path has been judged.
         let params = match mail_rcpt::rcpt_params(&command.params) {
             Ok(params) => Ok(params),
-            Err(ParamError::Invalid(usage)) => return Answer::Error(Reply::syntax(usage)),
+            Err(ParamError::Malformed(usage) | ParamError::Invalid(usage)) => {
+                return Answer::Error(Reply::syntax(usage))
+            }
             Err(ParamError::Unsupported(param)) => Err(param),
         };
         let max = self.config.max_recipients;
