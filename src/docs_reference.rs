@@ -44,7 +44,15 @@ pub fn reply_catalogue() -> Vec<(&'static str, Reply)> {
     }
     entries![
         greeting("<hostname>"),
-        ehlo("<hostname>", "<client>", 26_214_400, 1000, 100),
+        ehlo(
+            "<hostname>",
+            "<client>",
+            &crate::reply::EhloLimits {
+                max_size: 26_214_400,
+                max_transactions: 1000,
+                max_recipients: 100,
+            }
+        ),
         helo("<hostname>", "<client>"),
         bye(),
         shutting_down(),

@@ -14,6 +14,14 @@ pub struct Reply {
     pub lines: Vec<String>,
 }
 
+/// The limits EHLO advertises (SIZE, and LIMITS' MAILMAX and RCPTMAX).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EhloLimits {
+    pub max_size: usize,
+    pub max_transactions: usize,
+    pub max_recipients: usize,
+}
+
 /// Suffix appended to a stored reply when a retry is answered from the record.
 pub const REPLAY_SUFFIX: &str = " (idempotent replay)";
 
@@ -86,13 +94,12 @@ impl Reply {
     /// LIMITS is RFC 9422's, MAILMAX `max_transactions` and RCPTMAX
     /// `max_recipients`; STARTTLS, REQUIRETLS and AUTH are added where the session offers
     /// them).
-    pub(crate) fn ehlo(
-        hostname: &str,
-        client: &str,
-        max_size: usize,
-        max_transactions: usize,
-        max_recipients: usize,
-    ) -> Self {
+    pub(crate) fn ehlo(hostname: &str, client: &str, limits: &EhloLimits) -> Self {
+        let EhloLimits {
+            max_size,
+            max_transactions,
+            max_recipients,
+        } = *limits;
         Reply::multi(
             250,
             vec![

@@ -7,7 +7,7 @@ use smtp_proto::Request;
 
 use super::guards::{control_in_arguments, overflowing_number, proto_error_reply};
 use super::{Answer, Output, Session};
-use crate::reply::Reply;
+use crate::reply::{EhloLimits, Reply};
 use crate::smtp::address;
 
 impl Session {
@@ -96,13 +96,12 @@ impl Session {
         self.txn = None;
         self.helo = Some((host.to_string(), esmtp));
         Answer::Reply(if esmtp {
-            let mut reply = Reply::ehlo(
-                &self.config.hostname,
-                host,
-                self.config.max_message_size,
-                self.config.max_transactions,
-                self.config.max_recipients,
-            );
+            let limits = EhloLimits {
+                max_size: self.config.max_message_size,
+                max_transactions: self.config.max_transactions,
+                max_recipients: self.config.max_recipients,
+            };
+            let mut reply = Reply::ehlo(&self.config.hostname, host, &limits);
             if self.config.starttls && !self.tls {
                 reply.lines.push("STARTTLS".into());
             }
