@@ -147,6 +147,44 @@ async fn each_parameter_is_taken_stored_and_handed_to_delivery() {
     assert_eq!(nulls, 1);
 }
 
+/// Submissions arriving together are written together (one group commit, one multi-row
+/// insert on Postgres): each record still gets its own requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_written_together_stay_with_their_records() {
+    let relay = TestRelay::start().await;
+    let notify = ["SUCCESS", "FAILURE", "DELAY", "NEVER", "SUCCESS,DELAY"];
+    let tasks: Vec<_> = (0..20)
+        .map(|n| {
+            let addr = relay.addr;
+            tokio::spawn(async move {
+                let msg = message(Some(&format!("dsn-together-{n}")), "hello", "body");
+                let mut c = Client::ready(addr).await;
+                let mail = if n % 2 == 0 {
+                    format!(" ENVID=env{n}")
+                } else {
+                    String::new()
+                };
+                let rcpt = format!("<r{n}@example.net> NOTIFY={}", notify[n % notify.len()]);
+                let answer = submit_with(&mut c, &mail, &[&rcpt], &msg).await;
+                c.quit().await;
+                (n, answer.queue_id().expect("queued"))
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (n, id) = task.await.unwrap();
+        let stored = relay.stored(&id).await;
+        let r = &stored.requests;
+        assert_eq!(r.envid, (n % 2 == 0).then(|| format!("env{n}")), "{n}");
+        assert_eq!(
+            r.recipients[&format!("r{n}@example.net")].notify.as_deref(),
+            Some(notify[n % notify.len()]),
+            "{n}"
+        );
+        assert_eq!(r.recipients.len(), 1);
+    }
+}
+
 #[tokio::test]
 async fn malformed_values_get_501_naming_the_parameter() {
     let relay = TestRelay::start().await;
