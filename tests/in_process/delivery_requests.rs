@@ -108,6 +108,16 @@ async fn each_parameter_is_taken_stored_and_handed_to_delivery() {
         r
     };
     assert_eq!(stored.requests, want);
+    // An operator sees them on the message (admin API); ordinary mail shows null (below).
+    let shown = common::http::get(relay.admin(), &format!("/api/v1/messages/{id}"), None)
+        .await
+        .json();
+    assert_eq!(shown["requests"]["ret"], "HDRS", "{shown}");
+    assert_eq!(shown["requests"]["envid"], "QQ+2B314");
+    assert_eq!(
+        shown["requests"]["recipients"]["a@example.net"]["orcpt"],
+        "rfc822;a+2Bx@example.net"
+    );
     // What delivery is handed: the same requests, read back from the store's column.
     let job = relay
         .store()
@@ -139,6 +149,10 @@ async fn each_parameter_is_taken_stored_and_handed_to_delivery() {
     .await;
     let plain_id = plain.queue_id().unwrap();
     assert!(relay.stored(&plain_id).await.requests.is_empty());
+    let shown = common::http::get(relay.admin(), &format!("/api/v1/messages/{plain_id}"), None)
+        .await
+        .json();
+    assert!(shown["requests"].is_null(), "{shown}");
     let nulls = common::backend::scalar(
         relay.settings.store.expose(),
         &format!("SELECT COUNT(*) FROM messages WHERE id = '{plain_id}' AND requests IS NULL"),
