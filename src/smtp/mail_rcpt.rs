@@ -185,7 +185,9 @@ fn usage(bad: BadValue) -> &'static str {
     match bad {
         BadValue::Ret => "RET=FULL or RET=HDRS",
         BadValue::Envid => "ENVID=xtext (1 to 100 characters)",
-        BadValue::Notify => "NOTIFY=NEVER or NOTIFY= one or more of SUCCESS,FAILURE,DELAY",
+        BadValue::Notify => {
+            "NOTIFY=NEVER or NOTIFY=SUCCESS,FAILURE,DELAY (one or more of the three)"
+        }
         BadValue::Orcpt => "ORCPT=addr-type;xtext",
         BadValue::RequireTls => "REQUIRETLS (no value)",
     }

@@ -223,7 +223,8 @@ async fn malformed_values_get_501_naming_the_parameter() {
         "501 5.5.4 Syntax: ENVID=xtext (1 to 100 characters)"
     );
     assert_eq!(c.cmd("MAIL FROM:<app@example.com>").await.code, 250);
-    let notify = "501 5.5.4 Syntax: NOTIFY=NEVER or NOTIFY= one or more of SUCCESS,FAILURE,DELAY";
+    let notify =
+        "501 5.5.4 Syntax: NOTIFY=NEVER or NOTIFY=SUCCESS,FAILURE,DELAY (one or more of the three)";
     let orcpt = "501 5.5.4 Syntax: ORCPT=addr-type;xtext";
     for (rcpt, want) in [
         (" NOTIFY=ALWAYS", notify),
