@@ -186,6 +186,7 @@ impl Relay {
                     hostname: settings.hostname.clone(),
                     max_message_size: settings.max_message_size,
                     max_recipients: settings.max_recipients,
+                    max_transactions: settings.max_transactions,
                     max_errors: settings.max_errors,
                     starttls: kind == ListenerKind::StartTls,
                     require_tls: tls_listener,

@@ -44,7 +44,15 @@ pub fn reply_catalogue() -> Vec<(&'static str, Reply)> {
     }
     entries![
         greeting("<hostname>"),
-        ehlo("<hostname>", "<client>", 26_214_400),
+        ehlo(
+            "<hostname>",
+            "<client>",
+            &crate::reply::EhloLimits {
+                max_size: 26_214_400,
+                max_transactions: 1000,
+                max_recipients: 100,
+            }
+        ),
         helo("<hostname>", "<client>"),
         bye(),
         shutting_down(),
@@ -79,6 +87,7 @@ pub fn reply_catalogue() -> Vec<(&'static str, Reply)> {
         mixed_data_bdat(),
         ready_for_tls(),
         tls_already_active(),
+        requiretls_needs_tls(),
         starttls_first(),
         encryption_required_for_auth(),
         auth_ok(),
@@ -96,6 +105,7 @@ pub fn reply_catalogue() -> Vec<(&'static str, Reply)> {
         too_slow(),
         auth_required(),
         too_many_recipients(),
+        too_many_transactions(),
         message_too_big(),
         data_line_too_long(),
         nul_in_data(),

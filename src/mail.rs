@@ -77,7 +77,7 @@ fn folded(domain: &str) -> impl Iterator<Item = char> + '_ {
     domain.chars().flat_map(char::to_lowercase)
 }
 
-fn same_mailbox(a: &str, b: &str) -> bool {
+pub(crate) fn same_mailbox(a: &str, b: &str) -> bool {
     match (split_mailbox(a), split_mailbox(b)) {
         ((la, Some(da)), (lb, Some(db))) => la == lb && (da == db || folded(da).eq(folded(db))),
         _ => a == b,

@@ -14,6 +14,14 @@ pub struct Reply {
     pub lines: Vec<String>,
 }
 
+/// The limits EHLO advertises (SIZE, and LIMITS' MAILMAX and RCPTMAX).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EhloLimits {
+    pub max_size: usize,
+    pub max_transactions: usize,
+    pub max_recipients: usize,
+}
+
 /// Suffix appended to a stored reply when a retry is answered from the record.
 pub const REPLAY_SUFFIX: &str = " (idempotent replay)";
 
@@ -83,8 +91,15 @@ impl Reply {
     }
 
     /// The answer to EHLO: the relay's name, then its extensions (SIZE is `max_message_size`;
-    /// STARTTLS and AUTH are added where the listener offers them).
-    pub(crate) fn ehlo(hostname: &str, client: &str, max_size: usize) -> Self {
+    /// LIMITS is RFC 9422's, MAILMAX `max_transactions` and RCPTMAX
+    /// `max_recipients`; STARTTLS, REQUIRETLS and AUTH are added where the session offers
+    /// them).
+    pub(crate) fn ehlo(hostname: &str, client: &str, limits: &EhloLimits) -> Self {
+        let EhloLimits {
+            max_size,
+            max_transactions,
+            max_recipients,
+        } = *limits;
         Reply::multi(
             250,
             vec![
@@ -95,6 +110,8 @@ impl Reply {
                 "SMTPUTF8".into(),
                 "ENHANCEDSTATUSCODES".into(),
                 "CHUNKING".into(),
+                "DSN".into(),
+                format!("LIMITS MAILMAX={max_transactions} RCPTMAX={max_recipients}"),
                 "HELP".into(),
             ],
         )
@@ -298,6 +315,25 @@ impl Reply {
     /// STARTTLS on a connection that already uses TLS.
     pub(crate) fn tls_already_active() -> Self {
         Reply::new(503, "5.5.1 TLS already active")
+    }
+
+    /// MAIL FROM with REQUIRETLS on a session that is not under TLS (RFC 8689: the relay offers
+    /// REQUIRETLS only after STARTTLS or on implicit TLS).
+    pub(crate) fn requiretls_needs_tls() -> Self {
+        Reply::new(
+            530,
+            "5.7.10 REQUIRETLS needs a TLS session; send STARTTLS first",
+        )
+    }
+
+    /// The MAIL FROM after `max_transactions` transactions in one session (RFC 9422
+    /// MAILMAX, advertised in EHLO); the connection is closed, the client sends the rest in a new
+    /// one.
+    pub fn too_many_transactions() -> Self {
+        Reply::new(
+            421,
+            "4.7.0 Too many mail transactions in this session; closing connection",
+        )
     }
 
     /// MAIL before STARTTLS on a STARTTLS submission listener (`submission_listen`).

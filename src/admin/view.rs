@@ -134,6 +134,8 @@ pub(crate) fn show_json(
         "state": m.state.as_str(),
         "mail_from": m.mail_from,
         "rcpt_to": m.rcpt_to,
+        // RET, ENVID, REQUIRETLS and NOTIFY/ORCPT by recipient, as sent; null for none.
+        "requests": (!m.requests.is_empty()).then_some(&m.requests),
         "accepted_at": time_ms(m.accepted_at_ms),
         "accepted_at_ms": m.accepted_at_ms,
         "finished_at_ms": m.finished_at_ms,

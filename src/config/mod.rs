@@ -141,6 +141,8 @@ pub struct Settings {
     pub in_progress_wait: Duration,
     pub max_message_size: usize,
     pub max_recipients: usize,
+    /// Mail transactions per session (RFC 9422 MAILMAX, advertised in EHLO).
+    pub max_transactions: usize,
     pub max_errors: usize,
     /// Read deadline per command or DATA read.
     #[serde(with = "crate::human_duration")]
@@ -248,6 +250,7 @@ impl Default for Settings {
             in_progress_wait: Duration::from_secs(2),
             max_message_size: 25 * 1024 * 1024,
             max_recipients: 100,
+            max_transactions: 1000,
             max_errors: 20,
             read_timeout: Duration::from_secs(300),
             store_busy_timeout: Duration::from_secs(5),
@@ -639,8 +642,8 @@ impl Settings {
         if self.hostname.is_empty() || self.hostname.bytes().any(|b| b <= b' ' || b == 0x7f) {
             bail!("hostname: must be a non-empty name without spaces");
         }
-        if self.max_message_size == 0 || self.max_recipients == 0 {
-            bail!("max_message_size and max_recipients must be positive");
+        if self.max_message_size == 0 || self.max_recipients == 0 || self.max_transactions == 0 {
+            bail!("max_message_size, max_recipients and max_transactions must be positive");
         }
         if self.retention.is_zero()
             || self.parked_retention.is_zero()

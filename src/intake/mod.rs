@@ -19,7 +19,7 @@ use crate::mail::{Fingerprint, MissingKey};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::store::{Existing, Insert, NewRecord, State, Store};
-use fingerprint::{fingerprint, message_fingerprint};
+use fingerprint::{fingerprint, key_fingerprint, message_fingerprint};
 use key::{derive_key, key_field, read_key_header, upstream_key, IdemKey, KeyHeader, KeySource};
 use message::{
     bounded_header_section, has_header_section, scan_headers, with_relay_headers, ReceivedLine,
@@ -400,7 +400,13 @@ impl Intake {
                     &origin.scope,
                     scan.message_id.as_deref(),
                     &sub.envelope,
-                    fp,
+                    // Without the delivery requests: other requests are a conflict, not a
+                    // second message.
+                    &if sub.envelope.requests.is_empty() {
+                        *fp
+                    } else {
+                        key_fingerprint(&origin.scope, &sub.envelope, &sub.message)
+                    },
                 )),
                 MissingKey::Pass => Resolved::Unkeyed,
                 MissingKey::Reject => {

@@ -1,9 +1,12 @@
 //! The MAIL FROM and RCPT TO command lines, read from the client's bytes (RFC 5321 §4.1.1.2,
-//! §4.1.1.3 and §4.1.2; RFC 1870 SIZE, RFC 6152 BODY, RFC 6531 SMTPUTF8). Pure.
+//! §4.1.1.3 and §4.1.2; RFC 1870 SIZE, RFC 6152 BODY, RFC 6531 SMTPUTF8, RFC 3461 DSN's RET,
+//! ENVID, NOTIFY and ORCPT, RFC 8689 REQUIRETLS). Pure.
 //!
 //! smtp-proto's parser unquotes and rewrites addresses (`<"">` becomes the null sender,
 //! `<postmaster>` an empty recipient, invalid mailboxes pass through): these two commands are
 //! read here instead, so the path is kept exactly as sent and judged by `address`.
+
+use crate::mail::requests::{check_envid, parse_notify, parse_orcpt, parse_ret, BadValue};
 
 /// A MAIL or RCPT line split into its path and parameters, nothing judged yet but the shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,22 +152,70 @@ pub(crate) struct MailParams {
     pub size: Option<String>,
     pub eight_bit: bool,
     pub smtputf8: bool,
+    /// RET's value as sent (RFC 3461 §4.3), validated.
+    pub ret: Option<String>,
+    /// ENVID's value as sent (RFC 3461 §4.4), validated.
+    pub envid: Option<String>,
+    /// REQUIRETLS (RFC 8689 §2); whether the session may carry it is the session's call.
+    pub require_tls: bool,
+}
+
+/// The RCPT parameters the relay implements (RFC 3461 §4.1, §4.2), values as sent, validated.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct RcptParams {
+    pub notify: Option<String>,
+    pub orcpt: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ParamError {
-    /// A known parameter with a value it cannot have (501).
+    /// A known parameter with a value it cannot have (501), by keyword.
     Invalid(&'static str),
+    /// A DSN or REQUIRETLS parameter with a value it cannot have (501); the text is the
+    /// parameter's usage, which names it.
+    Malformed(&'static str),
     /// A parameter this relay does not implement (555).
     Unsupported(String),
 }
 
-/// Reads MAIL's parameters: SIZE (RFC 1870), BODY=7BIT/8BITMIME (RFC 6152) and SMTPUTF8.
+/// The usage a malformed DSN or REQUIRETLS parameter is answered with (501 5.5.4: RFC 3461
+/// has a syntax error in a parameter's value answered 501; 5.5.4 is RFC 3463's "invalid
+/// command arguments").
+fn usage(bad: BadValue) -> &'static str {
+    match bad {
+        BadValue::Ret => "RET=FULL or RET=HDRS",
+        BadValue::Envid => "ENVID=xtext (1 to 100 characters)",
+        BadValue::Notify => {
+            "NOTIFY=NEVER or NOTIFY=SUCCESS,FAILURE,DELAY (one or more of the three)"
+        }
+        BadValue::Orcpt => "ORCPT=addr-type;xtext",
+        BadValue::RequireTls => "REQUIRETLS (no value)",
+    }
+}
+
+fn checked(
+    value: Option<&str>,
+    check: impl Fn(&str) -> Result<(), BadValue>,
+    bad: BadValue,
+) -> Result<String, ParamError> {
+    let value = value.ok_or(ParamError::Malformed(usage(bad)))?;
+    check(value).map_err(|b| ParamError::Malformed(usage(b)))?;
+    Ok(value.to_string())
+}
+
+/// Reads MAIL's parameters: SIZE (RFC 1870), BODY=7BIT/8BITMIME (RFC 6152), SMTPUTF8, RET and
+/// ENVID (RFC 3461) and REQUIRETLS (RFC 8689).
 pub(crate) fn mail_params(params: &[Param<'_>]) -> Result<MailParams, ParamError> {
     let mut out = MailParams::default();
     for p in params {
         let keyword = p.keyword.to_ascii_uppercase();
         match (keyword.as_str(), p.value) {
+            ("RET", v) => out.ret = Some(checked(v, |v| parse_ret(v).map(drop), BadValue::Ret)?),
+            ("ENVID", v) => out.envid = Some(checked(v, check_envid, BadValue::Envid)?),
+            ("REQUIRETLS", None) => out.require_tls = true,
+            ("REQUIRETLS", Some(_)) => {
+                return Err(ParamError::Malformed(usage(BadValue::RequireTls)))
+            }
             ("SIZE", Some(v)) if v.bytes().all(|b| b.is_ascii_digit()) => {
                 out.size = Some(v.to_string())
             }
@@ -181,6 +232,39 @@ pub(crate) fn mail_params(params: &[Param<'_>]) -> Result<MailParams, ParamError
         }
     }
     Ok(out)
+}
+
+/// Reads RCPT's parameters: NOTIFY and ORCPT (RFC 3461). Every value is checked before an
+/// unknown parameter is named, so a malformed value is a syntax error wherever it stands.
+pub(crate) fn rcpt_params(params: &[Param<'_>]) -> Result<RcptParams, ParamError> {
+    let mut out = RcptParams::default();
+    let mut unsupported = None;
+    for p in params {
+        let keyword = p.keyword.to_ascii_uppercase();
+        match keyword.as_str() {
+            "NOTIFY" => {
+                out.notify = Some(checked(
+                    p.value,
+                    |v| parse_notify(v).map(drop),
+                    BadValue::Notify,
+                )?)
+            }
+            "ORCPT" => {
+                out.orcpt = Some(checked(
+                    p.value,
+                    |v| parse_orcpt(v).map(drop),
+                    BadValue::Orcpt,
+                )?)
+            }
+            _ => {
+                unsupported.get_or_insert(keyword);
+            }
+        }
+    }
+    match unsupported {
+        Some(keyword) => Err(ParamError::Unsupported(keyword)),
+        None => Ok(out),
+    }
 }
 
 /// Whether a SIZE value (all digits) exceeds `max`; a number too large for any integer type
@@ -285,7 +369,8 @@ mod tests {
             Ok(MailParams {
                 size: Some("18446744073709551616".into()),
                 eight_bit: true,
-                smtputf8: true
+                smtputf8: true,
+                ..MailParams::default()
             })
         );
         assert_eq!(p(" FROM:<a@x> SIZE=12a"), Err(ParamError::Invalid("SIZE")));
@@ -300,8 +385,57 @@ mod tests {
             Err(ParamError::Unsupported("BODY=BINARYMIME".into()))
         );
         assert_eq!(
-            p(" FROM:<a@x> RET=FULL"),
-            Err(ParamError::Unsupported("RET".into()))
+            p(" FROM:<a@x> MT-PRIORITY=3"),
+            Err(ParamError::Unsupported("MT-PRIORITY".into()))
+        );
+    }
+
+    #[test]
+    fn dsn_and_requiretls_parameters() {
+        let p = |args| mail_params(&mail(args).unwrap().params);
+        assert_eq!(
+            p(" FROM:<a@x> ret=hdrs ENVID=QQ+2B1 REQUIRETLS"),
+            Ok(MailParams {
+                ret: Some("hdrs".into()),
+                envid: Some("QQ+2B1".into()),
+                require_tls: true,
+                ..MailParams::default()
+            })
+        );
+        for (args, usage) in [
+            (" FROM:<a@x> RET=ALL", "RET=FULL or RET=HDRS"),
+            (" FROM:<a@x> RET", "RET=FULL or RET=HDRS"),
+            (" FROM:<a@x> ENVID=a+2", "ENVID=xtext (1 to 100 characters)"),
+            (" FROM:<a@x> ENVID", "ENVID=xtext (1 to 100 characters)"),
+            (" FROM:<a@x> REQUIRETLS=yes", "REQUIRETLS (no value)"),
+        ] {
+            assert_eq!(p(args), Err(ParamError::Malformed(usage)), "{args}");
+        }
+        let r = |args| rcpt_params(&parse(Verb::Rcpt, args).unwrap().params);
+        assert_eq!(
+            r(b" TO:<b@x> NOTIFY=success,delay ORCPT=rfc822;b+40x"),
+            Ok(RcptParams {
+                notify: Some("success,delay".into()),
+                orcpt: Some("rfc822;b+40x".into()),
+            })
+        );
+        assert_eq!(r(b" TO:<b@x>"), Ok(RcptParams::default()));
+        assert_eq!(
+            r(b" TO:<b@x> NOTIFY=NEVER,FAILURE"),
+            Err(ParamError::Malformed(usage(BadValue::Notify)))
+        );
+        assert_eq!(
+            r(b" TO:<b@x> ORCPT=b@x"),
+            Err(ParamError::Malformed(usage(BadValue::Orcpt)))
+        );
+        // A malformed value is a syntax error even after a parameter the relay lacks.
+        assert_eq!(
+            r(b" TO:<b@x> X-Y=1 NOTIFY=ALWAYS"),
+            Err(ParamError::Malformed(usage(BadValue::Notify)))
+        );
+        assert_eq!(
+            r(b" TO:<b@x> X-Y=1 NOTIFY=NEVER"),
+            Err(ParamError::Unsupported("X-Y".into()))
         );
     }
 

@@ -138,6 +138,8 @@ pub struct StoredMessage {
     pub fingerprint: Fingerprint,
     pub mail_from: String,
     pub rcpt_to: Vec<String>,
+    /// The DSN parameters and REQUIRETLS the client asked for (empty for most mail).
+    pub requests: crate::mail::DeliveryRequests,
     pub content: Option<Vec<u8>>,
     pub state: State,
     pub reply: String,

@@ -10,7 +10,7 @@ use super::record::{
     ProcessRow, RelayHealth, State, StoreError, StoredMessage,
 };
 use super::webhook::{EventKind, EventRow};
-use crate::mail::Fingerprint;
+use crate::mail::{DeliveryRequests, Fingerprint};
 
 /// Column access by name with the types the schema uses in both dialects (integers are
 /// 64-bit everywhere; flags are booleans). SQLite rows come from sqlx (reads) or rusqlite (the
@@ -139,6 +139,8 @@ pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreE
         Err(StoreError::Damaged { reason, .. }) => (None, Some(reason)),
         Err(err) => return Err(err),
     };
+    // Shown, not acted on: unreadable requests show as none rather than hide the record.
+    let shown_requests = requests(row, &existing.id).unwrap_or_default();
     Ok(StoredMessage {
         id: existing.id,
         scope: row.text("scope")?,
@@ -149,6 +151,7 @@ pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreE
         fingerprint: existing.fingerprint,
         mail_from: row.text("mail_from")?,
         rcpt_to: recipients(row)?,
+        requests: shown_requests,
         content,
         damage,
         state: existing.state,
@@ -168,8 +171,8 @@ pub(crate) fn stored_message(row: &impl Columns) -> Result<StoredMessage, StoreE
     })
 }
 
-/// Columns: idem_key, mail_from, rcpt_to, body_type, smtputf8, content, content_hash, accepted_at,
-/// first_attempt_at, lease_token, attempts, any_unknown.
+/// Columns: idem_key, mail_from, rcpt_to, body_type, smtputf8, requests, content, content_hash,
+/// accepted_at, first_attempt_at, lease_token, attempts, any_unknown.
 pub(crate) fn claimed(
     row: &impl Columns,
     id: String,
@@ -187,8 +190,7 @@ pub(crate) fn claimed(
         rcpt_to: recipients(row)?,
         eight_bit: row.text("body_type")? == "8BITMIME",
         smtputf8: row.flag("smtputf8")?,
-        // Read from the store by its own column once it has one.
-        requests: Default::default(),
+        requests: requests(row, &id)?,
         accepted_at_ms: row.int("accepted_at")?,
         attempts: u32::try_from(row.int("attempts")?).unwrap_or(u32::MAX),
         first_attempt_at_ms: row.opt_int("first_attempt_at")?,
@@ -198,6 +200,18 @@ pub(crate) fn claimed(
         token: row.int("lease_token")?,
         id,
         scope,
+    })
+}
+
+/// The `requests` column: NULL for ordinary mail, JSON the relay wrote otherwise. A value it
+/// cannot read marks the record damaged (set aside, like a body that fails its checksum)
+/// rather than delivering it without what its client asked for.
+fn requests(row: &impl Columns, id: &str) -> Result<DeliveryRequests, StoreError> {
+    DeliveryRequests::from_stored(row.opt_text("requests")?.as_deref()).map_err(|e| {
+        StoreError::Damaged {
+            id: id.to_string(),
+            reason: format!("unreadable delivery requests: {e}"),
+        }
     })
 }
 

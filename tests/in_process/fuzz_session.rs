@@ -96,7 +96,11 @@ const COMMANDS: &[&[u8]] = &[
     b"MAIL FROM:<a@x>\r\n",
     b"MAIL FROM:<a@x> SIZE=40 BODY=8BITMIME\r\n",
     b"MAIL FROM:<> SMTPUTF8\r\n",
+    b"MAIL FROM:<a@x> RET=HDRS ENVID=e1 REQUIRETLS\r\n",
+    b"MAIL FROM:<a@x> RET=BAD\r\n",
     b"RCPT TO:<b@x>\r\n",
+    b"RCPT TO:<b@X> NOTIFY=SUCCESS,DELAY ORCPT=rfc822;b@X\r\n",
+    b"RCPT TO:<c@x> NOTIFY=NEVER,FAILURE\r\n",
     b"RCPT TO:<c@x>\r\n",
     b"RCPT TO:<d@x>\r\n",
     b"DATA\r\n",
@@ -206,18 +210,19 @@ fn setup() -> impl Strategy<Value = Setup> {
             prop_oneof![Just(998), 1usize..60],
             prop_oneof![Just(2048), 16usize..80],
         ),
-        (1usize..30, 1usize..4),
+        (1usize..30, 1usize..4, prop_oneof![Just(1000), 1usize..4]),
     )
         .prop_map(
             |(
                 (starttls, auth, require_tls, may_submit),
                 (max_recipients, max_message_size, max_data_line, max_command_line),
-                (max_errors, max_auth_failures),
+                (max_errors, max_auth_failures, max_transactions),
             )| Setup {
                 config: SessionConfig {
                     hostname: "relay.test".into(),
                     max_message_size,
                     max_recipients,
+                    max_transactions,
                     max_command_line,
                     max_data_line,
                     max_errors,
@@ -312,6 +317,12 @@ fn check_submission(setup: &Setup, sub: &Submission) -> Result<(), TestCaseError
     // auth_result is only ever answered None here, so only allow-listed sessions submit.
     prop_assert!(setup.may_submit && sub.auth_scope.is_none());
     if c.require_tls {
+        prop_assert!(sub.tls);
+    }
+    // The requests concern this envelope's recipients only, and REQUIRETLS came over TLS.
+    let requests = &sub.envelope.requests;
+    prop_assert!(requests.recipients.keys().all(|r| rcpts.contains(r)));
+    if requests.require_tls {
         prop_assert!(sub.tls);
     }
     Ok(())

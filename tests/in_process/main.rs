@@ -4,8 +4,8 @@
 //! headless Chromium), plus the pure properties and the example config. Each suite is a module,
 //! so its tests are named `SUITE::test`; `cargo test --test in_process SUITE::` runs one suite.
 //!
-//! The shared suites (intake, delivery, delivery_races, delivery_policy, breaker, hostile,
-//! admin, webhooks) run on Postgres with `IDEMRELAY_TEST_BACKEND=postgres` (see .ci/run).
+//! The shared suites (intake, delivery_requests, delivery, delivery_races, delivery_policy,
+//! breaker, hostile, admin, webhooks) run on Postgres with `IDEMRELAY_TEST_BACKEND=postgres` (see .ci/run).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -15,6 +15,7 @@ mod breaker;
 mod delivery;
 mod delivery_policy;
 mod delivery_races;
+mod delivery_requests;
 mod docs_reference;
 mod example_config;
 mod fuzz_session;

@@ -7,7 +7,7 @@ use smtp_proto::Request;
 
 use super::guards::{control_in_arguments, overflowing_number, proto_error_reply};
 use super::{Answer, Output, Session};
-use crate::reply::Reply;
+use crate::reply::{EhloLimits, Reply};
 use crate::smtp::address;
 
 impl Session {
@@ -34,7 +34,7 @@ impl Session {
         let (verb, args) = body.split_at(verb_end);
         let is = |name: &str| verb.eq_ignore_ascii_case(name.as_bytes());
         if is("MAIL") {
-            self.mail(args)
+            self.mail(args, out)
         } else if is("RCPT") {
             self.rcpt(args)
         } else if is("EHLO") || is("HELO") {
@@ -96,9 +96,18 @@ impl Session {
         self.txn = None;
         self.helo = Some((host.to_string(), esmtp));
         Answer::Reply(if esmtp {
-            let mut reply = Reply::ehlo(&self.config.hostname, host, self.config.max_message_size);
+            let limits = EhloLimits {
+                max_size: self.config.max_message_size,
+                max_transactions: self.config.max_transactions,
+                max_recipients: self.config.max_recipients,
+            };
+            let mut reply = Reply::ehlo(&self.config.hostname, host, &limits);
             if self.config.starttls && !self.tls {
                 reply.lines.push("STARTTLS".into());
+            }
+            // RFC 8689 §2: offered only on a session under TLS.
+            if self.tls {
+                reply.lines.push("REQUIRETLS".into());
             }
             if self.auth_offered() {
                 reply.lines.push("AUTH PLAIN LOGIN".into());

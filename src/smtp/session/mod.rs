@@ -34,6 +34,9 @@ pub struct SessionConfig {
     pub hostname: String,
     pub max_message_size: usize,
     pub max_recipients: usize,
+    /// Mail transactions (accepted MAIL commands) in one session: RFC 9422's MAILMAX, advertised
+    /// in EHLO; the MAIL after the last is answered 421 and the connection closed.
+    pub max_transactions: usize,
     /// Longest command line, CRLF included.
     pub max_command_line: usize,
     /// Longest message line, CRLF excluded.
@@ -57,6 +60,7 @@ impl Default for SessionConfig {
             hostname: "localhost".into(),
             max_message_size: 25 * 1024 * 1024,
             max_recipients: 100,
+            max_transactions: 1000,
             max_command_line: 2048,
             max_data_line: 998,
             max_errors: 20,
@@ -127,6 +131,9 @@ struct Transaction {
     body: BodyType,
     smtputf8: bool,
     rcpt_to: Vec<String>,
+    /// RET, ENVID and REQUIRETLS from MAIL; NOTIFY and ORCPT by recipient (under the
+    /// spelling `rcpt_to` keeps).
+    requests: crate::mail::DeliveryRequests,
     /// The message so far, once a BDAT chunk has been accepted.
     bdat: Option<BodyReceiver>,
 }
@@ -140,6 +147,8 @@ pub struct Session {
     mode: Mode,
     helo: Option<(String, bool)>,
     txn: Option<Transaction>,
+    /// Transactions opened so far (MAILMAX).
+    transactions: usize,
     errors: usize,
     shutting_down: bool,
     tls: bool,
@@ -156,6 +165,7 @@ impl Session {
             mode: Mode::Command,
             helo: None,
             txn: None,
+            transactions: 0,
             errors: 0,
             shutting_down: false,
             tls: false,

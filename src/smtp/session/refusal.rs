@@ -59,7 +59,7 @@ impl RefusalReason {
     /// Compared with the reply constructors themselves, so a reworded reply cannot fall out
     /// of its class.
     pub(crate) fn of(reply: &Reply) -> Option<RefusalReason> {
-        let classes: [(fn() -> Reply, RefusalReason); 20] = [
+        let classes: [(fn() -> Reply, RefusalReason); 22] = [
             (Reply::store_unavailable_at_connect, RefusalReason::Store),
             (Reply::store_unavailable, RefusalReason::Store),
             (Reply::too_many_connections, RefusalReason::Caps),
@@ -68,11 +68,13 @@ impl RefusalReason {
             (Reply::starttls_first, RefusalReason::Policy),
             (Reply::encryption_required_for_auth, RefusalReason::Policy),
             (Reply::sender_not_allowed, RefusalReason::Policy),
+            (Reply::requiretls_needs_tls, RefusalReason::Policy),
             (Reply::bare_line_ending, RefusalReason::Smuggling),
             (Reply::line_too_long, RefusalReason::Limits),
             (Reply::data_line_too_long, RefusalReason::Limits),
             (Reply::message_too_big, RefusalReason::Limits),
             (Reply::too_many_recipients, RefusalReason::Limits),
+            (Reply::too_many_transactions, RefusalReason::Limits),
             (Reply::too_many_errors, RefusalReason::Limits),
             (Reply::timeout, RefusalReason::Limits),
             (Reply::session_too_long, RefusalReason::Limits),
@@ -104,6 +106,8 @@ mod tests {
             (Reply::early_talker(), Some(R::Policy)),
             (Reply::message_too_big(), Some(R::Limits)),
             (Reply::too_many_recipients(), Some(R::Limits)),
+            (Reply::too_many_transactions(), Some(R::Limits)),
+            (Reply::requiretls_needs_tls(), Some(R::Policy)),
             (Reply::timeout(), Some(R::Limits)),
             (Reply::too_many_errors(), Some(R::Limits)),
             (Reply::auth_failed(), Some(R::Auth)),

@@ -138,6 +138,8 @@ fn ehlo_advertises_the_extensions() {
         "SMTPUTF8",
         "ENHANCEDSTATUSCODES",
         "CHUNKING",
+        "DSN",
+        "LIMITS MAILMAX=1000 RCPTMAX=3",
     ] {
         assert!(r.lines.iter().any(|l| l == ext), "{ext} missing");
     }
@@ -145,7 +147,7 @@ fn ehlo_advertises_the_extensions() {
 
 #[test]
 fn parameter_and_limit_errors() {
-    let t = run(b"EHLO c\r\nMAIL FROM:<a@x> SIZE=20000\r\nMAIL FROM:<a@x> BODY=BINARYMIME\r\nMAIL FROM:<a@x> RET=FULL\r\nMAIL FROM:<a@x>\r\nRCPT TO:<1@x>\r\nRCPT TO:<2@x>\r\nRCPT TO:<3@x>\r\nRCPT TO:<4@x>\r\nRCPT TO:<b@x> NOTIFY=NEVER\r\n");
+    let t = run(b"EHLO c\r\nMAIL FROM:<a@x> SIZE=20000\r\nMAIL FROM:<a@x> BODY=BINARYMIME\r\nMAIL FROM:<a@x> MT-PRIORITY=3\r\nMAIL FROM:<a@x>\r\nRCPT TO:<1@x>\r\nRCPT TO:<2@x>\r\nRCPT TO:<3@x>\r\nRCPT TO:<4@x>\r\nRCPT TO:<b@x> X-P=1\r\n");
     assert_eq!(
         t.replies[1],
         "552 5.3.4 Message size exceeds fixed maximum message size"
@@ -526,4 +528,75 @@ proptest! {
             prop_assert!(!sub.message.windows(2).any(|w| w[0] == b'\r' && w[1] != b'\n'));
         }
     }
+}
+
+#[test]
+fn delivery_requests_reach_the_submission() {
+    let s = Session::new_tls(session().config.clone(), true);
+    let (_, t) = run_on(
+        s,
+        b"EHLO c\r\nMAIL FROM:<a@x> RET=HDRS ENVID=e+2B1 REQUIRETLS\r\nRCPT TO:<b@X> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;b@X\r\nRCPT TO:<b@x> NOTIFY=NEVER\r\nRCPT TO:<c@x>\r\nDATA\r\nSubject: s\r\n\r\nx\r\n.\r\n",
+    );
+    assert_eq!(codes(&t), vec![250, 250, 250, 250, 250, 354, 250]);
+    let e = &t.submissions[0].envelope;
+    // The smaller spelling is kept, with the first RCPT's parameters.
+    assert_eq!(e.rcpt_to, vec!["b@X".to_string(), "c@x".to_string()]);
+    let r = &e.requests;
+    assert_eq!(r.ret.as_deref(), Some("HDRS"));
+    assert_eq!(r.envid.as_deref(), Some("e+2B1"));
+    assert!(r.require_tls);
+    assert_eq!(r.recipients.len(), 1);
+    assert_eq!(
+        r.recipients["b@X"].notify.as_deref(),
+        Some("SUCCESS,FAILURE")
+    );
+    assert_eq!(r.orcpt("b@X"), Some("rfc822;b@X"));
+
+    // The other order: the first RCPT's parameters move to the spelling kept.
+    let (_, t) = run_on(
+        Session::new(session().config.clone(), true),
+        b"EHLO c\r\nMAIL FROM:<a@x>\r\nRCPT TO:<b@x> NOTIFY=NEVER\r\nRCPT TO:<b@X> NOTIFY=SUCCESS\r\nDATA\r\nSubject: s\r\n\r\nx\r\n.\r\n",
+    );
+    let e = &t.submissions[0].envelope;
+    assert_eq!(e.rcpt_to, vec!["b@X".to_string()]);
+    assert_eq!(
+        e.requests.recipients["b@X"].notify.as_deref(),
+        Some("NEVER")
+    );
+    assert!(e.requests.ret.is_none() && !e.requests.require_tls);
+}
+
+#[test]
+fn requiretls_is_offered_and_taken_only_under_tls() {
+    let t = run(b"EHLO c\r\nMAIL FROM:<a@x> REQUIRETLS\r\nMAIL FROM:<a@x> RET=FULL\r\n");
+    assert!(!t.replies[0].contains("REQUIRETLS"), "{:?}", t.replies[0]);
+    assert_eq!(
+        t.replies[1],
+        "530 5.7.10 REQUIRETLS needs a TLS session; send STARTTLS first"
+    );
+    assert_eq!(codes(&t)[2], 250);
+    let (_, t) = run_on(
+        Session::new_tls(session().config.clone(), true),
+        b"EHLO c\r\nMAIL FROM:<a@x> REQUIRETLS\r\n",
+    );
+    assert_eq!(codes(&t), vec![250, 250]);
+}
+
+#[test]
+fn mailmax_closes_the_session_after_the_last_transaction() {
+    let config = Arc::new(SessionConfig {
+        max_transactions: 2,
+        ..(*session().config).clone()
+    });
+    let (_, t) = run_on(
+        Session::new(config, true),
+        b"EHLO c\r\nMAIL FROM:<a@x>\r\nRSET\r\nMAIL FROM:<a@x>\r\nRSET\r\nMAIL FROM:<a@x>\r\nNOOP\r\n",
+    );
+    assert!(
+        t.replies[0].contains("LIMITS MAILMAX=2 RCPTMAX=3"),
+        "{:?}",
+        t.replies[0]
+    );
+    assert_eq!(codes(&t), vec![250, 250, 250, 250, 250, 421]);
+    assert!(t.closed);
 }

@@ -3,14 +3,17 @@
 
 use super::guards::{has_control_chars, line_error_reply};
 use super::{Answer, Mode, Output, Progress, Session, Transaction};
-use crate::mail::{merge_same_mailbox, BodyType, Envelope, Submission};
+use crate::mail::requests::RecipientRequests;
+use crate::mail::{
+    merge_same_mailbox, same_mailbox, BodyType, DeliveryRequests, Envelope, Submission,
+};
 use crate::reply::Reply;
 use crate::smtp::address;
 use crate::smtp::framing::{BodyFault, BodyLimits, BodyReceiver, BodyStatus};
 use crate::smtp::mail_rcpt::{self, ParamError, Verb};
 
 impl Session {
-    pub(super) fn mail(&mut self, args: &[u8]) -> Answer {
+    pub(super) fn mail(&mut self, args: &[u8], out: &mut Vec<Output>) -> Answer {
         let command = match mail_rcpt::parse(Verb::Mail, args) {
             Ok(command) => command,
             Err(e) => {
@@ -28,6 +31,7 @@ impl Session {
             Err(ParamError::Invalid(param)) => {
                 return Answer::Error(Reply::syntax(&format!("invalid {param}")))
             }
+            Err(ParamError::Malformed(usage)) => return Answer::Error(Reply::syntax(usage)),
             Err(ParamError::Unsupported(param)) => Err(param),
         };
         if self.helo.is_none() {
@@ -41,6 +45,11 @@ impl Session {
         }
         if self.txn.is_some() {
             return Answer::Error(Reply::nested_mail());
+        }
+        // RFC 9422 MAILMAX, as advertised: the client opens a new session for the rest.
+        if self.transactions >= self.config.max_transactions {
+            self.close_with(out, Reply::too_many_transactions());
+            return Answer::Done;
         }
         let smtputf8 = params.as_ref().is_ok_and(|p| p.smtputf8);
         let path = command.path;
@@ -62,6 +71,10 @@ impl Session {
             Ok(params) => params,
             Err(param) => return Answer::Error(Reply::unsupported_parameter(&param)),
         };
+        // RFC 8689: REQUIRETLS only over TLS (it is advertised only there).
+        if params.require_tls && !self.tls {
+            return Answer::Error(Reply::requiretls_needs_tls());
+        }
         if params
             .size
             .as_deref()
@@ -78,8 +91,15 @@ impl Session {
             },
             smtputf8,
             rcpt_to: Vec::new(),
+            requests: DeliveryRequests {
+                ret: params.ret,
+                envid: params.envid,
+                require_tls: params.require_tls,
+                recipients: Default::default(),
+            },
             bdat: None,
         });
+        self.transactions += 1;
         Answer::Reply(Reply::sender_ok())
     }
 
@@ -93,6 +113,15 @@ impl Session {
                     Reply::bad_recipient_address,
                 ))
             }
+        };
+        // A malformed parameter is a syntax error, answered before the session's state is
+        // looked at (as at MAIL); an unimplemented one only once the path has been judged.
+        let params = match mail_rcpt::rcpt_params(&command.params) {
+            Ok(params) => Ok(params),
+            Err(ParamError::Malformed(usage) | ParamError::Invalid(usage)) => {
+                return Answer::Error(Reply::syntax(usage))
+            }
+            Err(ParamError::Unsupported(param)) => Err(param),
         };
         let max = self.config.max_recipients;
         let Some(txn) = self.txn.as_mut() else {
@@ -108,19 +137,37 @@ impl Session {
         let Some(mailbox) = address::forward_path(path, txn.smtputf8) else {
             return Answer::Error(Reply::bad_recipient_address());
         };
-        if let Some(param) = command.params.first() {
-            return Answer::Error(Reply::unsupported_parameter(
-                &param.keyword.to_ascii_uppercase(),
-            ));
-        }
+        let params = match params {
+            Ok(params) => params,
+            Err(param) => return Answer::Error(Reply::unsupported_parameter(&param)),
+        };
         // A mailbox already named (its domain perhaps in another case): 250, as Postfix
-        // answers, but one recipient, not counted again towards the limit.
-        if merge_same_mailbox(&mut txn.rcpt_to, mailbox) {
+        // answers, but one recipient, not counted again towards the limit. The first RCPT's
+        // NOTIFY and ORCPT stay, under whichever spelling the envelope keeps.
+        if let Some(i) = txn.rcpt_to.iter().position(|r| same_mailbox(r, mailbox)) {
+            let before = txn.rcpt_to[i].clone();
+            merge_same_mailbox(&mut txn.rcpt_to, mailbox);
+            if txn.rcpt_to[i] != before {
+                if let Some(first) = txn.requests.recipients.remove(&before) {
+                    txn.requests
+                        .recipients
+                        .insert(txn.rcpt_to[i].clone(), first);
+                }
+            }
             return Answer::Reply(Reply::recipient_ok());
         }
         if txn.rcpt_to.len() >= max {
             // Not a client error: RFC 5321 §4.5.3.1.10 has the client send the rest later.
             return Answer::Reply(Reply::too_many_recipients());
+        }
+        if params.notify.is_some() || params.orcpt.is_some() {
+            txn.requests.recipients.insert(
+                mailbox.to_string(),
+                RecipientRequests {
+                    notify: params.notify,
+                    orcpt: params.orcpt,
+                },
+            );
         }
         txn.rcpt_to.push(mailbox.to_string());
         Answer::Reply(Reply::recipient_ok())
@@ -248,7 +295,7 @@ impl Session {
                 rcpt_to: txn.rcpt_to,
                 body: txn.body,
                 smtputf8: txn.smtputf8,
-                requests: Default::default(),
+                requests: txn.requests,
             },
             message,
             helo,

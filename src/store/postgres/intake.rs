@@ -312,20 +312,20 @@ async fn insert_queued(
             "WITH m AS (
             INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                 rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
-                content_hash, part, message_fp, upstream_key, header_message_id)
+                content_hash, part, message_fp, upstream_key, header_message_id, requests)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                $18, $19, $20)
+                $18, $19, $20, $21)
             ON CONFLICT (scope, idem_key, part) DO NOTHING
             RETURNING id, scope),
          j AS (
             INSERT INTO delivery_jobs (message_id, scope, due_at)
-                SELECT id, scope, $14 FROM m WHERE $21
+                SELECT id, scope, $14 FROM m WHERE $22
                 RETURNING scope),
          t AS (
             INSERT INTO scope_turns (scope, turn) SELECT scope, 0 FROM j
                 ON CONFLICT (scope) DO NOTHING)
          SELECT EXISTS (SELECT 1 FROM m) AS inserted,
-            $21 AND (
+            $22 AND (
                 EXISTS (SELECT 1 FROM upstream_events
                         WHERE record_id IS NULL AND idem_key = $19)
                 OR EXISTS (SELECT 1 FROM upstream_events
@@ -357,17 +357,18 @@ async fn insert_all(
             SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BYTEA[],
                 $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::BOOLEAN[], $10::BIGINT[], $11::BYTEA[],
                 $12::TEXT[], $13::TEXT[], $14::TEXT[], $15::BYTEA[], $16::BIGINT[], $17::BYTEA[],
-                $18::TEXT[], $19::TEXT[])
+                $18::TEXT[], $19::TEXT[], $21::TEXT[])
                 WITH ORDINALITY AS r (id, scope, idem_key, key_source, fingerprint, mail_from,
                     rcpt_to, body_type, smtputf8, size, content, state, reply, dsn_of,
-                    content_hash, part, message_fp, upstream_key, header_message_id, n)),
+                    content_hash, part, message_fp, upstream_key, header_message_id, requests,
+                    n)),
          m AS (
             INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                 rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
-                content_hash, part, message_fp, upstream_key, header_message_id)
+                content_hash, part, message_fp, upstream_key, header_message_id, requests)
             SELECT id, scope, idem_key, key_source, fingerprint, mail_from, rcpt_to,
                 body_type, smtputf8, size, content, state, reply, $20, dsn_of, content_hash,
-                part, message_fp, upstream_key, header_message_id
+                part, message_fp, upstream_key, header_message_id, requests
             FROM input ORDER BY n
             ON CONFLICT (scope, idem_key, part) DO NOTHING
             RETURNING id, scope, state, upstream_key, header_message_id),
@@ -421,6 +422,11 @@ async fn insert_all(
     .bind(maybe(|r| r.upstream_key.as_deref()))
     .bind(maybe(|r| r.message_id.as_deref()))
     .bind(now)
+    .bind(
+        records()
+            .map(|r| r.envelope.requests.to_stored())
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(&mut *conn)
     .await?;
     let mut went_in: std::collections::HashMap<String, bool> = rows.into_iter().collect();

@@ -721,4 +721,63 @@ mod tests {
             .await
             .unwrap();
     }
+
+    /// A store made by the schema before delivery requests (migrations up to 14) upgrades:
+    /// the claim function is made again with the new column, and a job queued before is
+    /// claimed with no requests.
+    #[tokio::test]
+    async fn a_store_from_before_delivery_requests_upgrades_and_keeps_its_queue() {
+        let Some(base) = std::env::var("IDEMRELAY_TEST_POSTGRES")
+            .ok()
+            .filter(|u| !u.is_empty())
+        else {
+            eprintln!("SKIPPED a_store_from_before_delivery_requests_upgrades: set IDEMRELAY_TEST_POSTGRES");
+            return;
+        };
+        let schema = format!("t_requests_upgrade_{}", fastrand::u32(..));
+        let mut admin = PgConnection::connect(&base).await.unwrap();
+        admin
+            .execute(format!("CREATE SCHEMA {schema}").as_str())
+            .await
+            .unwrap();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options[search_path]={schema}");
+        let before = migrate::POSTGRES.iter().take_while(|m| m.0 < 15).count();
+        assert_eq!(migrate::POSTGRES[before - 1].0, 14);
+        {
+            let mut old = PgConnection::connect(&url).await.unwrap();
+            Migrator::new(Embedded(&migrate::POSTGRES[..before]))
+                .await
+                .unwrap()
+                .run(&mut old)
+                .await
+                .unwrap();
+            old.execute(
+                "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
+                    rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at)
+                 VALUES ('old', 's', 'k', 'header', '\\x00', 'a@example.com',
+                    'b@example.com', '7BIT', false, 4, '\\x41420d0a', 'queued', '250 ok', 1);
+                 INSERT INTO delivery_jobs (message_id, scope, due_at) VALUES ('old', 's', 1);
+                 INSERT INTO scope_turns (scope, turn) VALUES ('s', 0);",
+            )
+            .await
+            .unwrap();
+            old.close().await.unwrap();
+        }
+        let store = PostgresStore::open(&url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let claimed = store
+            .claim("w", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .expect("the old job");
+        assert_eq!(claimed.id, "old");
+        assert!(claimed.requests.is_empty());
+        store.pool.close().await;
+        admin
+            .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+            .await
+            .unwrap();
+    }
 }

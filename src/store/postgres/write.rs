@@ -48,7 +48,7 @@ pub(super) async fn db_now(conn: &mut PgConnection) -> Result<i64, StoreError> {
         .await?)
 }
 
-/// Binds a new record's columns as $1..$20, in the order of `messages`' insert statements
+/// Binds a new record's columns as $1..$21, in the order of `messages`' insert statements
 /// (`insert_message` here, the batch's in intake.rs).
 pub(super) fn bind_new_record<'q>(
     query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
@@ -81,6 +81,7 @@ pub(super) fn bind_new_record<'q>(
         .bind(&record.message_fp.as_bytes()[..])
         .bind(&record.upstream_key)
         .bind(&record.message_id)
+        .bind(record.envelope.requests.to_stored())
 }
 
 /// Inserts a message row unless its (scope, key) is taken; returns the rows inserted.
@@ -93,9 +94,9 @@ async fn insert_message(
         sqlx::query(
             "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
             rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
-            content_hash, part, message_fp, upstream_key, header_message_id)
+            content_hash, part, message_fp, upstream_key, header_message_id, requests)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-            $18, $19, $20)
+            $18, $19, $20, $21)
          ON CONFLICT (scope, idem_key, part) DO NOTHING",
         ),
         record,

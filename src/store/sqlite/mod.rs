@@ -139,6 +139,15 @@ impl SqliteStore {
             .await?
             .run(&pool)
             .await?;
+        // A connection that read the schema before a migration added a column prepares
+        // `SELECT m.*` with the old column list and steps it with the new one (sqlx then reads
+        // past its row): the serving pool starts on connections opened after the migrations.
+        pool.close().await;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(busy_timeout + Duration::from_secs(1))
+            .connect_with(options.clone())
+            .await?;
         let path = options.get_filename();
         let (spool, spool_reader) = Spool::open(&spool_dir(path))
             .map_err(|e| StoreError::Config(format!("cannot open the spool: {e}")))?;

@@ -654,3 +654,71 @@ async fn relay_health_tells_the_run_of_failures_since_the_last_delivery() {
     let listed = store.list(Some(State::Queued), 10, None).await.unwrap();
     assert_eq!(listed[0].last_reply.as_deref(), Some("550 no"));
 }
+
+/// A store made by the schema before delivery requests (migrations up to 13) upgrades: its
+/// queued record is claimed with no requests (its new column NULL), and a record written after
+/// the upgrade keeps its own.
+#[tokio::test]
+async fn a_store_from_before_delivery_requests_upgrades_and_keeps_its_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("t.db").display());
+    let before: Vec<i64> = migrate::SQLITE
+        .iter()
+        .map(|m| m.0)
+        .take_while(|v| *v < 15)
+        .collect();
+    assert_eq!(before.last(), Some(&13), "the previous schema ends at 13");
+    {
+        let options = SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .create_if_missing(true)
+            .foreign_keys(true);
+        let pool = SqlitePool::connect_with(options).await.unwrap();
+        Migrator::new(Embedded(&migrate::SQLITE[..before.len()]))
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
+                rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at)
+             VALUES ('old', 's', 'k', 'header', zeroblob(32), 'a@example.com', 'b@example.com',
+                '7BIT', 0, 4, x'41420d0a', 'queued', '250 ok', 1)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let store = SqliteStore::open(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut new = record("new", "k2");
+    new.envelope.requests.ret = Some("HDRS".into());
+    new.envelope.requests.require_tls = true;
+    assert_eq!(
+        store
+            .insert(&new, Retention::flat(Duration::from_secs(3600)))
+            .await
+            .unwrap(),
+        Insert::Inserted
+    );
+    let old = store.claim("w", LEASE).await.unwrap().expect("the old job");
+    assert_eq!(old.id, "old");
+    assert!(old.requests.is_empty());
+    assert!(store
+        .message("old")
+        .await
+        .unwrap()
+        .unwrap()
+        .requests
+        .is_empty());
+    let claimed = store.claim("w", LEASE).await.unwrap().expect("the new job");
+    assert_eq!(claimed.id, "new");
+    assert_eq!(claimed.requests, new.envelope.requests);
+    assert_eq!(
+        store.message("new").await.unwrap().unwrap().requests,
+        new.envelope.requests
+    );
+}

@@ -57,8 +57,8 @@ fn insert_message(
             "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                 rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
                 spool_segment, spool_offset, content_hash, part, message_fp, upstream_key,
-                header_message_id)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                header_message_id, requests)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (scope, idem_key, part) DO NOTHING",
         )?
         .execute(params![
@@ -84,6 +84,7 @@ fn insert_message(
             &record.message_fp.as_bytes()[..],
             record.upstream_key,
             record.message_id,
+            record.envelope.requests.to_stored(),
         ])?)
 }
 
@@ -193,7 +194,7 @@ pub(crate) fn purge_expired(conn: &Connection, retention: Retention) -> Result<u
 }
 
 const CLAIM_DETAILS: &str = "SELECT m.idem_key, m.mail_from, m.rcpt_to, m.body_type,
-        m.smtputf8, m.content, m.content_hash, m.spool_segment, m.spool_offset, m.size, m.accepted_at, j.first_attempt_at, j.lease_token,
+        m.smtputf8, m.requests, m.content, m.content_hash, m.spool_segment, m.spool_offset, m.size, m.accepted_at, j.first_attempt_at, j.lease_token,
         (SELECT COUNT(*) FROM attempts a WHERE a.message_id = m.id) AS attempts,
         EXISTS (SELECT 1 FROM attempts a
                 WHERE a.message_id = m.id AND a.outcome = 'unknown') AS any_unknown,
