@@ -136,7 +136,6 @@ pub use webhook_sender::{AttemptOutcome, WebhookAttempt, WebhookConfig, WebhookS
 use life::Life;
 use state::Shared;
 
-
 /// Run the test upstream: an SMTP server with idempotency replay, fault injection and an HTTP API
 #[derive(Clone, clap::Args)]
 pub(crate) struct SinkArgs {

@@ -623,6 +623,7 @@ async fn relay_health_tells_the_run_of_failures_since_the_last_delivery() {
         "accepted",
         Settle::Delivered {
             upstream_reply: "250 ok".into(),
+            dsn: None,
         },
     )
     .await;
