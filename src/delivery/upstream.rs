@@ -628,6 +628,10 @@ fn expect(
 }
 
 #[cfg(test)]
+#[path = "upstream_extension_tests.rs"]
+mod extension_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -674,7 +678,7 @@ mod tests {
     /// A minimal upstream on a real socket: accepts every message, reports each command
     /// (the connection's number first) and, on `close_after`, closes after that many messages
     /// with nothing said, as a server whose idle timeout fired quietly would.
-    async fn recording_upstream(
+    pub(super) async fn recording_upstream(
         close_after: Option<usize>,
     ) -> (UpstreamTarget, mpsc::UnboundedReceiver<(usize, String)>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
