@@ -16,6 +16,7 @@ mod delivery;
 mod delivery_policy;
 mod delivery_races;
 mod docs_reference;
+mod dsn;
 mod example_config;
 mod fuzz_session;
 mod hostile;
