@@ -4,7 +4,7 @@
 //! headless Chromium), plus the pure properties and the example config. Each suite is a module,
 //! so its tests are named `SUITE::test`; `cargo test --test in_process SUITE::` runs one suite.
 //!
-//! The shared suites (intake, delivery, delivery_races, delivery_policy, breaker, hostile,
+//! The shared suites (intake, delivery, delivery_races, delivery_policy, dsn, breaker, hostile,
 //! admin, webhooks) run on Postgres with `IDEMRELAY_TEST_BACKEND=postgres` (see .ci/run).
 
 #[path = "../common/mod.rs"]
