@@ -4,6 +4,7 @@
 //! lettre's `ServerInfo` keeps only the EHLO keywords it knows and drops DSN and REQUIRETLS,
 //! so the client learns them from an EHLO of its own, parsed here.
 
+use super::outcome::{Outcome, Phase};
 use crate::mail::DeliveryRequests;
 
 /// The EHLO keywords delivery acts on.
@@ -42,6 +43,21 @@ pub(crate) fn needs_extensions(requests: &DeliveryRequests) -> bool {
 
 /// RFC 8689 §5's reply for a REQUIRETLS message the upstream cannot take as asked.
 pub(crate) const REQUIRETLS_REFUSED: &str = "550 5.7.30 REQUIRETLS support required";
+
+/// The outcome of an attempt that ended on [`requiretls_refusal`]: permanent, in the EHLO
+/// phase (where nothing else is permanent: the upstream's own 5xx there is retried).
+pub(crate) fn requiretls_refused(reply: &str) -> Outcome {
+    Outcome::Permanent {
+        phase: Phase::Ehlo,
+        code: 550,
+        reply: reply.into(),
+    }
+}
+
+/// Whether an outcome is the relay's own REQUIRETLS refusal rather than the upstream's word.
+pub(crate) fn is_requiretls_refusal(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Permanent { phase: Phase::Ehlo, reply, .. } if reply == REQUIRETLS_REFUSED)
+}
 
 /// Why a REQUIRETLS message may not go to this upstream (RFC 8689 §4.2.1): the session is not
 /// under TLS (with a verified certificate: the client never skips verification), or the

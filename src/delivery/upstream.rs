@@ -11,7 +11,7 @@ use lettre::transport::smtp::Error as SmtpError;
 use serde::{Deserialize, Serialize};
 
 use super::extensions::{
-    mail_command, needs_extensions, rcpt_command, requiretls_refusal, Offered,
+    mail_command, needs_extensions, rcpt_command, requiretls_refusal, requiretls_refused, Offered,
 };
 use super::outcome::{after_dot, classify, Failure, Outcome, Phase};
 pub(crate) use super::reply_class::ReplyClass;
@@ -348,11 +348,7 @@ impl UpstreamClient {
                 sent,
                 idle_since: Instant::now(),
             });
-            return Outcome::Permanent {
-                phase: Phase::Ehlo,
-                code: 550,
-                reply: reply.into(),
-            };
+            return requiretls_refused(reply);
         }
         match self
             .transaction(&mut conn.smtp, envelope, offered, message, data_by)

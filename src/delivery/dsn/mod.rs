@@ -61,6 +61,9 @@ pub(crate) struct DsnInput<'a> {
     pub original_message: &'a [u8],
     /// Without `<>`.
     pub dsn_message_id: &'a str,
+    /// The relay itself declined to send (a REQUIRETLS message the upstream cannot take so):
+    /// the notice says so instead of quoting the upstream.
+    pub refused_by_relay: bool,
     /// ENVID and ORCPT as the client sent them: `Original-Envelope-Id` and
     /// `Original-Recipient`.
     pub requests: &'a DeliveryRequests,
@@ -222,6 +225,35 @@ fn human_part(input: &DsnInput<'_>) -> String {
         out += &wrap(&recipient_for_humans(r), "    ");
     }
     out += "\r\n";
+    if input.refused_by_relay {
+        out += &wrap(
+            "The relay did not send it: it was submitted with REQUIRETLS, and the upstream \
+             server cannot take it over verified TLS with REQUIRETLS (RFC 8689). It will not \
+             be tried again.",
+            "",
+        );
+        out += "\r\n";
+        out += &wrap(&diagnostic, "    ");
+    } else {
+        out += &upstream_said(input, &phase, &diagnostic);
+    }
+    out += "\r\n";
+    out += &wrap(
+        &format!("Relay message id: {}", clean(input.original_id)),
+        "",
+    );
+    out += &wrap(
+        &format!("Received by the relay: {}", rfc822_date(input.arrival_unix)),
+        "",
+    );
+    out += "\r\n";
+    out += &wrap(returned_text(input.returned), "");
+    out
+}
+
+/// Why the upstream's answer ends the message, and the answer.
+fn upstream_said(input: &DsnInput<'_>, phase: &str, diagnostic: &str) -> String {
+    let mut out = String::new();
     let why = if (500..=599).contains(&input.remote_code) {
         "The upstream server rejected it permanently, so it will not be tried again."
     } else {
@@ -237,19 +269,8 @@ fn human_part(input: &DsnInput<'_>) -> String {
     } else {
         out += &wrap(&format!("The upstream server replied ({phase}):"), "");
         out += "\r\n";
-        out += &wrap(&diagnostic, "    ");
+        out += &wrap(diagnostic, "    ");
     }
-    out += "\r\n";
-    out += &wrap(
-        &format!("Relay message id: {}", clean(input.original_id)),
-        "",
-    );
-    out += &wrap(
-        &format!("Received by the relay: {}", rfc822_date(input.arrival_unix)),
-        "",
-    );
-    out += "\r\n";
-    out += &wrap(returned_text(input.returned), "");
     out
 }
 

@@ -14,6 +14,7 @@ use super::{
     build_dsn, dsn_key, header_section, is_clean_7bit, split_crlf, Action, DsnInput, Returned,
     MAX_RETURNED,
 };
+use crate::delivery::extensions::is_requiretls_refusal;
 use crate::delivery::outcome::Outcome;
 use crate::mail::requests::Ret;
 use crate::mail::DeliveryRequests;
@@ -91,6 +92,7 @@ pub(crate) fn dsn_for(
         now_unix,
         original_message: &job.content,
         dsn_message_id: &format!("{id}@{reporting_mta}"),
+        refused_by_relay: is_requiretls_refusal(outcome),
         requests: &job.requests,
     });
     Some(record(job, key, id, report))
@@ -128,6 +130,7 @@ pub(crate) fn relayed_dsn_for(
         now_unix,
         original_message: &job.content,
         dsn_message_id: &format!("{id}@{reporting_mta}"),
+        refused_by_relay: false,
         requests: &job.requests,
     });
     Some(record(job, key, id, report))

@@ -257,11 +257,11 @@ fn a_requiretls_refusal_is_a_message_failure_not_an_account_one() {
     use crate::delivery::decide::{decide, BreakerInput, JobFacts};
     use crate::delivery::extensions::REQUIRETLS_REFUSED;
     use crate::delivery::retry::{Next, RetryPolicy};
-    let refusal = Outcome::Permanent {
-        phase: Phase::Ehlo,
-        code: 550,
-        reply: REQUIRETLS_REFUSED.into(),
-    };
+    let refusal = crate::delivery::extensions::requiretls_refused(REQUIRETLS_REFUSED);
+    assert!(crate::delivery::extensions::is_requiretls_refusal(&refusal));
+    assert!(!crate::delivery::extensions::is_requiretls_refusal(
+        &refused()
+    ));
     let j = job(DeliveryRequests {
         require_tls: true,
         ..Default::default()
@@ -278,6 +278,8 @@ fn a_requiretls_refusal_is_a_message_failure_not_an_account_one() {
     assert_eq!(d.breaker, BreakerInput::Neutral);
     let t = text(&dsn_for(&j, &refusal, "relay.example.com", "D3".into(), 0).unwrap());
     assert!(t.contains("Status: 5.7.30\r\n"), "{t}");
+    assert!(t.contains("The relay did not send it"), "{t}");
+    assert!(!t.contains("The upstream server replied"), "{t}");
     assert!(
         t.contains("Diagnostic-Code: smtp; 550 5.7.30 REQUIRETLS support required"),
         "{t}"

@@ -32,6 +32,7 @@ fn input<'a>(recipients: &'a [String], original: &'a [u8], reply: &'a str) -> Ds
         action: Action::Failed,
         returned: Returned::Headers,
         requests: &NO_REQUESTS,
+        refused_by_relay: false,
         reporting_mta: "relay.example.com",
         original_id: "01HZX",
         original_envelope_from: "alice@example.com",
