@@ -12,8 +12,8 @@ use super::decide::{
     before_attempt, breaker_input, decide, BreakerInput, Decision, JobFacts, PaceInput, Start,
     WINDOW_OVER,
 };
-use super::dsn::{dsn_for, relayed_dsn_for};
-use super::outcome::{EnhancedCode, Outcome};
+use super::dsn::notice_for;
+use super::outcome::EnhancedCode;
 use super::ratelimit::TokenBucket;
 use super::retry::{Next, RetryPolicy};
 use super::upstream::{
@@ -21,7 +21,7 @@ use super::upstream::{
 };
 use crate::mail::new_queue_id;
 use crate::shutdown::Stop;
-use crate::store::{AttemptResult, Claimed, NewRecord, Settle, Store};
+use crate::store::{AttemptResult, Claimed, Settle, Store};
 
 #[derive(Debug, Clone)]
 pub(crate) struct DeliverySettings {
@@ -414,7 +414,20 @@ impl Worker {
         if matches!(decision.next, Next::Delivered) {
             failpoint!("delivery.after_upstream_ok");
         }
-        let dsn = self.notice(&job, decision.next, &outcome);
+        // What the upstream offered, learnt by this attempt (only asked when it mattered).
+        let client = self.scoped.get(&job.scope).unwrap_or(&self.client);
+        let offers_dsn = client.last_offered().is_some_and(|o| o.dsn);
+        let now_ms = crate::store::now_ms();
+        let (mta, dsn_id) = (&self.shared.settings.hostname, new_queue_id(now_ms));
+        let dsn = notice_for(
+            &job,
+            decision.next,
+            &outcome,
+            offers_dsn,
+            mta,
+            dsn_id,
+            now_ms,
+        );
         let settle = decision.settle(dsn);
         let result = &decision.row;
         // The outcome is known now; losing it to a passing store error would turn it into
@@ -474,32 +487,6 @@ impl Worker {
             tracing::warn!(target: "idemrelay::attempt", id = %job.id, attempt, "lease lost before the outcome was written; the new holder decides");
         }
         Ok(())
-    }
-
-    /// The sender's notice queued with the outcome (docs/concepts/delivery.md, "Delivery
-    /// status notifications"): the failure notice, or the "relayed" notice when an upstream
-    /// without DSN took a message some recipient asked to hear of success about.
-    fn notice(&self, job: &Claimed, next: Next, outcome: &Outcome) -> Option<NewRecord> {
-        let mta = &self.shared.settings.hostname;
-        let now_ms = crate::store::now_ms();
-        match next {
-            Next::Delivered => {
-                // Learnt by the attempt that just ended (only asked when it mattered).
-                let client = self.scoped.get(&job.scope).unwrap_or(&self.client);
-                let offers_dsn = client.last_offered().is_some_and(|o| o.dsn);
-                let reply = outcome.reply_text();
-                relayed_dsn_for(
-                    job,
-                    &reply,
-                    offers_dsn,
-                    mta,
-                    new_queue_id(now_ms),
-                    now_ms / 1000,
-                )
-            }
-            Next::Failed => dsn_for(job, outcome, mta, new_queue_id(now_ms), now_ms / 1000),
-            Next::RetryAfter(_) | Next::Unresolved => None,
-        }
     }
 
     /// Parks a message whose earlier attempt may already be delivered, unsent (the reason is

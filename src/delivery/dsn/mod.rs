@@ -21,7 +21,7 @@ use crate::mail::requests::{parse_orcpt, xtext_decode};
 use crate::mail::DeliveryRequests;
 
 mod notice;
-pub(crate) use notice::{dsn_for, relayed_dsn_for};
+pub(crate) use notice::notice_for;
 
 /// What the notice reports for its recipients (RFC 3464 §2.3.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,6 +16,7 @@ use super::{
 };
 use crate::delivery::extensions::is_requiretls_refusal;
 use crate::delivery::outcome::Outcome;
+use crate::delivery::retry::Next;
 use crate::mail::requests::Ret;
 use crate::mail::DeliveryRequests;
 use crate::store::{Claimed, NewRecord};
@@ -59,6 +60,33 @@ pub(crate) fn returned(job: &Claimed, action: Action) -> Returned {
         return Returned::HeadersUnfit;
     }
     Returned::Full
+}
+
+/// The sender's notice queued with an attempt's outcome (docs/concepts/delivery.md,
+/// "Delivery status notifications"): the failure notice, or the "relayed" notice when an
+/// upstream without DSN (`upstream_offers_dsn` false) took a message some recipient asked to
+/// hear of success about. `id` is the notice's queue id, `now_ms` the time of the outcome.
+pub(crate) fn notice_for(
+    job: &Claimed,
+    next: Next,
+    outcome: &Outcome,
+    upstream_offers_dsn: bool,
+    reporting_mta: &str,
+    id: String,
+    now_ms: i64,
+) -> Option<NewRecord> {
+    match next {
+        Next::Delivered => relayed_dsn_for(
+            job,
+            &outcome.reply_text(),
+            upstream_offers_dsn,
+            reporting_mta,
+            id,
+            now_ms / 1000,
+        ),
+        Next::Failed => dsn_for(job, outcome, reporting_mta, id, now_ms / 1000),
+        Next::RetryAfter(_) | Next::Unresolved => None,
+    }
 }
 
 /// The RFC 3464 notice for `job`'s permanent failure, as the record queued in the failure's
