@@ -184,6 +184,21 @@ async fn requiretls_is_passed_on_over_verified_tls() {
         got[0].mail_command,
         "MAIL FROM:<a@example.com> RET=hdrs ENVID=QQ+2B314+3Dx REQUIRETLS"
     );
+    // `TLS-Required: No` changes nothing: the bytes leave as they are, the header with them.
+    let rcpts = ["b@example.com".to_string()];
+    let no = b"TLS-Required: No\r\nSubject: t\r\nX-Bird-Idempotency-Key: ext-2\r\n\r\nbody\r\n";
+    let envelope = UpstreamEnvelope {
+        mail_from: "a@example.com",
+        rcpt_to: &rcpts,
+        eight_bit: false,
+        smtputf8: false,
+        requests: &require_tls(),
+    };
+    let outcome = client.send(&envelope, no, None).await;
+    assert!(matches!(outcome, Outcome::Accepted { .. }), "{outcome:?}");
+    let got = sink.messages();
+    assert_eq!(got[1].bytes, no);
+    assert_eq!(got[1].mail_command, "MAIL FROM:<a@example.com> REQUIRETLS");
 }
 
 #[tokio::test]
