@@ -245,11 +245,14 @@ pub(crate) struct Decision {
 
 impl Decision {
     /// The store's write for this decision. `dsn` is the sender's notice, queued in the same
-    /// commit as a failure (and ignored otherwise).
+    /// commit as a failure or a delivery (and ignored otherwise).
     pub(crate) fn settle(&self, dsn: Option<NewRecord>) -> Settle {
         let upstream_reply = self.row.reply.clone();
         match self.next {
-            Next::Delivered => Settle::Delivered { upstream_reply },
+            Next::Delivered => Settle::Delivered {
+                upstream_reply,
+                dsn: dsn.map(Box::new),
+            },
             Next::RetryAfter(after) => Settle::Retry { after },
             Next::Unresolved => Settle::Unresolved { upstream_reply },
             Next::Failed => Settle::Failed {
@@ -1029,7 +1032,7 @@ mod tests {
             |outcome: &Outcome, jitter: f64| decide(&p, &fresh, outcome, NOW, jitter).settle(None);
         assert!(matches!(
             settle(&accepted("250 ok"), 0.0),
-            Settle::Delivered { upstream_reply } if upstream_reply == "250 ok"
+            Settle::Delivered { upstream_reply, dsn: None } if upstream_reply == "250 ok"
         ));
         assert!(matches!(
             settle(&transient(Phase::Rcpt, 451, "451 later"), 1.0),

@@ -10,7 +10,11 @@ use lettre::transport::smtp::extension::ClientId;
 use lettre::transport::smtp::Error as SmtpError;
 use serde::{Deserialize, Serialize};
 
+use super::extensions::{
+    mail_command, needs_extensions, rcpt_command, requiretls_refusal, requiretls_refused, Offered,
+};
 use super::outcome::{after_dot, classify, Failure, Outcome, Phase};
+pub(crate) use super::reply_class::ReplyClass;
 
 /// How the connection is secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,78 +25,6 @@ pub(crate) enum TlsMode {
     Implicit,
     /// `smtp://...?tls=none`: plaintext, for tests and loopback smarthosts.
     None,
-}
-
-/// How an upstream attempt ended, coarsely, for the replies counter an operator alerts on: a
-/// run of `connect` or `auth` says something different from a run of `4xx`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ReplyClass {
-    /// 2xx: the message was taken (only 250 after the dot is; another 2xx there is `unknown`).
-    Positive,
-    /// A 4xx reply in a message phase (MAIL onward), or at connect/greeting/EHLO.
-    Transient,
-    /// A 5xx reply in a message phase (MAIL onward), or at connect/greeting/EHLO.
-    Permanent,
-    /// No reply: refused, reset or closed before the final dot.
-    Connect,
-    /// A phase deadline passed before the final dot.
-    Timeout,
-    /// STARTTLS refused or the TLS handshake failed.
-    Tls,
-    /// The upstream refused our credentials (any reply at AUTH).
-    Auth,
-    /// The final dot was sent and no usable answer came.
-    Unknown,
-}
-
-impl ReplyClass {
-    pub(crate) const ALL: [ReplyClass; 8] = [
-        ReplyClass::Positive,
-        ReplyClass::Transient,
-        ReplyClass::Permanent,
-        ReplyClass::Connect,
-        ReplyClass::Timeout,
-        ReplyClass::Tls,
-        ReplyClass::Auth,
-        ReplyClass::Unknown,
-    ];
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            ReplyClass::Positive => "2xx",
-            ReplyClass::Transient => "4xx",
-            ReplyClass::Permanent => "5xx",
-            ReplyClass::Connect => "connect",
-            ReplyClass::Timeout => "timeout",
-            ReplyClass::Tls => "tls",
-            ReplyClass::Auth => "auth",
-            ReplyClass::Unknown => "unknown",
-        }
-    }
-
-    pub(crate) fn of(outcome: &Outcome) -> ReplyClass {
-        match outcome {
-            Outcome::Accepted { .. } => ReplyClass::Positive,
-            Outcome::Unknown { .. } => ReplyClass::Unknown,
-            Outcome::Permanent { phase, code, .. } => by_phase(*phase, Some(*code), ""),
-            Outcome::Transient { phase, code, reply } => by_phase(*phase, *code, reply),
-        }
-    }
-}
-
-/// A failure before the dot, by where it happened and whether a reply came.
-fn by_phase(phase: Phase, code: Option<u16>, reason: &str) -> ReplyClass {
-    match (phase, code) {
-        (Phase::Auth, _) => ReplyClass::Auth,
-        (Phase::StartTls, _) => ReplyClass::Tls,
-        (_, Some(500..=599)) => ReplyClass::Permanent,
-        (_, Some(_)) => ReplyClass::Transient,
-        // `classify` words these (outcome::describe); the TLS handshake of smtps:// fails in
-        // the connect phase, so the wording, not the phase, tells it apart.
-        (_, None) if reason.starts_with("TLS error") => ReplyClass::Tls,
-        (_, None) if reason == "timed out" => ReplyClass::Timeout,
-        (_, None) => ReplyClass::Connect,
-    }
 }
 
 /// A parsed upstream URL.
@@ -269,6 +201,8 @@ pub(crate) struct UpstreamClient {
     /// forgot the flow).
     pub noop_after_idle: Duration,
     conn: Option<Idle>,
+    /// What the upstream of the last `send` offered, when that message needed to know.
+    last_offered: Option<Offered>,
 }
 
 struct Idle {
@@ -282,6 +216,11 @@ struct Idle {
 struct Connection {
     smtp: AsyncSmtpConnection,
     socket: Option<std::net::TcpStream>,
+    /// Under TLS (STARTTLS or smtps), the certificate verified.
+    encrypted: bool,
+    /// The extensions lettre does not track, once a message needed them (a later message on
+    /// this connection reuses them: they hold until the session ends).
+    offered: Option<Offered>,
 }
 
 impl Connection {
@@ -374,6 +313,7 @@ impl UpstreamClient {
             idle_close: Duration::from_secs(50),
             noop_after_idle: Duration::from_secs(2),
             conn: None,
+            last_offered: None,
         })
     }
 
@@ -387,6 +327,7 @@ impl UpstreamClient {
         message: &[u8],
         data_by: Option<Instant>,
     ) -> Outcome {
+        self.last_offered = None;
         let reused = self.take_idle().await;
         let (mut conn, sent) = match reused {
             Some(idle) => (idle.conn, idle.sent),
@@ -395,8 +336,22 @@ impl UpstreamClient {
                 Err(e) => return classify(e.phase, e.failure),
             },
         };
+        let offered = match self.extensions(&mut conn, envelope).await {
+            Ok(offered) => offered,
+            Err(e) => return classify(e.phase, e.failure),
+        };
+        self.last_offered = offered;
+        if let Some(reply) = requiretls_refusal(envelope.requests, conn.encrypted, offered) {
+            // Nothing of the message was sent: the session is as good as before.
+            self.conn = Some(Idle {
+                conn,
+                sent,
+                idle_since: Instant::now(),
+            });
+            return requiretls_refused(reply);
+        }
         match self
-            .transaction(&mut conn.smtp, envelope, message, data_by)
+            .transaction(&mut conn.smtp, envelope, offered, message, data_by)
             .await
         {
             Ok((code, text)) => {
@@ -416,6 +371,40 @@ impl UpstreamClient {
             // The connection is in an unknown state: drop it without a QUIT exchange.
             Err(e) => classify(e.phase, e.failure),
         }
+    }
+
+    /// What the upstream of the last `send` offered, when its message needed to know (it had
+    /// DSN parameters or REQUIRETLS): the worker reads whether the upstream took over the
+    /// duty of a success notice.
+    pub(crate) fn last_offered(&self) -> Option<Offered> {
+        self.last_offered
+    }
+
+    /// The extensions a message needs to know about, learnt once per connection by an EHLO
+    /// of our own after connect, STARTTLS and AUTH: lettre's `ServerInfo` drops the keywords
+    /// it does not know (DSN, REQUIRETLS). Asked only for a message with DSN parameters or
+    /// REQUIRETLS, so ordinary mail costs no extra round trip. A second EHLO resets the
+    /// transaction state only (RFC 5321 §4.1.4), never TLS or authentication.
+    async fn extensions(
+        &self,
+        conn: &mut Connection,
+        envelope: &UpstreamEnvelope<'_>,
+    ) -> Result<Option<Offered>, PhaseError> {
+        if !needs_extensions(envelope.requests) {
+            return Ok(None);
+        }
+        if conn.offered.is_none() {
+            let hello = Line(format!("EHLO {}", self.hello));
+            let reply = phase(
+                Phase::Ehlo,
+                self.timeouts.greeting,
+                conn.smtp.command(hello),
+            )
+            .await?;
+            expect(Phase::Ehlo, &reply, |c| c == 250)?;
+            conn.offered = Some(Offered::from_ehlo(reply.message()));
+        }
+        Ok(conn.offered)
     }
 
     /// A probe of the account: connect, greeting/EHLO, STARTTLS, AUTH, then a MAIL FROM:<>
@@ -549,33 +538,35 @@ impl UpstreamClient {
             )
             .await?;
         }
-        Ok(Connection { smtp: conn, socket })
+        Ok(Connection {
+            smtp: conn,
+            socket,
+            encrypted: self.target.tls != TlsMode::None,
+            offered: None,
+        })
     }
 
     async fn transaction(
         &self,
         conn: &mut AsyncSmtpConnection,
         envelope: &UpstreamEnvelope<'_>,
+        offered: Option<Offered>,
         message: &[u8],
         data_by: Option<Instant>,
     ) -> Result<(u16, String), PhaseError> {
         let t = &self.timeouts;
-        let mut mail = format!("MAIL FROM:<{}>", envelope.mail_from);
-        if envelope.eight_bit {
-            mail.push_str(" BODY=8BITMIME");
-        }
-        if envelope.smtputf8 {
-            mail.push_str(" SMTPUTF8");
-        }
+        let mail = mail_command(
+            envelope.mail_from,
+            envelope.eight_bit,
+            envelope.smtputf8,
+            envelope.requests,
+            offered,
+        );
         let r = phase(Phase::Mail, t.mail, conn.command(Line(mail))).await?;
         expect(Phase::Mail, &r, |c| (200..300).contains(&c))?;
         for rcpt in envelope.rcpt_to {
-            let r = phase(
-                Phase::Rcpt,
-                t.rcpt,
-                conn.command(Line(format!("RCPT TO:<{rcpt}>"))),
-            )
-            .await?;
+            let line = rcpt_command(rcpt, envelope.requests, offered);
+            let r = phase(Phase::Rcpt, t.rcpt, conn.command(Line(line))).await?;
             expect(Phase::Rcpt, &r, |c| (200..300).contains(&c))?;
         }
         window_open(data_by)?;
@@ -633,6 +624,10 @@ fn expect(
 }
 
 #[cfg(test)]
+#[path = "upstream_extension_tests.rs"]
+mod extension_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -679,7 +674,7 @@ mod tests {
     /// A minimal upstream on a real socket: accepts every message, reports each command
     /// (the connection's number first) and, on `close_after`, closes after that many messages
     /// with nothing said, as a server whose idle timeout fired quietly would.
-    async fn recording_upstream(
+    pub(super) async fn recording_upstream(
         close_after: Option<usize>,
     ) -> (UpstreamTarget, mpsc::UnboundedReceiver<(usize, String)>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -12,7 +12,7 @@ use super::decide::{
     before_attempt, breaker_input, decide, BreakerInput, Decision, JobFacts, PaceInput, Start,
     WINDOW_OVER,
 };
-use super::dsn::dsn_for;
+use super::dsn::notice_for;
 use super::outcome::EnhancedCode;
 use super::ratelimit::TokenBucket;
 use super::retry::{Next, RetryPolicy};
@@ -411,20 +411,23 @@ impl Worker {
         self.observe(&job, &decision);
         let class = ReplyClass::of(&outcome);
         self.shared.settings.metrics.upstream_reply(class.as_str());
-        let dsn = match decision.next {
-            Next::Delivered => {
-                failpoint!("delivery.after_upstream_ok");
-                None
-            }
-            Next::Failed => dsn_for(
-                &job,
-                &outcome,
-                &self.shared.settings.hostname,
-                new_queue_id(crate::store::now_ms()),
-                crate::store::now_ms() / 1000,
-            ),
-            Next::RetryAfter(_) | Next::Unresolved => None,
-        };
+        if matches!(decision.next, Next::Delivered) {
+            failpoint!("delivery.after_upstream_ok");
+        }
+        // What the upstream offered, learnt by this attempt (only asked when it mattered).
+        let client = self.scoped.get(&job.scope).unwrap_or(&self.client);
+        let offers_dsn = client.last_offered().is_some_and(|o| o.dsn);
+        let now_ms = crate::store::now_ms();
+        let (mta, dsn_id) = (&self.shared.settings.hostname, new_queue_id(now_ms));
+        let dsn = notice_for(
+            &job,
+            decision.next,
+            &outcome,
+            offers_dsn,
+            mta,
+            dsn_id,
+            now_ms,
+        );
         let settle = decision.settle(dsn);
         let result = &decision.row;
         // The outcome is known now; losing it to a passing store error would turn it into
@@ -621,7 +624,7 @@ impl Worker {
         let from = envelope.then(|| tracing::field::display(job.mail_from.as_str()));
         let to = envelope.then(|| tracing::field::display(job.rcpt_to.join(",")));
         match settle {
-            Settle::Delivered { upstream_reply } => {
+            Settle::Delivered { upstream_reply, .. } => {
                 tracing::info!(
                     target: "idemrelay::delivery",
                     id = %job.id,

@@ -72,6 +72,8 @@ pub(crate) fn message_summary_json(m: &ReceivedMessage) -> Value {
         "smtputf8": m.smtputf8,
         "tls": m.tls,
         "auth_user": m.auth_user,
+        "mail_command": m.mail_command,
+        "rcpt_commands": m.rcpt_commands,
         "size": m.bytes.len(),
         "blake3": m.blake3,
         "raw": format!("/messages/{}/raw", m.id),
@@ -101,6 +103,8 @@ pub(crate) fn transaction_json(t: &Transaction) -> Value {
         "fault": t.fault,
         "tls": t.tls,
         "auth_user": t.auth_user,
+        "mail_command": t.mail_command,
+        "rcpt_commands": t.rcpt_commands,
     });
     time_fields(&mut out, "received_at", t.received_at_ms);
     body_fields(&mut out, &t.bytes);

@@ -8,6 +8,29 @@ use std::time::Duration;
 use super::faults::FaultRule;
 use super::webhook_sender::WebhookConfig;
 
+/// `--fault`'s long help.
+pub(super) const FAULT_HELP: &str = "\
+Fault rule, repeatable: comma-separated name=value pairs.
+  phase=connect|ehlo|mail|rcpt|data|dot
+  action=reply      answer code/text instead (nothing accepted; 421 also closes)
+  action=drop       (dot only) commit the message, then close without replying
+  action=delay      wait ms=N before the normal reply (at dot: committed first)
+  action=disconnect close without replying (nothing accepted)
+  code=4xx|5xx  text=...  ms=N  times=N (then spent)
+  key=SUBSTRING (dot, webhook)  rcpt=SUBSTRING (rcpt, data, dot, webhook)
+text= takes the rest of the rule, commas included; put it last.
+phase=webhook acts on the event batches posted to --webhook (tried per batch:
+injection, then delivery, then bounce, when the message is accepted):
+  action=duplicate  post the batch twice (same webhook-id and body)
+  action=reorder    post the injection batch after the delivery/bounce batches
+  action=late       hold the batch ms=N before its first post
+  action=lose_ack   treat the first 2xx as lost and post the batch again
+Examples:
+  --fault 'phase=dot,action=drop,times=1,key=abc'
+  --fault 'phase=rcpt,action=reply,code=451,text=4.3.0 try later'
+  --fault 'phase=dot,action=delay,ms=5000'
+  --fault 'phase=webhook,action=duplicate,times=3'";
+
 #[derive(Clone)]
 pub struct SinkConfig {
     pub listen: SocketAddr,
@@ -29,6 +52,12 @@ pub struct SinkConfig {
     pub hostname: String,
     /// Post signed events for accepted messages here.
     pub webhook: Option<WebhookConfig>,
+    /// Offer DSN (RFC 3461): RET, ENVID, NOTIFY and ORCPT are accepted. Without it they are
+    /// refused with 555, as a server without the extension may.
+    pub dsn: bool,
+    /// Offer REQUIRETLS (RFC 8689) once the session is under TLS; MAIL's REQUIRETLS is
+    /// refused otherwise.
+    pub requiretls: bool,
 }
 
 impl Default for SinkConfig {
@@ -45,6 +74,8 @@ impl Default for SinkConfig {
             max_message_size: 25 * 1024 * 1024,
             hostname: "sink.localhost".into(),
             webhook: None,
+            dsn: false,
+            requiretls: false,
         }
     }
 }
@@ -69,6 +100,8 @@ impl fmt::Debug for SinkConfig {
             .field("max_message_size", &self.max_message_size)
             .field("hostname", &self.hostname)
             .field("webhook", &self.webhook)
+            .field("dsn", &self.dsn)
+            .field("requiretls", &self.requiretls)
             .finish()
     }
 }

@@ -241,6 +241,7 @@ async fn message(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> R
             tr { th { "Received" } td { (at(m.received_at_ms)) } }
             tr { th { "Size" } td { (m.bytes.len()) " bytes, BLAKE3 " code { (blake3::hash(&m.bytes).to_hex().to_string()) } } }
             tr { th { "8BITMIME / SMTPUTF8" } td { (m.eightbitmime) " / " (m.smtputf8) } }
+            tr { th { "Commands" } td { code { (m.mail_command) } br; @for r in &m.rcpt_commands { code { (r) } br; } } }
         }
         @for (i, text) in rendered.text.iter().enumerate() {
             h2 { "Text" @if rendered.text.len() > 1 { " (part " (i + 1) ")" } }

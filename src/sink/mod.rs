@@ -126,6 +126,7 @@ use tokio::task::JoinHandle;
 use url::Url;
 
 pub use config::SinkConfig;
+use config::FAULT_HELP;
 pub use faults::{FaultAction, FaultError, FaultRule, FaultStage, RuleStatus, WebhookFault};
 pub use life::Down;
 pub use state::{DotDecision, ReceivedMessage, SinkStats, Transaction};
@@ -134,28 +135,6 @@ pub use webhook_sender::{AttemptOutcome, WebhookAttempt, WebhookConfig, WebhookS
 
 use life::Life;
 use state::Shared;
-
-const FAULT_HELP: &str = "\
-Fault rule, repeatable: comma-separated name=value pairs.
-  phase=connect|ehlo|mail|rcpt|data|dot
-  action=reply      answer code/text instead (nothing accepted; 421 also closes)
-  action=drop       (dot only) commit the message, then close without replying
-  action=delay      wait ms=N before the normal reply (at dot: committed first)
-  action=disconnect close without replying (nothing accepted)
-  code=4xx|5xx  text=...  ms=N  times=N (then spent)
-  key=SUBSTRING (dot, webhook)  rcpt=SUBSTRING (rcpt, data, dot, webhook)
-text= takes the rest of the rule, commas included; put it last.
-phase=webhook acts on the event batches posted to --webhook (tried per batch:
-injection, then delivery, then bounce, when the message is accepted):
-  action=duplicate  post the batch twice (same webhook-id and body)
-  action=reorder    post the injection batch after the delivery/bounce batches
-  action=late       hold the batch ms=N before its first post
-  action=lose_ack   treat the first 2xx as lost and post the batch again
-Examples:
-  --fault 'phase=dot,action=drop,times=1,key=abc'
-  --fault 'phase=rcpt,action=reply,code=451,text=4.3.0 try later'
-  --fault 'phase=dot,action=delay,ms=5000'
-  --fault 'phase=webhook,action=duplicate,times=3'";
 
 /// Run the test upstream: an SMTP server with idempotency replay, fault injection and an HTTP API
 #[derive(Clone, clap::Args)]
@@ -278,6 +257,12 @@ pub(crate) struct SinkArgs {
     /// Time allowed for one post, connecting included
     #[arg(long, env = "IDEMRELAY_SINK_WEBHOOK_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
     pub webhook_timeout: Duration,
+    /// Offer DSN (RFC 3461) in EHLO and accept RET, ENVID, NOTIFY and ORCPT
+    #[arg(long, env = "IDEMRELAY_SINK_DSN")]
+    pub dsn: bool,
+    /// Offer REQUIRETLS (RFC 8689) in EHLO once the session is under TLS
+    #[arg(long, env = "IDEMRELAY_SINK_REQUIRETLS", requires = "tls_cert")]
+    pub requiretls: bool,
 }
 
 impl fmt::Debug for SinkArgs {
@@ -312,6 +297,8 @@ impl fmt::Debug for SinkArgs {
             .field("webhook_attempts", &self.webhook_attempts)
             .field("webhook_deadline", &self.webhook_deadline)
             .field("webhook_timeout", &self.webhook_timeout)
+            .field("dsn", &self.dsn)
+            .field("requiretls", &self.requiretls)
             .finish()
     }
 }
@@ -401,6 +388,8 @@ impl SinkArgs {
             max_message_size: self.max_message_size,
             hostname: self.hostname,
             webhook,
+            dsn: self.dsn,
+            requiretls: self.requiretls,
         };
         validate(&config)?;
         Ok(config)

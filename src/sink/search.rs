@@ -174,6 +174,8 @@ mod tests {
             received_at_ms: 0,
             tls: false,
             auth_user: None,
+            mail_command: String::new(),
+            rcpt_commands: Vec::new(),
         }
     }
 

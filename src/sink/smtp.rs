@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use smtp_proto::{
     Error as ProtoError, MailFrom, RcptTo, Request, AUTH_LOGIN, AUTH_PLAIN, MAIL_BODY_8BITMIME,
-    MAIL_BODY_BINARYMIME, MAIL_SMTPUTF8,
+    MAIL_BODY_BINARYMIME, MAIL_REQUIRETLS, MAIL_RET_FULL, MAIL_RET_HDRS, MAIL_SMTPUTF8,
+    RCPT_NOTIFY_DELAY, RCPT_NOTIFY_FAILURE, RCPT_NOTIFY_NEVER, RCPT_NOTIFY_SUCCESS,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -188,6 +189,14 @@ struct Txn {
     eightbitmime: bool,
     smtputf8: bool,
     rcpt_to: Vec<String>,
+    /// The command lines as received, for the record (what a client passed on, byte for byte).
+    mail_command: String,
+    rcpt_commands: Vec<String>,
+}
+
+/// A command line as received, without its CRLF.
+fn raw_command(line: &[u8]) -> String {
+    String::from_utf8_lossy(line.strip_suffix(b"\r\n").unwrap_or(line)).into_owned()
 }
 
 enum Event {
@@ -462,8 +471,8 @@ impl Session {
         match request {
             Request::Ehlo { host } => self.hello(&host, true, stream).await,
             Request::Helo { host } => self.hello(&host, false, stream).await,
-            Request::Mail { from } => self.mail(from, stream).await,
-            Request::Rcpt { to } => self.rcpt(to, stream).await,
+            Request::Mail { from } => self.mail(from, raw_command(line), stream).await,
+            Request::Rcpt { to } => self.rcpt(to, raw_command(line), stream).await,
             Request::Data => self.data(stream).await,
             Request::Rset => {
                 self.txn = None;
@@ -527,6 +536,13 @@ impl Session {
         if self.shared.config.require_auth.is_some() {
             lines.push("AUTH PLAIN LOGIN".into());
         }
+        if self.shared.config.dsn {
+            lines.push("DSN".into());
+        }
+        // RFC 8689 §4.1: offered only once the session is under TLS.
+        if self.shared.config.requiretls && self.tls {
+            lines.push("REQUIRETLS".into());
+        }
         self.send(&Reply::multi(250, lines));
         Ok(Flow::Continue)
     }
@@ -534,6 +550,7 @@ impl Session {
     async fn mail<S: AsyncWrite + Unpin>(
         &mut self,
         from: MailFrom<String>,
+        mail_command: String,
         stream: &mut S,
     ) -> io::Result<Flow> {
         if !self.helo {
@@ -559,11 +576,22 @@ impl Session {
             self.reply(552, "5.3.4 Message size exceeds fixed maximum");
             return Ok(Flow::Continue);
         }
+        let dsn = from.flags & (MAIL_RET_FULL | MAIL_RET_HDRS) != 0 || from.env_id.is_some();
+        if dsn && !self.shared.config.dsn {
+            self.reply(555, "5.5.4 DSN parameters not supported");
+            return Ok(Flow::Continue);
+        }
+        if from.flags & MAIL_REQUIRETLS != 0 && !(self.shared.config.requiretls && self.tls) {
+            self.reply(555, "5.5.4 REQUIRETLS not supported");
+            return Ok(Flow::Continue);
+        }
         self.txn = Some(Txn {
             mail_from: from.address,
             eightbitmime: from.flags & MAIL_BODY_8BITMIME != 0,
             smtputf8: from.flags & MAIL_SMTPUTF8 != 0,
             rcpt_to: Vec::new(),
+            mail_command,
+            rcpt_commands: Vec::new(),
         });
         self.reply(250, "2.1.0 Sender OK");
         Ok(Flow::Continue)
@@ -572,10 +600,17 @@ impl Session {
     async fn rcpt<S: AsyncWrite + Unpin>(
         &mut self,
         to: RcptTo<String>,
+        rcpt_command: String,
         stream: &mut S,
     ) -> io::Result<Flow> {
         if self.txn.is_none() {
             self.reply(503, "5.5.1 Send MAIL first");
+            return Ok(Flow::Continue);
+        }
+        let notify =
+            RCPT_NOTIFY_SUCCESS | RCPT_NOTIFY_FAILURE | RCPT_NOTIFY_DELAY | RCPT_NOTIFY_NEVER;
+        if (to.flags & notify != 0 || to.orcpt.is_some()) && !self.shared.config.dsn {
+            self.reply(555, "5.5.4 DSN parameters not supported");
             return Ok(Flow::Continue);
         }
         let address = [to.address];
@@ -590,6 +625,7 @@ impl Session {
             self.reply(452, "4.5.3 Too many recipients");
             return Ok(Flow::Continue);
         }
+        txn.rcpt_commands.push(rcpt_command);
         if !txn.rcpt_to.contains(&address) {
             txn.rcpt_to.push(address);
         }
@@ -643,6 +679,8 @@ impl Session {
                 body_fault,
                 tls: self.tls,
                 auth_user: self.auth_user.clone(),
+                mail_command: txn.mail_command,
+                rcpt_commands: txn.rcpt_commands,
             })
             .await;
         if let Some(delay) = plan.delay {

@@ -42,6 +42,11 @@ pub struct ReceivedMessage {
     pub received_at_ms: u64,
     pub tls: bool,
     pub auth_user: Option<String>,
+    /// The MAIL FROM command line exactly as received (without its CRLF): what proves the
+    /// parameters a client passed on.
+    pub mail_command: String,
+    /// The RCPT TO command lines as received, in order (repeated recipients included).
+    pub rcpt_commands: Vec<String>,
 }
 
 /// How the sink decided a transaction that reached the final dot.
@@ -87,6 +92,8 @@ pub struct Transaction {
     pub received_at_ms: u64,
     pub tls: bool,
     pub auth_user: Option<String>,
+    pub mail_command: String,
+    pub rcpt_commands: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -132,6 +139,8 @@ pub(crate) struct DotHandover {
     pub body_fault: Option<BodyFault>,
     pub tls: bool,
     pub auth_user: Option<String>,
+    pub mail_command: String,
+    pub rcpt_commands: Vec<String>,
 }
 
 /// What the connection does after the dot.
@@ -464,6 +473,8 @@ impl Shared {
             received_at_ms: unix_ms(),
             tls: sub.tls,
             auth_user: sub.auth_user,
+            mail_command: sub.mail_command,
+            rcpt_commands: sub.rcpt_commands,
         });
     }
 
@@ -663,6 +674,8 @@ impl Shared {
             received_at_ms: unix_ms(),
             tls: sub.tls,
             auth_user: sub.auth_user.clone(),
+            mail_command: sub.mail_command.clone(),
+            rcpt_commands: sub.rcpt_commands.clone(),
         });
         // The events' faults are decided with the commit, under the same lock, so that
         // `times=` counts batches in the order messages are accepted.

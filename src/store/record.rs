@@ -255,8 +255,11 @@ pub struct AttemptResult {
 /// What becomes of the message after an attempt.
 #[derive(Debug, Clone)]
 pub enum Settle {
+    /// Taken upstream; the sender's "relayed" notice (if some recipient asked to hear of
+    /// success and the upstream will not tell) is queued in the same commit.
     Delivered {
         upstream_reply: String,
+        dsn: Option<Box<NewRecord>>,
     },
     Retry {
         after: Duration,

@@ -51,10 +51,13 @@ pub(crate) fn settle<'a>(attempt: Option<&AttemptResult>, settle: &'a Settle) ->
     let upstream_id = attempt.and_then(accepted_upstream_id);
     let (retry_after, finish, dsn) = match settle {
         Settle::Retry { after } => (Some(*after), None, None),
-        Settle::Delivered { upstream_reply } => (
+        Settle::Delivered {
+            upstream_reply,
+            dsn,
+        } => (
             None,
             Some((State::Delivered, upstream_reply.as_str())),
-            None,
+            dsn.as_deref(),
         ),
         Settle::Unresolved { upstream_reply } => (
             None,
@@ -450,6 +453,7 @@ mod tests {
             (
                 Settle::Delivered {
                     upstream_reply: "250 ok".into(),
+                    dsn: None,
                 },
                 None,
                 Some((State::Delivered, "250 ok")),

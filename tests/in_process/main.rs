@@ -6,6 +6,8 @@
 //!
 //! The shared suites (intake, delivery_requests, delivery, delivery_races, delivery_policy,
 //! breaker, hostile, admin, webhooks) run on Postgres with `IDEMRELAY_TEST_BACKEND=postgres` (see .ci/run).
+//! The shared suites (intake, delivery, delivery_races, delivery_policy, dsn, breaker, hostile,
+//! admin, webhooks) run on Postgres with `IDEMRELAY_TEST_BACKEND=postgres` (see .ci/run).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -17,6 +19,7 @@ mod delivery_policy;
 mod delivery_races;
 mod delivery_requests;
 mod docs_reference;
+mod dsn;
 mod example_config;
 mod fuzz_session;
 mod hostile;

@@ -230,6 +230,7 @@ async fn a_holder_whose_lease_was_taken_over_cannot_write(backend: Backend) {
         );
         let delivered = Settle::Delivered {
             upstream_reply: "250 stale".into(),
+            dsn: None,
         };
         assert!(
             !a.settle("m1", old.token, Some((1, &accepted())), &delivered)
@@ -255,6 +256,7 @@ async fn a_holder_whose_lease_was_taken_over_cannot_write(backend: Backend) {
         assert!(b.begin_attempt("m1", new.token, 2).await.unwrap(), "{name}");
         let fresh = Settle::Delivered {
             upstream_reply: "250 fresh".into(),
+            dsn: None,
         };
         assert!(b
             .settle("m1", new.token, Some((2, &accepted())), &fresh)
@@ -567,6 +569,7 @@ async fn parked_records_and_keys_inside_the_upstream_window_are_kept(backend: Ba
         };
         let sent = Settle::Delivered {
             upstream_reply: "250 ok".into(),
+            dsn: None,
         };
         // Claims take a scope's jobs in insertion order.
         for (id, outcome, settle) in [("parked", "unknown", parked), ("sent", "accepted", sent)] {
@@ -787,6 +790,7 @@ async fn an_event_older_than_the_newest_applied_is_stored_not_applied(backend: B
             accepted(),
             Settle::Delivered {
                 upstream_reply: "250 ok".into(),
+                dsn: None,
             },
         )
         .await;
@@ -842,6 +846,7 @@ async fn a_batch_is_one_receipt_and_each_event_finds_its_record(backend: Backend
         };
         let delivered = Settle::Delivered {
             upstream_reply: ok.reply.clone(),
+            dsn: None,
         };
         attempt_once(&a, "r1", ok, delivered).await;
         assert_eq!(
@@ -915,6 +920,7 @@ async fn an_event_kept_unmatched_is_matched_when_its_record_becomes_known(backen
         };
         let settle = Settle::Delivered {
             upstream_reply: ok.reply.clone(),
+            dsn: None,
         };
         attempt_once(&a, "r1", ok, settle).await;
         let events = b.events("r1").await.unwrap();
@@ -1041,6 +1047,7 @@ async fn an_event_resolves_only_the_record_it_names_and_not_before_it(backend: B
         };
         let delivered = Settle::Delivered {
             upstream_reply: ok.reply.clone(),
+            dsn: None,
         };
         attempt_once(&a, "r1", ok, delivered).await;
         unresolved_record(&a, "r3", "order-3").await;
@@ -1125,6 +1132,7 @@ async fn queue_stats_count_queued_records_per_scope(backend: Backend) {
                 accepted(),
                 Settle::Delivered {
                     upstream_reply: "250 ok".into(),
+                    dsn: None,
                 },
             )
             .await;

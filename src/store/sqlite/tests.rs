@@ -623,6 +623,7 @@ async fn relay_health_tells_the_run_of_failures_since_the_last_delivery() {
         "accepted",
         Settle::Delivered {
             upstream_reply: "250 ok".into(),
+            dsn: None,
         },
     )
     .await;
@@ -720,5 +721,40 @@ async fn a_store_from_before_delivery_requests_upgrades_and_keeps_its_queue() {
     assert_eq!(
         store.message("new").await.unwrap().unwrap().requests,
         new.envelope.requests
+    );
+}
+
+/// A delivery's notice (a "relayed" DSN) is queued in the commit that marks the message
+/// delivered; settling a delivery again with a notice under the same key (a redelivery of the
+/// same record) queues nothing more.
+#[tokio::test]
+async fn a_delivered_settle_queues_its_notice_once_under_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir).await;
+    let retention = Retention::flat(Duration::from_secs(3600));
+    let notice = |id: &str, of: &str| NewRecord {
+        dsn_of: Some(of.into()),
+        key_source: "dsn",
+        fingerprint: crate::mail::Fingerprint::from_bytes([9; 32]),
+        ..record(id, "dsn-relayed-1")
+    };
+    for (id, key) in [("m1", "k1"), ("m2", "k2")] {
+        store.insert(&record(id, key), retention).await.unwrap();
+    }
+    for id in ["m1", "m2"] {
+        let delivered = Settle::Delivered {
+            upstream_reply: "250 ok".into(),
+            dsn: Some(Box::new(notice(&format!("D-{id}"), id))),
+        };
+        attempt(&store, id, "accepted", delivered).await;
+    }
+    let m1 = store.message("m1").await.unwrap().unwrap();
+    assert_eq!(m1.state, State::Delivered);
+    assert_eq!(m1.dsns, ["D-m1"]);
+    let queued = store.message("D-m1").await.unwrap().unwrap();
+    assert_eq!((queued.state, queued.has_job), (State::Queued, true));
+    assert!(
+        store.message("D-m2").await.unwrap().is_none(),
+        "the key was taken: no second notice"
     );
 }

@@ -1,0 +1,227 @@
+//! Which notices the end of a message brings, to whom, and what of the original they return
+//! (RFC 3461 §4, RFC 8689 §5; docs/concepts/delivery.md), as the records queued in the commit
+//! that settles the message. Pure: ids and times come in from the caller.
+//!
+//! - A failure notice reports the recipients whose NOTIFY includes FAILURE (or who sent no
+//!   NOTIFY); with none of them left, there is no notice at all.
+//! - A "relayed" notice reports the recipients whose NOTIFY includes SUCCESS, when an upstream
+//!   without DSN took the message; an upstream that offers DSN was handed NOTIFY and has the
+//!   duty itself.
+//! - No delay notices: the relay sends none (NOTIFY=DELAY is passed on to a DSN upstream).
+//! - Never a notice to the null sender.
+
+use super::{
+    build_dsn, dsn_key, header_section, is_clean_7bit, split_crlf, Action, DsnInput, Returned,
+    MAX_RETURNED,
+};
+use crate::delivery::extensions::is_requiretls_refusal;
+use crate::delivery::outcome::Outcome;
+use crate::delivery::retry::Next;
+use crate::mail::requests::Ret;
+use crate::mail::DeliveryRequests;
+use crate::store::{Claimed, NewRecord};
+
+/// The recipients a notice of `action` reports on, in envelope order.
+pub(crate) fn notified(job: &Claimed, action: Action) -> Vec<String> {
+    job.rcpt_to
+        .iter()
+        .filter(|r| {
+            let on = job.requests.notify_on(r);
+            match action {
+                Action::Failed => on.failure,
+                Action::Relayed => on.success,
+            }
+        })
+        .cloned()
+        .collect()
+}
+
+/// What of the original a notice returns: the whole message only for a failure, with RET=FULL,
+/// and never for a REQUIRETLS message (RFC 8689 §5: its notice carries the headers only, since
+/// the notice's own path may be less protected than the message's).
+pub(crate) fn returned(job: &Claimed, action: Action) -> Returned {
+    let full = action == Action::Failed
+        && !job.requests.require_tls
+        && job.requests.ret() == Some(Ret::Full);
+    if !full {
+        return Returned::Headers;
+    }
+    let message = &job.content;
+    if message.len() > MAX_RETURNED {
+        return Returned::HeadersTooLarge;
+    }
+    // message/rfc822 cannot be re-encoded: every line must already travel as it is, and its
+    // header section must be ASCII (UTF-8 headers would need message/global).
+    let lines_fit = split_crlf(message)
+        .iter()
+        .all(|l| l.len() <= 998 && !l.contains(&b'\r') && !l.contains(&b'\n'));
+    let eight_bit_declared = job.eight_bit || message.is_ascii();
+    if !lines_fit || !eight_bit_declared || !is_clean_7bit(header_section(message)) {
+        return Returned::HeadersUnfit;
+    }
+    Returned::Full
+}
+
+/// The sender's notice queued with an attempt's outcome (docs/concepts/delivery.md,
+/// "Delivery status notifications"): the failure notice, or the "relayed" notice when an
+/// upstream without DSN (`upstream_offers_dsn` false) took a message some recipient asked to
+/// hear of success about. `id` is the notice's queue id, `now_ms` the time of the outcome.
+pub(crate) fn notice_for(
+    job: &Claimed,
+    next: Next,
+    outcome: &Outcome,
+    upstream_offers_dsn: bool,
+    reporting_mta: &str,
+    id: String,
+    now_ms: i64,
+) -> Option<NewRecord> {
+    match next {
+        Next::Delivered => relayed_dsn_for(
+            job,
+            &outcome.reply_text(),
+            upstream_offers_dsn,
+            reporting_mta,
+            id,
+            now_ms / 1000,
+        ),
+        Next::Failed => dsn_for(job, outcome, reporting_mta, id, now_ms / 1000),
+        Next::RetryAfter(_) | Next::Unresolved => None,
+    }
+}
+
+/// The RFC 3464 notice for `job`'s permanent failure, as the record queued in the failure's
+/// commit, keyed from the original so that it is itself sent once. None for the null sender
+/// (never notify a notification) and when no recipient asked for it.
+pub(crate) fn dsn_for(
+    job: &Claimed,
+    outcome: &Outcome,
+    reporting_mta: &str,
+    id: String,
+    now_unix: i64,
+) -> Option<NewRecord> {
+    let recipients = notified(job, Action::Failed);
+    if job.mail_from.is_empty() || recipients.is_empty() {
+        return None;
+    }
+    // Per record, not per key: a key reused after retention may fail again and deserves its
+    // own notice.
+    let key = dsn_key(&job.scope, &job.id);
+    let report = build_dsn(&DsnInput {
+        action: Action::Failed,
+        returned: returned(job, Action::Failed),
+        reporting_mta,
+        original_id: &job.id,
+        original_envelope_from: &job.mail_from,
+        recipients: &recipients,
+        phase: outcome.phase().map_or("dot", |p| p.as_str()),
+        remote_code: outcome.code().unwrap_or(550),
+        remote_reply: &outcome.reply_text(),
+        arrival_unix: job.accepted_at_ms / 1000,
+        now_unix,
+        original_message: &job.content,
+        dsn_message_id: &format!("{id}@{reporting_mta}"),
+        refused_by_relay: is_requiretls_refusal(outcome),
+        requests: &job.requests,
+    });
+    Some(record(job, key, id, report))
+}
+
+/// The "relayed" notice (RFC 3461 §4.1, RFC 3464 `Action: relayed`) for the recipients of an
+/// accepted `job` that asked to hear of success, when the upstream does not offer DSN and so
+/// will not tell them itself. Queued in the commit that marks the message delivered, under a
+/// key of its own derived from the record: a redelivery (the first outcome lost) settles
+/// again with the same key, and the notice is still sent once.
+pub(crate) fn relayed_dsn_for(
+    job: &Claimed,
+    accepted_reply: &str,
+    upstream_offers_dsn: bool,
+    reporting_mta: &str,
+    id: String,
+    now_unix: i64,
+) -> Option<NewRecord> {
+    let recipients = notified(job, Action::Relayed);
+    if upstream_offers_dsn || job.mail_from.is_empty() || recipients.is_empty() {
+        return None;
+    }
+    let key = relayed_dsn_key(&job.scope, &job.id);
+    let report = build_dsn(&DsnInput {
+        action: Action::Relayed,
+        returned: returned(job, Action::Relayed),
+        reporting_mta,
+        original_id: &job.id,
+        original_envelope_from: &job.mail_from,
+        recipients: &recipients,
+        phase: "dot",
+        remote_code: crate::delivery::outcome::leading_code(accepted_reply).unwrap_or(250),
+        remote_reply: accepted_reply,
+        arrival_unix: job.accepted_at_ms / 1000,
+        now_unix,
+        original_message: &job.content,
+        dsn_message_id: &format!("{id}@{reporting_mta}"),
+        refused_by_relay: false,
+        requests: &job.requests,
+    });
+    Some(record(job, key, id, report))
+}
+
+/// The key of a relayed notice: as [`dsn_key`], under a context of its own, so that a record
+/// that failed once and was delivered after an operator's requeue has two distinct notices.
+pub(crate) fn relayed_dsn_key(scope: &str, original_id: &str) -> String {
+    let mut h = blake3::Hasher::new_derive_key("idemrelay 2026 relayed dsn idempotency key v1");
+    for field in [scope, original_id] {
+        h.update(&(field.len() as u64).to_le_bytes());
+        h.update(field.as_bytes());
+    }
+    format!("dsn-{}", &h.finalize().to_hex()[..40])
+}
+
+/// The queued record of a notice to `job`'s sender. A notice on a REQUIRETLS message is sent
+/// with REQUIRETLS itself (RFC 8689 §5): it cannot leave in the clear either, and when the
+/// upstream cannot take it so, it fails in turn, and (sent from the null sender) ends there.
+fn record(job: &Claimed, key: String, id: String, report: Vec<u8>) -> NewRecord {
+    use crate::intake::fingerprint::{fingerprint, message_fingerprint};
+    use crate::mail::KEY_HEADER;
+    use crate::mail::{BodyType, Envelope};
+    use crate::reply::Reply;
+    use crate::store::State;
+
+    let mut content = format!("{KEY_HEADER}: {key}\r\n").into_bytes();
+    content.extend_from_slice(&report);
+    let envelope = Envelope {
+        mail_from: String::new(),
+        rcpt_to: vec![job.mail_from.clone()],
+        body: if job.eight_bit {
+            BodyType::EightBitMime
+        } else {
+            BodyType::SevenBit
+        },
+        smtputf8: job.smtputf8,
+        requests: DeliveryRequests {
+            require_tls: job.requests.require_tls,
+            ..Default::default()
+        },
+    };
+    NewRecord {
+        fingerprint: fingerprint(&job.scope, &envelope, &content),
+        message_fp: message_fingerprint(&job.scope, &envelope, &content),
+        reply: Reply::queued(&id).line(),
+        id,
+        scope: job.scope.clone(),
+        // Unique per record and scope already: the upstream sees it as it is.
+        upstream_key: Some(key.clone()),
+        part: 1,
+        key: Some(key),
+        key_source: "dsn",
+        envelope,
+        size: content.len(),
+        content: Some(content),
+        state: State::Queued,
+        dsn_of: Some(job.id.clone()),
+        // Events name the message the DSN reports on, not the DSN.
+        message_id: None,
+    }
+}
+
+#[cfg(test)]
+#[path = "notice_tests.rs"]
+mod tests;
