@@ -259,6 +259,42 @@ async fn malformed_values_get_501_naming_the_parameter() {
     c.quit().await;
 }
 
+/// The console's message page shows them, as text (they are the client's input).
+#[tokio::test]
+async fn the_console_shows_the_requests_as_text() {
+    let relay = TestRelay::start_with(|s| {
+        s.admin_token = Some(idemrelay::config::Secret("console-token".into()));
+    })
+    .await;
+    let msg = message(Some("dsn-console-1"), "hello", "body");
+    let answer = submit_once(
+        &relay,
+        " RET=FULL ENVID=a<b>",
+        &["<a@example.net> NOTIFY=DELAY ORCPT=rfc822;a@example.net"],
+        &msg,
+    )
+    .await;
+    let id = answer.queue_id().unwrap_or_else(|| panic!("{answer:?}"));
+    let page = common::http::get(
+        relay.admin(),
+        &format!("/console/messages/{id}"),
+        Some("console-token"),
+    )
+    .await;
+    assert_eq!(page.status, 200, "{page:?}");
+    assert!(
+        page.body.contains("RET=FULL ENVID=a&lt;b&gt;"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("a@example.net NOTIFY=DELAY ORCPT=rfc822;a@example.net"),
+        "{}",
+        page.body
+    );
+}
+
 #[tokio::test]
 async fn requiretls_is_refused_before_tls() {
     let relay = TestRelay::start().await;
