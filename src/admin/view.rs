@@ -159,6 +159,29 @@ pub(crate) fn show_json(
     })
 }
 
+/// RET, ENVID and REQUIRETLS as the client sent them on MAIL.
+pub(crate) fn mail_requests(r: &crate::mail::DeliveryRequests) -> String {
+    let ret = r.ret.iter().map(|v| format!(" RET={v}"));
+    let envid = r.envid.iter().map(|v| format!(" ENVID={v}"));
+    let tls = r.require_tls.then_some(" REQUIRETLS".to_string());
+    ret.chain(envid)
+        .chain(tls)
+        .collect::<String>()
+        .trim_start()
+        .to_string()
+}
+
+/// NOTIFY and ORCPT as the client sent them on this recipient's RCPT ("" for none).
+pub(crate) fn rcpt_requests(r: &crate::mail::DeliveryRequests, rcpt: &str) -> String {
+    let Some(q) = r.recipients.get(rcpt) else {
+        return String::new();
+    };
+    let notify = q.notify.iter().map(|v| format!(" NOTIFY={v}"));
+    notify
+        .chain(q.orcpt.iter().map(|v| format!(" ORCPT={v}")))
+        .collect()
+}
+
 pub(crate) fn daily_json(r: &DailyCounts) -> serde_json::Value {
     serde_json::json!({
         "day": r.day,

@@ -1,5 +1,6 @@
 //! The request fingerprint (docs/concepts/contract.md "What the relay answers at the end of DATA"): blake3 over a canonical, length-prefixed encoding of
-//! everything that makes two submissions "the same request".
+//! everything that makes two submissions "the same request", the delivery requests (DSN
+//! parameters, REQUIRETLS) included when there are any.
 
 use crate::mail::requests::{parse_notify, parse_orcpt};
 use crate::mail::{DeliveryRequests, Envelope, Fingerprint};

@@ -285,6 +285,9 @@ fn encode_words(text: &str) -> String {
 
 /// A derived key: `d1-` + hex(blake3(...)). With a Message-ID the envelope is bound in, since
 /// one Message-ID is legitimately sent in separate transactions to different recipients.
+/// Neither form covers the delivery requests (DSN parameters, REQUIRETLS): without a Message-ID
+/// the caller passes `fingerprint::key_fingerprint`, so a retry asking for other requests is
+/// the same key, answered as a conflict.
 pub(crate) fn derive_key(
     scope: &str,
     message_id: Option<&str>,

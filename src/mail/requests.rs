@@ -160,10 +160,17 @@ pub fn parse_ret(value: &str) -> Result<Ret, BadValue> {
     }
 }
 
-/// ENVID: xtext of at most 100 characters (RFC 3461 §4.4).
+/// ENVID: xtext of at most 100 characters (RFC 3461 §4.4), which decodes to printable ASCII
+/// and spaces only (§4.4 again): an encoded CR or LF would otherwise reach the header fields
+/// of a DSN that names it.
 pub fn check_envid(value: &str) -> Result<(), BadValue> {
     match xtext_decode(value) {
-        Some(_) if (1..=100).contains(&value.len()) => Ok(()),
+        Some(decoded)
+            if (1..=100).contains(&value.len())
+                && decoded.bytes().all(|b| (b' '..=b'~').contains(&b)) =>
+        {
+            Ok(())
+        }
         _ => Err(BadValue::Envid),
     }
 }
@@ -206,6 +213,10 @@ pub fn parse_orcpt(value: &str) -> Result<(&str, String), BadValue> {
         return Err(BadValue::Orcpt);
     }
     let address = xtext_decode(xtext).ok_or(BadValue::Orcpt)?;
+    // No control characters once decoded: the address is written into DSNs.
+    if address.chars().any(char::is_control) {
+        return Err(BadValue::Orcpt);
+    }
     Ok((addr_type, address))
 }
 
@@ -289,6 +300,18 @@ mod tests {
         assert_eq!(check_envid("abc+20def"), Ok(()));
         assert_eq!(check_envid(&"a".repeat(101)), Err(BadValue::Envid));
         assert_eq!(check_envid("a=b"), Err(BadValue::Envid));
+        assert_eq!(check_envid("a+20b"), Ok(()));
+        for bad in ["a+0D+0Ab", "a+00", "a+7F", "a+C3+BC"] {
+            assert_eq!(check_envid(bad), Err(BadValue::Envid), "{bad:?}");
+        }
+        assert_eq!(
+            parse_orcpt("rfc822;b+0D+0AX-Y:+20z@x"),
+            Err(BadValue::Orcpt)
+        );
+        assert_eq!(
+            parse_orcpt("utf-8;u+C3+BC@x"),
+            Ok(("utf-8", "uü@x".to_string()))
+        );
         assert_eq!(xtext_decode("a+2Bb"), Some("a+b".into()));
         assert_eq!(xtext_decode("a+2bb"), None);
         assert_eq!(xtext_encode("a+b=c d"), "a+2Bb+3Dc+20d");

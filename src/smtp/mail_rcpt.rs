@@ -184,7 +184,7 @@ pub(crate) enum ParamError {
 fn usage(bad: BadValue) -> &'static str {
     match bad {
         BadValue::Ret => "RET=FULL or RET=HDRS",
-        BadValue::Envid => "ENVID=xtext (1 to 100 characters)",
+        BadValue::Envid => "ENVID=xtext (1 to 100 characters, printable ASCII once decoded)",
         BadValue::Notify => {
             "NOTIFY=NEVER or NOTIFY=SUCCESS,FAILURE,DELAY (one or more of the three)"
         }
@@ -405,8 +405,14 @@ mod tests {
         for (args, usage) in [
             (" FROM:<a@x> RET=ALL", "RET=FULL or RET=HDRS"),
             (" FROM:<a@x> RET", "RET=FULL or RET=HDRS"),
-            (" FROM:<a@x> ENVID=a+2", "ENVID=xtext (1 to 100 characters)"),
-            (" FROM:<a@x> ENVID", "ENVID=xtext (1 to 100 characters)"),
+            (
+                " FROM:<a@x> ENVID=a+2",
+                "ENVID=xtext (1 to 100 characters, printable ASCII once decoded)",
+            ),
+            (
+                " FROM:<a@x> ENVID",
+                "ENVID=xtext (1 to 100 characters, printable ASCII once decoded)",
+            ),
             (" FROM:<a@x> REQUIRETLS=yes", "REQUIRETLS (no value)"),
         ] {
             assert_eq!(p(args), Err(ParamError::Malformed(usage)), "{args}");

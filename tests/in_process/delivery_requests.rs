@@ -208,9 +208,14 @@ async fn malformed_values_get_501_naming_the_parameter() {
         (" RET", "501 5.5.4 Syntax: RET=FULL or RET=HDRS"),
         (
             " ENVID=a+2",
-            "501 5.5.4 Syntax: ENVID=xtext (1 to 100 characters)",
+            "501 5.5.4 Syntax: ENVID=xtext (1 to 100 characters, printable ASCII once decoded)",
         ),
         (" REQUIRETLS=YES", "501 5.5.4 Syntax: REQUIRETLS (no value)"),
+        // An encoded line break, which would reach a DSN's header fields.
+        (
+            " ENVID=a+0D+0AX-Evil:+20y",
+            "501 5.5.4 Syntax: ENVID=xtext (1 to 100 characters, printable ASCII once decoded)",
+        ),
     ] {
         let got = c.cmd(&format!("MAIL FROM:<app@example.com>{mail}")).await;
         assert_eq!(got.line(), want, "{mail}");
@@ -220,7 +225,7 @@ async fn malformed_values_get_501_naming_the_parameter() {
         c.cmd(&format!("MAIL FROM:<app@example.com>{long_envid}"))
             .await
             .line(),
-        "501 5.5.4 Syntax: ENVID=xtext (1 to 100 characters)"
+        "501 5.5.4 Syntax: ENVID=xtext (1 to 100 characters, printable ASCII once decoded)"
     );
     assert_eq!(c.cmd("MAIL FROM:<app@example.com>").await.code, 250);
     let notify =
@@ -233,6 +238,7 @@ async fn malformed_values_get_501_naming_the_parameter() {
         (" NOTIFY", notify),
         (" ORCPT=b@example.net", orcpt),
         (" ORCPT=rfc822;b+zz@example.net", orcpt),
+        (" ORCPT=rfc822;b+0D+0A@example.net", orcpt),
     ] {
         let got = c.cmd(&format!("RCPT TO:<b@example.net>{rcpt}")).await;
         assert_eq!(got.line(), want, "{rcpt}");
@@ -257,6 +263,42 @@ async fn malformed_values_get_501_naming_the_parameter() {
         "kept as sent"
     );
     c.quit().await;
+}
+
+/// The console's message page shows them, as text (they are the client's input).
+#[tokio::test]
+async fn the_console_shows_the_requests_as_text() {
+    let relay = TestRelay::start_with(|s| {
+        s.admin_token = Some(idemrelay::config::Secret("console-token".into()));
+    })
+    .await;
+    let msg = message(Some("dsn-console-1"), "hello", "body");
+    let answer = submit_once(
+        &relay,
+        " RET=FULL ENVID=a<b>",
+        &["<a@example.net> NOTIFY=DELAY ORCPT=rfc822;a@example.net"],
+        &msg,
+    )
+    .await;
+    let id = answer.queue_id().unwrap_or_else(|| panic!("{answer:?}"));
+    let page = common::http::get(
+        relay.admin(),
+        &format!("/console/messages/{id}"),
+        Some("console-token"),
+    )
+    .await;
+    assert_eq!(page.status, 200, "{page:?}");
+    assert!(
+        page.body.contains("RET=FULL ENVID=a&lt;b&gt;"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("a@example.net NOTIFY=DELAY ORCPT=rfc822;a@example.net"),
+        "{}",
+        page.body
+    );
 }
 
 #[tokio::test]

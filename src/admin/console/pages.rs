@@ -676,7 +676,10 @@ pub(crate) fn message(p: &MessagePage<'_>, csrf: &str) -> Markup {
             tr { th { "Upstream key" } td { code { (opt(m.upstream_key.as_deref())) } } }
             tr { th { "Part" } td { (m.part) } }
             tr { th { "MAIL FROM" } td { code { (m.mail_from) } } }
-            tr { th { "RCPT TO" } td { @for r in &m.rcpt_to { code { (r) } br; } } }
+            tr { th { "RCPT TO" } td { @for r in &m.rcpt_to { code { (r) (crate::admin::view::rcpt_requests(&m.requests, r)) } br; } } }
+            @if !m.requests.is_empty() {
+                tr { th { "MAIL parameters" } td { code { (crate::admin::view::mail_requests(&m.requests)) } } }
+            }
             tr { th { "Message-ID" } td { code { (opt(m.message_id.as_deref())) } } }
             tr { th { "Accepted" } td { (time_ms(m.accepted_at_ms)) } }
             tr { th { "Finished" } td { (opt(m.finished_at_ms.map(time_ms).as_deref())) } }
