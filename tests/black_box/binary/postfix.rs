@@ -448,3 +448,145 @@ async fn postfix_splits_a_keyed_message_into_two_parts_and_nothing_bounces() {
     assert_eq!(sink.messages().len(), 2, "nothing more upstream");
     eprintln!("{NAME}: {:?}", started.elapsed());
 }
+
+/// DSN requests from the real client: `sendmail -N success,failure -R hdrs -V ENVID` makes
+/// Postfix send RET, ENVID, NOTIFY and ORCPT to the relay, which offers DSN; the relay stores them
+/// with the record and passes them to an upstream that offers DSN, values byte for byte. The
+/// upstream takes the duty, so the relay sends no notice of its own, and Postfix none either
+/// (a DSN-capable next hop took the message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postfix_dsn_requests_reach_a_dsn_upstream_unchanged() {
+    const NAME: &str = "postfix_dsn_requests_reach_a_dsn_upstream_unchanged";
+    let Some(postconf) = postfix_or_skip(NAME) else {
+        return;
+    };
+    let sink = idemrelay::sink::Sink::start(idemrelay::sink::SinkConfig {
+        dsn: true,
+        ..Default::default()
+    })
+    .await
+    .expect("sink");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("relay.db");
+    let upstream = format!("smtp://{}?tls=none", sink.smtp_addr());
+    let relay = RelayProcess::spawn(&serve_args(&db, &["--upstream", &upstream]))
+        .ready()
+        .await;
+    let postfix = tokio::task::block_in_place(|| {
+        Postfix::start(&postconf, &dir.path().join("postfix"), relay.addr)
+    });
+    let message = "From: app@example.com\n\
+                   To: ops@example.org\n\
+                   Subject: Postfix DSN test\n\
+                   Date: Sat, 05 Dec 2026 10:00:00 +0000\n\
+                   Message-Id: <postfix-dsn-1@example.com>\n\
+                   X-Bird-Idempotency-Key: postfix-dsn-1\n\
+                   \n\
+                   Tell me when it is delivered.\n";
+    tokio::task::block_in_place(|| {
+        postfix.sendmail_with(
+            "app@example.com",
+            &["-N", "success,failure", "-R", "hdrs", "-V", "envid-42"],
+            &["ops@example.org".to_string()],
+            message.as_bytes(),
+        )
+    });
+    let received = sink
+        .wait_for_messages(1, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nmaillog:\n{}\nrelay:\n{}", postfix.log(), relay.log()));
+    let got = &received[0];
+    eprintln!(
+        "{NAME}: upstream saw {:?} then {:?}",
+        got.mail_command, got.rcpt_commands
+    );
+    assert_eq!(
+        got.mail_command,
+        // Postfix adds SIZE and BODY; the relay sends BODY only for 8BITMIME and no SIZE.
+        "MAIL FROM:<app@example.com> RET=HDRS ENVID=envid-42",
+        "{got:?}"
+    );
+    assert_eq!(
+        got.rcpt_commands,
+        vec!["RCPT TO:<ops@example.org> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;ops@example.org"],
+        "{got:?}"
+    );
+    // The relay's record holds what Postfix asked, and it sent no notice of its own.
+    let list = queue_json(&db, &["list", "--json"]);
+    let list = list["messages"].as_array().expect("messages");
+    assert_eq!(list.len(), 1, "no notice of the relay's own: {list:?}");
+    let record = queue_json(&db, &["show", list[0]["id"].as_str().unwrap(), "--json"]);
+    assert_eq!(
+        record["requests"],
+        serde_json::json!({
+            "ret": "HDRS",
+            "envid": "envid-42",
+            "recipients": {"ops@example.org": {"notify": "SUCCESS,FAILURE", "orcpt": "rfc822;ops@example.org"}}
+        }),
+        "{record}"
+    );
+    tokio::task::block_in_place(|| postfix.stop());
+}
+
+/// The same request to an upstream without DSN: the relay takes over the duty (RFC 3461's relay to
+/// a non-DSN server). Nothing of DSN goes upstream, and the sender gets exactly one notice with
+/// `Action: relayed`, its envelope id and the original recipient, from the null sender, through
+/// the same upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postfix_dsn_requests_to_an_upstream_without_dsn_bring_one_relayed_notice() {
+    const NAME: &str = "postfix_dsn_requests_to_an_upstream_without_dsn_bring_one_relayed_notice";
+    let Some(postconf) = postfix_or_skip(NAME) else {
+        return;
+    };
+    let sink = common::start_sink().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("relay.db");
+    let upstream = format!("smtp://{}?tls=none", sink.smtp_addr());
+    let relay = RelayProcess::spawn(&serve_args(&db, &["--upstream", &upstream]))
+        .ready()
+        .await;
+    let postfix = tokio::task::block_in_place(|| {
+        Postfix::start(&postconf, &dir.path().join("postfix"), relay.addr)
+    });
+    let message = "From: app@example.com\n\
+                   To: ops@example.org\n\
+                   Subject: Postfix DSN test, no DSN upstream\n\
+                   Date: Sat, 05 Dec 2026 10:00:00 +0000\n\
+                   Message-Id: <postfix-dsn-2@example.com>\n\
+                   X-Bird-Idempotency-Key: postfix-dsn-2\n\
+                   \n\
+                   Tell me when it is delivered.\n";
+    tokio::task::block_in_place(|| {
+        postfix.sendmail_with(
+            "app@example.com",
+            &["-N", "success,failure", "-V", "envid-43"],
+            &["ops@example.org".to_string()],
+            message.as_bytes(),
+        )
+    });
+    let received = sink
+        .wait_for_messages(2, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nmaillog:\n{}\nrelay:\n{}", postfix.log(), relay.log()));
+    let original = &received[0];
+    assert_eq!(original.mail_command, "MAIL FROM:<app@example.com>");
+    assert_eq!(original.rcpt_commands, vec!["RCPT TO:<ops@example.org>"]);
+    let notice = &received[1];
+    assert_eq!(notice.mail_command, "MAIL FROM:<>");
+    assert_eq!(notice.rcpt_commands, vec!["RCPT TO:<app@example.com>"]);
+    let text = String::from_utf8_lossy(&notice.bytes);
+    for field in [
+        "Action: relayed",
+        "Original-Envelope-Id: envid-43",
+        "Original-Recipient: rfc822; ops@example.org",
+        "Final-Recipient: rfc822; ops@example.org",
+    ] {
+        assert!(text.contains(field), "{field} missing:\n{text}");
+    }
+    // One notice, however long we wait: the records are the message and its notice.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(sink.messages().len(), 2);
+    let list = queue_json(&db, &["list", "--json"]);
+    assert_eq!(list["messages"].as_array().unwrap().len(), 2, "{list}");
+    tokio::task::block_in_place(|| postfix.stop());
+}
