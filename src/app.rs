@@ -15,6 +15,7 @@ use crate::admin::{self, AdminState};
 use crate::auth::throttle::{ThrottleLimits, DEFAULT_MAX_ENTRIES};
 use crate::auth::{LiveUsers, Users};
 use crate::config::Settings;
+use crate::delivery::immediate::BeforeQueue;
 use crate::delivery::upstream::UpstreamTarget;
 use crate::delivery::worker::{self, DeliverySettings};
 use crate::intake::{Intake, IntakeSettings};
@@ -69,6 +70,14 @@ impl Relay {
                 listeners.push((kind, listener));
             }
         }
+        // Plain listeners whose clients hear the upstream's verdict (docs/guides/before-queue.md).
+        let mut before_queue = Vec::new();
+        for addr in &settings.before_queue.listen {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (before-queue): {e}"))?;
+            before_queue.push(listener);
+        }
         let admin = match settings.admin.0 {
             Some(addr) => Some(
                 TcpListener::bind(addr)
@@ -86,7 +95,16 @@ impl Relay {
             None => None,
         };
         let store = store::open(settings.store.expose(), settings.store_busy_timeout).await?;
-        Relay::with_all_parts(settings, store, listeners, admin, webhooks)
+        let listeners = listeners
+            .into_iter()
+            .map(|(kind, listener)| (kind, listener, false))
+            .chain(
+                before_queue
+                    .into_iter()
+                    .map(|listener| (ListenerKind::Plain, listener, true)),
+            )
+            .collect();
+        Relay::assemble(settings, store, listeners, admin, webhooks)
     }
 
     /// Starts on listeners and a store the caller made (tests bind port 0), without the
@@ -117,6 +135,22 @@ impl Relay {
         admin: Option<TcpListener>,
         webhooks: Option<TcpListener>,
     ) -> anyhow::Result<Relay> {
+        let listeners = listeners
+            .into_iter()
+            .map(|(kind, listener)| (kind, listener, false))
+            .collect();
+        Relay::assemble(settings, store, listeners, admin, webhooks)
+    }
+
+    /// `with_all_parts`, each listener with whether its clients wait for the upstream's
+    /// verdict (before-queue mode).
+    fn assemble(
+        settings: &Settings,
+        store: Arc<dyn Store>,
+        listeners: Vec<(ListenerKind, TcpListener, bool)>,
+        admin: Option<TcpListener>,
+        webhooks: Option<TcpListener>,
+    ) -> anyhow::Result<Relay> {
         let started = Instant::now();
         if let Some(addr) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
             // Said at every start without a token, loopback included: any program on the
@@ -135,6 +169,14 @@ impl Relay {
         }
         let metrics = Arc::new(Metrics::new(&relay_label_values()));
         let hint = Arc::new(Notify::new());
+        let before_queue = settings.before_queue.in_use().then(|| {
+            Arc::new(BeforeQueue::new(
+                settings.before_queue.wait,
+                settings.before_queue.connections,
+                store.clone(),
+                hint.clone(),
+            ))
+        });
 
         let tls = match (&settings.tls_cert, &settings.tls_key) {
             (Some(cert), Some(key)) => Some(Arc::new(TlsCerts::load(cert, key)?)),
@@ -149,24 +191,26 @@ impl Relay {
             &settings.scope,
             users.as_ref().map(|u| u.current()).as_deref(),
         );
-        let intake = Arc::new(
-            Intake::new(
-                store.clone(),
-                IntakeSettings {
-                    hostname: settings.hostname.clone(),
-                    missing_key: settings.missing_key,
-                    retention: settings.retention_policy(),
-                    in_progress_wait: settings.in_progress_wait,
-                    log_recipients: settings.log_recipients,
-                    key_spaces: key_spaces(
-                        &scope_upstreams,
-                        settings.upstream.as_ref().map(|u| u.expose()),
-                    ),
-                },
-                hint.clone(),
-            )
-            .with_metrics(metrics.clone()),
-        );
+        let intake = Intake::new(
+            store.clone(),
+            IntakeSettings {
+                hostname: settings.hostname.clone(),
+                missing_key: settings.missing_key,
+                retention: settings.retention_policy(),
+                in_progress_wait: settings.in_progress_wait,
+                log_recipients: settings.log_recipients,
+                key_spaces: key_spaces(
+                    &scope_upstreams,
+                    settings.upstream.as_ref().map(|u| u.expose()),
+                ),
+            },
+            hint.clone(),
+        )
+        .with_metrics(metrics.clone());
+        let intake = Arc::new(match &before_queue {
+            Some(before_queue) => intake.with_before_queue(before_queue.clone()),
+            None => intake,
+        });
         // Counted per (client, user name), with a looser cap per client (docs/guides/tls-auth-relay.md).
         let auth_throttle = Arc::new(AuthThrottle::new(ThrottleLimits {
             per_user: settings.max_auth_failures_per_user,
@@ -178,7 +222,7 @@ impl Relay {
             settings.max_connections,
             settings.max_connections_per_ip,
         ));
-        let context = |kind: ListenerKind| {
+        let context = |kind: ListenerKind, waits: bool| {
             let tls_listener = kind != ListenerKind::Plain;
             Arc::new(ServerContext {
                 intake: intake.clone(),
@@ -223,6 +267,7 @@ impl Relay {
                 users: users.clone(),
                 auth_failure_delay: settings.auth_failure_delay,
                 auth_throttle: auth_throttle.clone(),
+                before_queue: before_queue.clone().filter(|_| waits),
             })
         };
         let shutdown = Shutdown::new();
@@ -261,14 +306,18 @@ impl Relay {
                 shutdown.stop_signal(),
             )));
         }
-        for (kind, listener) in listeners {
+        for (kind, listener, waits) in listeners {
             if let Ok(addr) = listener.local_addr() {
-                tracing::info!("listening on {addr} ({kind:?})");
+                if waits {
+                    tracing::info!("listening on {addr} ({kind:?}, before-queue)");
+                } else {
+                    tracing::info!("listening on {addr} ({kind:?})");
+                }
                 addrs.push(addr);
             }
             tasks.push(tokio::spawn(serve(
                 listener,
-                context(kind),
+                context(kind, waits),
                 shutdown.stop_signal(),
                 shutdown.sessions(),
             )));
@@ -321,6 +370,7 @@ impl Relay {
                     idle_close: d.idle_close,
                     log_recipients: settings.log_recipients,
                     metrics: metrics.clone(),
+                    before_queue: before_queue.clone(),
                 };
                 tracing::info!(upstream = %url.redacted(), "delivering upstream");
                 workers = worker::start(

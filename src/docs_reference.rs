@@ -109,5 +109,8 @@ pub fn reply_catalogue() -> Vec<(&'static str, Reply)> {
         key_invalid(),
         key_required(),
         store_unavailable(),
+        delivered_before_queue("<id>", "<upstream reply>"),
+        refused_before_queue(550, "<5.x.y>", "<id>", "<upstream reply>"),
+        verdict_not_recorded("<id>"),
     ]
 }

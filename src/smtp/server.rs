@@ -83,6 +83,9 @@ pub(crate) struct ServerContext {
     /// Delay before answering a failed AUTH (slows password guessing).
     pub auth_failure_delay: Duration,
     pub auth_throttle: Arc<AuthThrottle>,
+    /// Set on a before-queue listener: the end of DATA is answered with the upstream's verdict
+    /// (docs/guides/before-queue.md).
+    pub before_queue: Option<Arc<crate::delivery::immediate::BeforeQueue>>,
 }
 
 /// Accepts until `shutdown` is given; connections are spawned through `sessions` so the
@@ -619,7 +622,12 @@ impl Conversation<'_> {
                         },
                         None => self.origin.clone(),
                     };
-                    let (reply, _) = self.ctx.intake.submit(&origin, &sub).await;
+                    let reply = match &self.ctx.before_queue {
+                        Some(before_queue) => {
+                            before_queue.submit(&self.ctx.intake, &origin, &sub).await
+                        }
+                        None => self.ctx.intake.submit(&origin, &sub).await.0,
+                    };
                     session.submission_done(reply)
                 }
                 Some(Output::Authenticate(presented)) => {
