@@ -110,7 +110,7 @@ pub fn reply_catalogue() -> Vec<(&'static str, Reply)> {
         key_required(),
         store_unavailable(),
         delivered_before_queue("<id>", "<upstream reply>"),
-        refused_before_queue(550, "<5.x.y>", "<id>", "<upstream reply>"),
+        refused_before_queue(550, "5.1.1", "<id>", "<upstream reply>"),
         verdict_not_recorded("<id>"),
     ]
 }

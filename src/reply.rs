@@ -515,15 +515,10 @@ impl Reply {
     /// (a 5xx at MAIL, RCPT, DATA or the final dot) while the client waited. Its code and
     /// enhanced code (`5.0.0` when it gave none), then its reply as one printable line. The
     /// record is failed without a bounce and keeps this line: a retry replays it.
-    pub(crate) fn refused_before_queue(
-        code: u16,
-        enhanced: &str,
-        id: &str,
-        upstream: &str,
-    ) -> Self {
+    pub(crate) fn refused_before_queue(code: u16, enh: &str, id: &str, up: &str) -> Self {
         Reply::new(
             code,
-            format!("{enhanced} upstream refused {id} (not delivered, no bounce will follow): {upstream}"),
+            format!("{enh} upstream refused {id} (not delivered, no bounce will follow): {up}"),
         )
     }
 

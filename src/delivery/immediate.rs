@@ -501,7 +501,7 @@ mod tests {
         assert!(answering.take());
         let client = tokio::spawn(async move { waiter.verdict(Duration::from_millis(10)).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let reply = Reply::new(250, "2.0.0 ok");
+        let reply = Reply::delivered_before_queue("A", "250 ok");
         answering.stored(reply.clone(), Some(true));
         assert_eq!(client.await.unwrap(), Verdict::Answered(reply));
         assert!(registry.pending("A").is_none());

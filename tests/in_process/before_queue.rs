@@ -83,11 +83,16 @@ async fn the_client_hears_the_upstreams_250_only_after_the_upstream_has_the_mess
         "the client was answered before the upstream had answered"
     );
     let answer = first.await.unwrap();
-    assert!(sink_had_it.elapsed() >= Duration::from_millis(500), "{answer:?}");
+    assert!(
+        sink_had_it.elapsed() >= Duration::from_millis(500),
+        "{answer:?}"
+    );
     let id = delivered_id(&answer);
     let sink_id = &sink.messages()[0].id;
     assert!(
-        answer.line().ends_with(&format!("; upstream: 250 2.0.0 OK {sink_id}")),
+        answer
+            .line()
+            .ends_with(&format!("; upstream: 250 2.0.0 OK {sink_id}")),
         "{answer:?}"
     );
     // Delivered, and the line the client heard is what a retry replays.
@@ -96,7 +101,10 @@ async fn the_client_hears_the_upstreams_250_only_after_the_upstream_has_the_mess
     assert_eq!(stored.reply, answer.line());
     sink.set_faults(vec![]).unwrap();
     let again = submit_to(waiting, &msg).await;
-    assert_eq!(again.line(), format!("{} (idempotent replay)", answer.line()));
+    assert_eq!(
+        again.line(),
+        format!("{} (idempotent replay)", answer.line())
+    );
     // The ordinary listener replays the same.
     let elsewhere = submit_to(relay.addr, &msg).await;
     assert_eq!(elsewhere.line(), again.line());
@@ -134,7 +142,10 @@ async fn an_upstream_5xx_at_the_dot_is_the_clients_answer_without_a_bounce_and_i
     let stored = relay.stored(&id).await;
     assert_eq!(stored.state, State::Failed);
     assert_eq!(stored.reply, line);
-    assert!(stored.dsns.is_empty(), "a bounce for a refusal the client heard");
+    assert!(
+        stored.dsns.is_empty(),
+        "a bounce for a refusal the client heard"
+    );
     assert_eq!(relay.count("messages").await, 1, "a DSN record was queued");
     // A retry replays the refusal and sends nothing, even once the upstream would accept.
     sink.set_faults(vec![]).unwrap();
@@ -206,10 +217,13 @@ async fn swaks_hears_an_upstream_rcpt_refusal_at_the_end_of_data() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_4xx_answers_queued_and_ordinary_delivery_sends_it_once() {
     let sink = start_sink().await;
-    sink.set_faults(vec![
-        FaultRule::reply(FaultStage::Dot, 451, "4.3.0 try later").with_times(1)
-    ])
-    .unwrap();
+    sink.set_faults(vec![FaultRule::reply(
+        FaultStage::Dot,
+        451,
+        "4.3.0 try later",
+    )
+    .with_times(1)])
+        .unwrap();
     let (relay, waiting) = relay_waiting(&sink, Duration::from_secs(10), |_| {}).await;
     let answer = submit_to(waiting, &message(Some("bq-4xx-1"), "bq", "body")).await;
     let id = answer
@@ -232,7 +246,7 @@ async fn an_upstream_slower_than_the_bound_answers_queued_and_is_delivered_once(
         Duration::from_millis(2000),
     )
     .with_times(1)])
-    .unwrap();
+        .unwrap();
     let (relay, waiting) = relay_waiting(&sink, Duration::from_millis(700), |_| {}).await;
     let started = Instant::now();
     let answer = submit_to(waiting, &message(Some("bq-slow-1"), "bq", "body")).await;
@@ -267,10 +281,17 @@ async fn a_refusal_after_the_bound_takes_the_ordinary_path_with_a_bounce() {
         .unwrap_or_else(|| panic!("not queued: {answer:?}"));
     wait_state(&relay, &id, State::Failed).await;
     let stored = relay.stored(&id).await;
-    assert_eq!(stored.dsns.len(), 1, "no bounce after a refusal the client did not hear");
+    assert_eq!(
+        stored.dsns.len(),
+        1,
+        "no bounce after a refusal the client did not hear"
+    );
     assert_eq!(stored.reply, answer.line());
     let again = submit_to(waiting, &msg).await;
-    assert_eq!(again.line(), format!("{} (idempotent replay)", answer.line()));
+    assert_eq!(
+        again.line(),
+        format!("{} (idempotent replay)", answer.line())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -349,7 +370,10 @@ async fn a_paused_relay_answers_queued_at_once_and_sends_nothing_until_resumed()
     let id = answer
         .queue_id()
         .unwrap_or_else(|| panic!("not queued: {answer:?}"));
-    assert!(started.elapsed() < Duration::from_secs(5), "waited for a paused upstream");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "waited for a paused upstream"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(sink.transactions().is_empty());
     relay.store().resume().await.unwrap();
