@@ -523,7 +523,7 @@ impl Reply {
     }
 
     /// At the end of DATA in the before-queue mode: the upstream answered but the store did not
-    /// confirm recording it and could not be read back. The message is recorded; a retry of
+    /// confirm recording it in time, or could not be read back. The message is recorded; a retry of
     /// the same request replays what was recorded and sends nothing again.
     pub(crate) fn verdict_not_recorded(id: &str) -> Self {
         Reply::new(

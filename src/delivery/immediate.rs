@@ -35,7 +35,15 @@ pub(crate) enum Verdict {
     /// A verdict was taken but its write was not confirmed: the client hears what the store
     /// says.
     Unsure,
+    /// A verdict was taken and is still being written when the client stops waiting for it:
+    /// the client hears a 4xx (never `250 queued`: the verdict may yet be stored without a
+    /// bounce), and its retry replays what was stored.
+    NotYet,
 }
+
+/// How long a client whose verdict was taken waits for its write, at least: normally one
+/// commit, but the write is retried while the lease lasts, which can be many minutes.
+const WRITE_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotState {
@@ -186,11 +194,14 @@ impl Waiter {
         if self.give_up() {
             return Verdict::Queued;
         }
-        let stored = rx
-            .wait_for(Option::is_some)
+        let stored = tokio::time::timeout(bound.max(WRITE_WAIT), rx.wait_for(Option::is_some))
             .await
-            .map(|verdict| verdict.clone());
-        stored.ok().flatten().unwrap_or(Verdict::Unsure)
+            .map(|seen| seen.map(|verdict| verdict.clone()));
+        match stored {
+            Ok(Ok(Some(verdict))) => verdict,
+            Ok(_) => Verdict::Unsure,
+            Err(_) => Verdict::NotYet,
+        }
     }
 
     /// True when the client is answered `250 queued` now (no verdict was taken).
@@ -419,6 +430,7 @@ impl BeforeQueue {
                 (queued, "queued")
             }
             Verdict::Unsure => (self.stored_reply(&id).await, "as-stored"),
+            Verdict::NotYet => (Reply::verdict_not_recorded(&id), "not-yet-stored"),
         };
         tracing::info!(
             target: "idemrelay::submission",

@@ -20,6 +20,10 @@ use crate::reply::Reply;
 use crate::shutdown::Stop;
 use crate::store::Claimed;
 
+/// How long a record the immediate send could not lease is given to be taken by a worker of
+/// this process (which then answers its client) before its client hears `250 queued`.
+const HANDOVER: Duration = Duration::from_millis(100);
+
 /// Starts `before_queue_connections` immediate workers, when the mode is on.
 pub(super) fn start(
     shared: &Arc<Shared>,
@@ -147,6 +151,12 @@ impl Worker {
             Ok(Some(job)) => job,
             Ok(None) => {
                 self.give_back_token();
+                // Paused, or someone holds it: often an ordinary worker here that leased it a
+                // moment ago and is about to take the client's slot; it then answers.
+                let until = Instant::now() + HANDOVER;
+                while registry.still_waiting(id) && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
                 registry.not_sent(id);
                 return Ok(());
             }
