@@ -414,12 +414,13 @@ impl BeforeQueue {
     pub(crate) async fn answer(&self, queued: Reply, waiter: Waiter) -> Reply {
         let started = Instant::now();
         let id = waiter.id().to_string();
-        let verdict = if !self.delivering.load(Ordering::Relaxed) {
-            Verdict::Queued
-        } else if self.requests.try_send(id.clone()).is_err() {
-            Verdict::Queued
-        } else {
+        // No upstream, or a queue of sends so long that it is full: ordinary delivery.
+        let sendable =
+            self.delivering.load(Ordering::Relaxed) && self.requests.try_send(id.clone()).is_ok();
+        let verdict = if sendable {
             waiter.verdict(self.wait).await
+        } else {
+            Verdict::Queued
         };
         drop(waiter);
         let (reply, how) = match verdict {
