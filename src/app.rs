@@ -30,6 +30,9 @@ use crate::smtp::tls::TlsCerts;
 use crate::store::{self, Store};
 use crate::webhook::{self, WebhookState};
 
+mod reload;
+use reload::{reload_loop, Reloadable};
+
 /// A relay that is running. `shutdown` stops it in order; dropping it only tells every task
 /// to stop, with no drain and no wait.
 pub struct Relay {
@@ -169,7 +172,9 @@ impl Relay {
         }
         let metrics = Arc::new(Metrics::new(&relay_label_values()));
         let hint = Arc::new(Notify::new());
-        let before_queue = settings.before_queue.in_use().then(|| {
+        // With a users file, any user may be given `before_queue = true` (a reload included).
+        let before_queue_used = settings.before_queue.in_use() || settings.users_file.is_some();
+        let before_queue = before_queue_used.then(|| {
             Arc::new(BeforeQueue::new(
                 settings.before_queue.wait,
                 settings.before_queue.connections,
@@ -267,7 +272,8 @@ impl Relay {
                 users: users.clone(),
                 auth_failure_delay: settings.auth_failure_delay,
                 auth_throttle: auth_throttle.clone(),
-                before_queue: before_queue.clone().filter(|_| waits),
+                before_queue: before_queue.clone(),
+                before_queue_listener: waits,
             })
         };
         let shutdown = Shutdown::new();
@@ -499,77 +505,6 @@ fn wedge_limit(settings: &Settings) -> Duration {
     lease / 3 + d.scan_interval * 3 + Duration::from_secs(30)
 }
 
-/// What SIGHUP reloads.
-struct Reloadable {
-    tls: Option<Arc<TlsCerts>>,
-    users: Option<Arc<LiveUsers>>,
-    intake: Arc<Intake>,
-    /// Where each scope's mail went at start: delivery keeps these targets until a restart.
-    scope_upstreams: BTreeMap<String, Option<String>>,
-    default_scope: String,
-    /// The relay's own upstream, for the key spaces of scopes that use it.
-    relay_upstream: Option<String>,
-}
-
-impl Reloadable {
-    fn reload_tls(&self, force: bool) {
-        let Some(tls) = &self.tls else { return };
-        match tls.reload(force) {
-            Ok(true) => tracing::info!("TLS certificate reloaded"),
-            Ok(false) => {}
-            Err(err) => {
-                tracing::error!(error = %format!("{err:#}"), "TLS certificate reload failed; the previous one stays in service")
-            }
-        }
-    }
-
-    fn reload_users(&self) {
-        let Some(users) = &self.users else { return };
-        let path = users.path().display().to_string();
-        let admitted = users.reload(|new| {
-            admit_users(&self.scope_upstreams, &self.default_scope, new)?;
-            // Before any new user can log in, so that its very first key carries its scope.
-            let wanted = scope_upstreams(&self.default_scope, Some(new));
-            self.intake
-                .set_key_spaces(key_spaces(&wanted, self.relay_upstream.as_deref()));
-            Ok(())
-        });
-        match admitted {
-            Ok(change) => tracing::info!(users_file = %path, "users file reloaded: {change}"),
-            Err(err) => tracing::error!(
-                users_file = %path,
-                error = %format!("{err:#}"),
-                "users file reload failed; the previous users stay in service"
-            ),
-        }
-    }
-}
-
-/// Reloads on SIGHUP (the TLS certificate and the users file) and swaps in renewed
-/// certificates when their files change.
-async fn reload_loop(
-    what: Reloadable,
-    mut hup: Option<tokio::signal::unix::Signal>,
-    every: Duration,
-    stop: Stop,
-) {
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => what.reload_tls(false),
-            Some(()) = async { hup.as_mut()?.recv().await } => {
-                if what.tls.is_none() && what.users.is_none() {
-                    tracing::info!("SIGHUP: nothing to reload (no TLS certificate, no users file)");
-                }
-                what.reload_tls(true);
-                what.reload_users();
-            }
-            _ = stop.stopped() => return,
-        }
-    }
-}
-
 /// Where each scope's mail goes: the listener's scope to the relay's upstream, each user's
 /// scope to the relay's upstream (`None`) or to its own.
 fn scope_upstreams(default_scope: &str, users: Option<&Users>) -> BTreeMap<String, Option<String>> {
@@ -709,6 +644,7 @@ mod tests {
                     scope: scope.to_string(),
                     allowed_senders: Vec::new(),
                     upstream: upstream.map(str::to_string),
+                    before_queue: false,
                 };
                 users.insert(name, user).unwrap();
             }

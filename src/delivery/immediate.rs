@@ -396,6 +396,27 @@ impl BeforeQueue {
         self.delivering.store(true, Ordering::Relaxed);
     }
 
+    /// Whether a submission waits for the upstream's verdict: on a before-queue listener, or
+    /// from an AUTH user with `before_queue = true` in the users file in service.
+    pub(crate) fn waits(
+        &self,
+        listener: bool,
+        users: Option<&crate::auth::LiveUsers>,
+        sub: &crate::mail::Submission,
+    ) -> bool {
+        listener
+            || sub
+                .auth_user
+                .as_deref()
+                .zip(users)
+                .is_some_and(|(name, users)| {
+                    users
+                        .current()
+                        .get(name)
+                        .is_some_and(|user| user.before_queue)
+                })
+    }
+
     /// Runs intake for a client that waits for the upstream's verdict, and answers it.
     pub(crate) async fn submit(
         &self,

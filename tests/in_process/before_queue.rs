@@ -380,3 +380,58 @@ async fn a_paused_relay_answers_queued_at_once_and_sends_nothing_until_resumed()
     wait_state(&relay, &id, State::Delivered).await;
     assert_eq!(sink.transactions().len(), 1);
 }
+
+/// Per user: `before_queue = true` in the users file makes that user's submissions wait for
+/// the verdict on an ordinary listener; other users there are answered `250 queued`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_marked_before_queue_hears_the_verdict_on_an_ordinary_listener() {
+    let sink = start_sink().await;
+    sink.set_faults(vec![FaultRule::reply(
+        FaultStage::Dot,
+        554,
+        "5.7.1 no thanks",
+    )])
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.toml");
+    idemrelay::auth::Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[])
+        .unwrap();
+    idemrelay::auth::Users::add_user(&users, "bob", "battery staple", "tenant-bob", &[]).unwrap();
+    let text = std::fs::read_to_string(&users)
+        .unwrap()
+        .replace("[users.alice]\n", "[users.alice]\nbefore_queue = true\n");
+    std::fs::write(&users, text).unwrap();
+    // A password change keeps the setting.
+    idemrelay::auth::Users::add_user(&users, "alice", "correct horse", "tenant-alice", &[])
+        .unwrap();
+    assert!(std::fs::read_to_string(&users)
+        .unwrap()
+        .contains("before_queue = true"));
+    let mut settings = common::test_settings(dir.path());
+    settings.users_file = Some(users);
+    common::fast_delivery(&mut settings, sink.smtp_addr());
+    let relay = TestRelay::start_in(dir, settings).await;
+    let mut answers = Vec::new();
+    for (user, password) in [("alice", "correct horse"), ("bob", "battery staple")] {
+        let mut c = Client::ready(relay.addr).await;
+        assert_eq!(c.cmd(&common::auth_plain(user, password)).await.code, 235);
+        let msg = message(Some("bq-user-1"), "bq", &format!("from {user}"));
+        answers.push(
+            c.submit(&format!("{user}@example.com"), &["x@example.net"], &msg)
+                .await,
+        );
+        c.quit().await;
+    }
+    assert_eq!(answers[0].code, 554, "alice: {:?}", answers[0]);
+    assert!(
+        answers[0].line().contains("upstream refused"),
+        "{:?}",
+        answers[0]
+    );
+    let bobs = answers[1]
+        .queue_id()
+        .unwrap_or_else(|| panic!("bob: {:?}", answers[1]));
+    // Bob's refusal is an ordinary one: failed, with a bounce.
+    wait_state(&relay, &bobs, State::Failed).await;
+    assert_eq!(relay.stored(&bobs).await.dsns.len(), 1);
+}
