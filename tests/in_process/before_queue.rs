@@ -435,3 +435,45 @@ async fn a_user_marked_before_queue_hears_the_verdict_on_an_ordinary_listener() 
     wait_state(&relay, &bobs, State::Failed).await;
     assert_eq!(relay.stored(&bobs).await.dsns.len(), 1);
 }
+
+/// An upstream that is down opens the breaker; from then on a waiting client is answered
+/// `250 queued` at once, no attempt is made for it, and the message goes out once the
+/// upstream is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_answers_queued_at_once_without_an_attempt() {
+    let sink = start_sink().await;
+    sink.pause(idemrelay::sink::Down::Greet421).await.unwrap();
+    let (relay, waiting) = relay_waiting(&sink, Duration::from_secs(10), |s| {
+        s.delivery.breaker_threshold = 1;
+        s.delivery.breaker_cooldown = Duration::from_secs(2);
+    })
+    .await;
+    // The first one's immediate attempt meets the 421 greeting: transient, and the breaker
+    // opens on it.
+    let first = submit_to(waiting, &message(Some("bq-breaker-1"), "bq", "one")).await;
+    let first = first
+        .queue_id()
+        .unwrap_or_else(|| panic!("not queued: {first:?}"));
+    eventually(LIMIT, "the first attempt", || async {
+        let n = relay.store().attempts(&first).await.unwrap().len();
+        (n >= 1).then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    let second = submit_to(waiting, &message(Some("bq-breaker-2"), "bq", "two")).await;
+    let second = second
+        .queue_id()
+        .unwrap_or_else(|| panic!("not queued: {second:?}"));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "waited for an open breaker"
+    );
+    assert!(
+        relay.store().attempts(&second).await.unwrap().is_empty(),
+        "an attempt while the breaker is open"
+    );
+    sink.resume().await.unwrap();
+    wait_state(&relay, &first, State::Delivered).await;
+    wait_state(&relay, &second, State::Delivered).await;
+    assert_eq!(accepted_at_sink(&sink), 2);
+}
