@@ -15,6 +15,7 @@ use crate::admin::{self, AdminState};
 use crate::auth::throttle::{ThrottleLimits, DEFAULT_MAX_ENTRIES};
 use crate::auth::{LiveUsers, Users};
 use crate::config::Settings;
+use crate::delivery::immediate::BeforeQueue;
 use crate::delivery::upstream::UpstreamTarget;
 use crate::delivery::worker::{self, DeliverySettings};
 use crate::intake::{Intake, IntakeSettings};
@@ -28,6 +29,9 @@ use crate::smtp::session::SessionConfig;
 use crate::smtp::tls::TlsCerts;
 use crate::store::{self, Store};
 use crate::webhook::{self, WebhookState};
+
+mod reload;
+use reload::{reload_loop, Reloadable};
 
 /// A relay that is running. `shutdown` stops it in order; dropping it only tells every task
 /// to stop, with no drain and no wait.
@@ -69,6 +73,14 @@ impl Relay {
                 listeners.push((kind, listener));
             }
         }
+        // Plain listeners whose clients hear the upstream's verdict (docs/guides/before-queue.md).
+        let mut before_queue = Vec::new();
+        for addr in &settings.before_queue.listen {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (before-queue): {e}"))?;
+            before_queue.push(listener);
+        }
         let admin = match settings.admin.0 {
             Some(addr) => Some(
                 TcpListener::bind(addr)
@@ -86,7 +98,16 @@ impl Relay {
             None => None,
         };
         let store = store::open(settings.store.expose(), settings.store_busy_timeout).await?;
-        Relay::with_all_parts(settings, store, listeners, admin, webhooks)
+        let listeners = listeners
+            .into_iter()
+            .map(|(kind, listener)| (kind, listener, false))
+            .chain(
+                before_queue
+                    .into_iter()
+                    .map(|listener| (ListenerKind::Plain, listener, true)),
+            )
+            .collect();
+        Relay::assemble(settings, store, listeners, admin, webhooks)
     }
 
     /// Starts on listeners and a store the caller made (tests bind port 0), without the
@@ -117,6 +138,22 @@ impl Relay {
         admin: Option<TcpListener>,
         webhooks: Option<TcpListener>,
     ) -> anyhow::Result<Relay> {
+        let listeners = listeners
+            .into_iter()
+            .map(|(kind, listener)| (kind, listener, false))
+            .collect();
+        Relay::assemble(settings, store, listeners, admin, webhooks)
+    }
+
+    /// `with_all_parts`, each listener with whether its clients wait for the upstream's
+    /// verdict (before-queue mode).
+    fn assemble(
+        settings: &Settings,
+        store: Arc<dyn Store>,
+        listeners: Vec<(ListenerKind, TcpListener, bool)>,
+        admin: Option<TcpListener>,
+        webhooks: Option<TcpListener>,
+    ) -> anyhow::Result<Relay> {
         let started = Instant::now();
         if let Some(addr) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
             // Said at every start without a token, loopback included: any program on the
@@ -135,6 +172,16 @@ impl Relay {
         }
         let metrics = Arc::new(Metrics::new(&relay_label_values()));
         let hint = Arc::new(Notify::new());
+        // With a users file, any user may be given `before_queue = true` (a reload included).
+        let before_queue_used = settings.before_queue.in_use() || settings.users_file.is_some();
+        let before_queue = before_queue_used.then(|| {
+            Arc::new(BeforeQueue::new(
+                settings.before_queue.wait,
+                settings.before_queue.connections,
+                store.clone(),
+                hint.clone(),
+            ))
+        });
 
         let tls = match (&settings.tls_cert, &settings.tls_key) {
             (Some(cert), Some(key)) => Some(Arc::new(TlsCerts::load(cert, key)?)),
@@ -149,24 +196,26 @@ impl Relay {
             &settings.scope,
             users.as_ref().map(|u| u.current()).as_deref(),
         );
-        let intake = Arc::new(
-            Intake::new(
-                store.clone(),
-                IntakeSettings {
-                    hostname: settings.hostname.clone(),
-                    missing_key: settings.missing_key,
-                    retention: settings.retention_policy(),
-                    in_progress_wait: settings.in_progress_wait,
-                    log_recipients: settings.log_recipients,
-                    key_spaces: key_spaces(
-                        &scope_upstreams,
-                        settings.upstream.as_ref().map(|u| u.expose()),
-                    ),
-                },
-                hint.clone(),
-            )
-            .with_metrics(metrics.clone()),
-        );
+        let intake = Intake::new(
+            store.clone(),
+            IntakeSettings {
+                hostname: settings.hostname.clone(),
+                missing_key: settings.missing_key,
+                retention: settings.retention_policy(),
+                in_progress_wait: settings.in_progress_wait,
+                log_recipients: settings.log_recipients,
+                key_spaces: key_spaces(
+                    &scope_upstreams,
+                    settings.upstream.as_ref().map(|u| u.expose()),
+                ),
+            },
+            hint.clone(),
+        )
+        .with_metrics(metrics.clone());
+        let intake = Arc::new(match &before_queue {
+            Some(before_queue) => intake.with_before_queue(before_queue.clone()),
+            None => intake,
+        });
         // Counted per (client, user name), with a looser cap per client (docs/guides/tls-auth-relay.md).
         let auth_throttle = Arc::new(AuthThrottle::new(ThrottleLimits {
             per_user: settings.max_auth_failures_per_user,
@@ -178,7 +227,7 @@ impl Relay {
             settings.max_connections,
             settings.max_connections_per_ip,
         ));
-        let context = |kind: ListenerKind| {
+        let context = |kind: ListenerKind, waits: bool| {
             let tls_listener = kind != ListenerKind::Plain;
             Arc::new(ServerContext {
                 intake: intake.clone(),
@@ -224,6 +273,8 @@ impl Relay {
                 users: users.clone(),
                 auth_failure_delay: settings.auth_failure_delay,
                 auth_throttle: auth_throttle.clone(),
+                before_queue: before_queue.clone(),
+                before_queue_listener: waits,
             })
         };
         let shutdown = Shutdown::new();
@@ -262,14 +313,18 @@ impl Relay {
                 shutdown.stop_signal(),
             )));
         }
-        for (kind, listener) in listeners {
+        for (kind, listener, waits) in listeners {
             if let Ok(addr) = listener.local_addr() {
-                tracing::info!("listening on {addr} ({kind:?})");
+                if waits {
+                    tracing::info!("listening on {addr} ({kind:?}, before-queue)");
+                } else {
+                    tracing::info!("listening on {addr} ({kind:?})");
+                }
                 addrs.push(addr);
             }
             tasks.push(tokio::spawn(serve(
                 listener,
-                context(kind),
+                context(kind, waits),
                 shutdown.stop_signal(),
                 shutdown.sessions(),
             )));
@@ -322,6 +377,7 @@ impl Relay {
                     idle_close: d.idle_close,
                     log_recipients: settings.log_recipients,
                     metrics: metrics.clone(),
+                    before_queue: before_queue.clone(),
                 };
                 tracing::info!(upstream = %url.redacted(), "delivering upstream");
                 workers = worker::start(
@@ -448,77 +504,6 @@ fn wedge_limit(settings: &Settings) -> Duration {
     let d = &settings.delivery;
     let lease = d.timeouts.worst_case() + Duration::from_secs(10);
     lease / 3 + d.scan_interval * 3 + Duration::from_secs(30)
-}
-
-/// What SIGHUP reloads.
-struct Reloadable {
-    tls: Option<Arc<TlsCerts>>,
-    users: Option<Arc<LiveUsers>>,
-    intake: Arc<Intake>,
-    /// Where each scope's mail went at start: delivery keeps these targets until a restart.
-    scope_upstreams: BTreeMap<String, Option<String>>,
-    default_scope: String,
-    /// The relay's own upstream, for the key spaces of scopes that use it.
-    relay_upstream: Option<String>,
-}
-
-impl Reloadable {
-    fn reload_tls(&self, force: bool) {
-        let Some(tls) = &self.tls else { return };
-        match tls.reload(force) {
-            Ok(true) => tracing::info!("TLS certificate reloaded"),
-            Ok(false) => {}
-            Err(err) => {
-                tracing::error!(error = %format!("{err:#}"), "TLS certificate reload failed; the previous one stays in service")
-            }
-        }
-    }
-
-    fn reload_users(&self) {
-        let Some(users) = &self.users else { return };
-        let path = users.path().display().to_string();
-        let admitted = users.reload(|new| {
-            admit_users(&self.scope_upstreams, &self.default_scope, new)?;
-            // Before any new user can log in, so that its very first key carries its scope.
-            let wanted = scope_upstreams(&self.default_scope, Some(new));
-            self.intake
-                .set_key_spaces(key_spaces(&wanted, self.relay_upstream.as_deref()));
-            Ok(())
-        });
-        match admitted {
-            Ok(change) => tracing::info!(users_file = %path, "users file reloaded: {change}"),
-            Err(err) => tracing::error!(
-                users_file = %path,
-                error = %format!("{err:#}"),
-                "users file reload failed; the previous users stay in service"
-            ),
-        }
-    }
-}
-
-/// Reloads on SIGHUP (the TLS certificate and the users file) and swaps in renewed
-/// certificates when their files change.
-async fn reload_loop(
-    what: Reloadable,
-    mut hup: Option<tokio::signal::unix::Signal>,
-    every: Duration,
-    stop: Stop,
-) {
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => what.reload_tls(false),
-            Some(()) = async { hup.as_mut()?.recv().await } => {
-                if what.tls.is_none() && what.users.is_none() {
-                    tracing::info!("SIGHUP: nothing to reload (no TLS certificate, no users file)");
-                }
-                what.reload_tls(true);
-                what.reload_users();
-            }
-            _ = stop.stopped() => return,
-        }
-    }
 }
 
 /// Where each scope's mail goes: the listener's scope to the relay's upstream, each user's
@@ -660,6 +645,7 @@ mod tests {
                     scope: scope.to_string(),
                     allowed_senders: Vec::new(),
                     upstream: upstream.map(str::to_string),
+                    before_queue: false,
                 };
                 users.insert(name, user).unwrap();
             }

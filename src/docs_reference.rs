@@ -119,5 +119,8 @@ pub fn reply_catalogue() -> Vec<(&'static str, Reply)> {
         key_invalid(),
         key_required(),
         store_unavailable(),
+        delivered_before_queue("<id>", "<upstream reply>"),
+        refused_before_queue(550, "5.1.1", "<id>", "<upstream reply>"),
+        verdict_not_recorded("<id>"),
     ]
 }

@@ -536,6 +536,37 @@ impl Reply {
             "4.3.0 idempotency store unavailable; message not accepted, retry later (E01033 IdempotencyUnavailable)",
         )
     }
+
+    /// At the end of DATA in the before-queue mode: the upstream accepted the message while the
+    /// client waited (`upstream` is its reply, made one printable line). The record is
+    /// delivered and keeps this line: a retry of the same request replays it.
+    pub(crate) fn delivered_before_queue(id: &str, upstream: &str) -> Self {
+        Reply::new(
+            250,
+            format!("2.0.0 OK delivered as {id}; upstream: {upstream}"),
+        )
+    }
+
+    /// At the end of DATA in the before-queue mode: the upstream refused the message for good
+    /// (a 5xx at MAIL, RCPT, DATA or the final dot) while the client waited. Its code and
+    /// enhanced code (`5.0.0` when it gave none), then its reply as one printable line. The
+    /// record is failed without a bounce and keeps this line: a retry replays it.
+    pub(crate) fn refused_before_queue(code: u16, enh: &str, id: &str, up: &str) -> Self {
+        Reply::new(
+            code,
+            format!("{enh} upstream refused {id} (not delivered, no bounce will follow): {up}"),
+        )
+    }
+
+    /// At the end of DATA in the before-queue mode: the upstream answered but the store did not
+    /// confirm recording it in time, or could not be read back. The message is recorded; a retry of
+    /// the same request replays what was recorded and sends nothing again.
+    pub(crate) fn verdict_not_recorded(id: &str) -> Self {
+        Reply::new(
+            451,
+            format!("4.3.0 {id} is recorded but the upstream's answer is not yet; retry the same message to learn it"),
+        )
+    }
 }
 
 impl fmt::Display for Reply {

@@ -17,6 +17,7 @@
 //! the sink saw every key exactly once).
 
 mod backlog;
+mod before_queue;
 mod drain;
 mod load;
 mod multi;
@@ -151,7 +152,7 @@ impl Args {
         }
         Ok(Args {
             quick,
-            // `--only c50|reuse|c1|big|e2e|drain|multi` runs one scenario (or several: `c50,drain`).
+            // `--only c50|reuse|c1|big|e2e|drain|multi|bq` runs one scenario (or several: `c50,drain`).
             only: value("--only").cloned(),
             store,
             // `--backlog N`: every relay's store holds N records before the load starts.
@@ -170,6 +171,7 @@ impl Args {
             (None, "multi") => self.instances.is_some(),
             (None, _) if self.instances.is_some() => false,
             (None, "drain") => self.backlog.is_some(),
+            (None, "bq") => false,
             (None, _) => true,
         }
     }
@@ -284,6 +286,9 @@ async fn bench(args: &Args) -> anyhow::Result<Vec<String>> {
     }
     if wanted("drain") {
         drain::drain(&bench, args.drain, &mut report).await?;
+    }
+    if wanted("bq") {
+        before_queue::before_queue(&bench, scale).await?;
     }
     if wanted("multi") {
         let instances = args.instances.unwrap_or(3);

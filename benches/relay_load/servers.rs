@@ -232,6 +232,18 @@ pub async fn spawn_relay(
     addr: SocketAddr,
     upstream: Option<SocketAddr>,
 ) -> anyhow::Result<Server> {
+    spawn_relay_with(dir, url, addr, upstream, "").await
+}
+
+/// `spawn_relay` with `extra` appended to the upstream's config file (TOML tables after
+/// `[delivery]`, e.g. `[before_queue]`).
+pub async fn spawn_relay_with(
+    dir: &Path,
+    url: &str,
+    addr: SocketAddr,
+    upstream: Option<SocketAddr>,
+    extra: &str,
+) -> anyhow::Result<Server> {
     let log = std::fs::File::create(dir.join(format!("relay-{}.log", addr.port())))?;
     // BENCH_RELAY_BIN: another build of the relay (say main's, copied aside) measured against
     // the same sink, for a before/after in one run.
@@ -253,7 +265,7 @@ pub async fn spawn_relay(
         std::fs::write(
             &config,
             format!(
-                "[delivery]\nconnections = {}\nrate = 1000000.0\nburst = 1000.0\nscan_interval = \"50ms\"\n",
+                "[delivery]\nconnections = {}\nrate = 1000000.0\nburst = 1000.0\nscan_interval = \"50ms\"\n{extra}",
                 std::env::var("BENCH_CONNECTIONS").unwrap_or_else(|_| "32".into())
             ),
         )?;

@@ -10,6 +10,7 @@
 //! scope = "acme"                          # optional, defaults to the user name
 //! allowed_senders = ["@example.com"]      # optional, empty = any sender
 //! upstream = "smtp://user:pass@smtp.example.net:587"  # optional: an upstream of its own
+//! before_queue = true                     # optional: hears the upstream's verdict at DATA
 //! ```
 
 use std::collections::BTreeMap;
@@ -77,6 +78,7 @@ impl Users {
             allowed_senders: allowed_senders.to_vec(),
             // Set in the file by hand; a password change keeps it.
             upstream: users.get(name).and_then(|u| u.upstream.clone()),
+            before_queue: users.get(name).is_some_and(|u| u.before_queue),
         };
         users.insert(name, user)?;
         write_atomically(path, &render(&users)?)
@@ -137,6 +139,7 @@ fn parse_user(text: &str, name: &str, entry: &Spanned<DeValue<'_>>) -> anyhow::R
     let mut scope = None;
     let mut allowed_senders = Vec::new();
     let mut upstream = None;
+    let mut before_queue = false;
     for (key, value) in fields.iter() {
         let line = value.span().start;
         match key.get_ref().as_ref() {
@@ -212,13 +215,23 @@ fn parse_user(text: &str, name: &str, entry: &Spanned<DeValue<'_>>) -> anyhow::R
                     })?;
                 upstream = Some(value.to_string());
             }
+            "before_queue" => {
+                let DeValue::Boolean(on) = value.get_ref() else {
+                    return Err(at(
+                        text,
+                        line,
+                        &format!("users.{name}.before_queue must be true or false"),
+                    ));
+                };
+                before_queue = *on;
+            }
             other => {
                 return Err(at(
                     text,
                     key.span().start,
                     &format!(
                         "unknown key {other:?} for user {name:?} \
-                         (expected password_hash, scope, allowed_senders, upstream)"
+                         (expected password_hash, scope, allowed_senders, upstream, before_queue)"
                     ),
                 ))
             }
@@ -237,6 +250,7 @@ fn parse_user(text: &str, name: &str, entry: &Spanned<DeValue<'_>>) -> anyhow::R
         scope: scope.unwrap_or_else(|| name.to_string()),
         allowed_senders,
         upstream,
+        before_queue,
     })
 }
 

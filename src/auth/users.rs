@@ -38,6 +38,10 @@ pub struct User {
     /// scope's mail goes there instead of to the relay's upstream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
+    /// The user's submissions wait for the upstream's verdict on every listener
+    /// (docs/guides/before-queue.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub before_queue: bool,
 }
 
 impl std::fmt::Debug for User {
@@ -288,6 +292,7 @@ pub(crate) mod tests {
             scope: "shared".into(),
             allowed_senders: Vec::new(),
             upstream: upstream.map(str::to_string),
+            before_queue: false,
         };
         let mut users = Users::default();
         users.insert("a", user(Some("smtp://x"))).unwrap();
@@ -551,6 +556,7 @@ pub(crate) mod tests {
             scope: "acme".into(),
             allowed_senders: vec!["@example.com".into()],
             upstream: None,
+            before_queue: false,
         };
         let cases: &[(&str, User, bool)] = &[
             ("alice", good.clone(), true),

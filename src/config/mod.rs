@@ -1,5 +1,6 @@
 //! Settings: TOML file, then `IDEMRELAY_*` environment, then flags. Validation and redaction.
 
+mod before_queue;
 mod delivery;
 mod webhooks;
 
@@ -17,6 +18,7 @@ use crate::mail::{is_valid_key, MissingKey};
 
 pub(crate) use crate::hostname::system_hostname;
 pub use crate::secret::{Secret, SecretUrl};
+pub use before_queue::BeforeQueueConfig;
 pub(crate) use delivery::DeliveryConfig;
 pub use webhooks::{WebhookFields, WebhookSource, WebhookTypes};
 
@@ -209,6 +211,8 @@ pub struct Settings {
     pub log_recipients: bool,
     /// Delivery upstream (used only when `upstream` is set).
     pub delivery: DeliveryConfig,
+    /// Listeners whose clients hear the upstream's verdict at the end of DATA.
+    pub before_queue: BeforeQueueConfig,
     /// Listener for upstream events (`POST /webhooks/{name}`, docs/concepts/webhooks.md); unset: off. TLS when
     /// `tls_cert` and `tls_key` are set.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -275,6 +279,7 @@ impl Default for Settings {
             admin_hosts: Vec::new(),
             log_recipients: false,
             delivery: DeliveryConfig::default(),
+            before_queue: BeforeQueueConfig::default(),
             webhook_listen: None,
             webhooks: BTreeMap::new(),
             http_header_timeout: Duration::from_secs(10),
@@ -555,6 +560,7 @@ impl Settings {
         if self.listen.is_empty()
             && self.submission_listen.is_empty()
             && self.submissions_listen.is_empty()
+            && !self.before_queue.in_use()
         {
             bail!("listen: at least one listener is required");
         }
@@ -618,6 +624,7 @@ impl Settings {
             bail!("delivery: window_margin must be smaller than upstream_window");
         }
         d.validate_breaker()?;
+        self.before_queue.validate()?;
         if let Some(token) = &self.admin_token {
             let t = token.expose();
             if t.len() < 16 || t.bytes().any(|b| !b.is_ascii_graphic()) {

@@ -4,6 +4,7 @@ pub(crate) mod breaker;
 pub(crate) mod decide;
 pub(crate) mod dsn;
 pub(crate) mod extensions;
+pub(crate) mod immediate;
 pub(crate) mod outcome;
 pub(crate) mod ratelimit;
 pub(crate) mod reply_class;

@@ -13,6 +13,7 @@ use super::decide::{
     WINDOW_OVER,
 };
 use super::dsn::notice_for;
+use super::immediate::Answering;
 use super::outcome::EnhancedCode;
 use super::ratelimit::TokenBucket;
 use super::retry::{Next, RetryPolicy};
@@ -22,6 +23,9 @@ use super::upstream::{
 use crate::mail::new_queue_id;
 use crate::shutdown::Stop;
 use crate::store::{AttemptResult, Claimed, Settle, Store};
+
+mod immediate_send;
+use immediate_send::answer_for_waiting_client;
 
 #[derive(Debug, Clone)]
 pub(crate) struct DeliverySettings {
@@ -45,6 +49,9 @@ pub(crate) struct DeliverySettings {
     /// `log_recipients`: the last delivery line carries the envelope.
     pub log_recipients: bool,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The before-queue mode, when a listener or scope uses it: its immediate sends run on
+    /// connections of their own (`run_immediate`).
+    pub before_queue: Option<Arc<super::immediate::BeforeQueue>>,
 }
 
 /// State every worker shares: the upstream's health and pace are relay-wide.
@@ -119,6 +126,8 @@ pub(crate) fn start(
         };
         tasks.push(tokio::spawn(worker.run(stop.clone())));
     }
+    // The before-queue mode's immediate sends, on connections of their own.
+    immediate_send::start(&shared, &process.0, &working, stop, &mut tasks)?;
     Ok(tasks)
 }
 
@@ -243,7 +252,8 @@ impl Worker {
                 return Ok(closed);
             }
         }
-        self.deliver(job).await?;
+        let answering = self.answering(&job.id);
+        self.deliver(job, answering).await?;
         Ok(true)
     }
 
@@ -319,7 +329,8 @@ impl Worker {
         Ok(())
     }
 
-    async fn deliver(&mut self, job: Claimed) -> anyhow::Result<()> {
+    /// `answering`: the record's client waits for the verdict (before-queue mode).
+    async fn deliver(&mut self, job: Claimed, answering: Option<Answering>) -> anyhow::Result<()> {
         let store = self.shared.store.clone();
         let policy = self.shared.settings.retry;
         let claimed_at = Instant::now();
@@ -428,6 +439,11 @@ impl Worker {
             dsn_id,
             now_ms,
         );
+        let answer = answering
+            .as_ref()
+            .and_then(|a| answer_for_waiting_client(a, &job, &decision));
+        // The client heard the refusal itself: no bounce.
+        let dsn = dsn.filter(|_| answer.is_none() || decision.next != Next::Failed);
         let settle = decision.settle(dsn);
         let result = &decision.row;
         // The outcome is known now; losing it to a passing store error would turn it into
@@ -438,9 +454,18 @@ impl Worker {
             job.token,
             Some((attempt, result)),
             &settle,
+            answer.as_ref(),
             held.settle_by(),
         )
-        .await?;
+        .await;
+        let settled = match (answering, answer) {
+            // Told only once written, and as written.
+            (Some(answering), Some(reply)) => {
+                answering.stored(reply, settled.as_ref().ok().copied());
+                settled?
+            }
+            _ => settled?,
+        };
         if let Some(reason) = &decision.pause {
             store.pause(reason, true).await?;
             tracing::error!(
@@ -791,17 +816,28 @@ async fn reclaim_dead_leases(store: &dyn Store) {
     }
 }
 
+/// `answer`: the reply a waiting client is told, stored as the record's reply in the same
+/// commit (before-queue mode).
 async fn settle_with_retry(
     store: &dyn Store,
     id: &str,
     token: i64,
     attempt: Option<(u32, &AttemptResult)>,
     settle: &Settle,
+    answer: Option<&crate::reply::Reply>,
     until: Instant,
 ) -> anyhow::Result<bool> {
     let mut pause = Duration::from_millis(100);
     loop {
-        match store.settle(id, token, attempt, settle).await {
+        let written = match answer {
+            Some(reply) => {
+                store
+                    .settle_answered(id, token, attempt, settle, &reply.line())
+                    .await
+            }
+            None => store.settle(id, token, attempt, settle).await,
+        };
+        match written {
             Ok(held) => return Ok(held),
             Err(err) if Instant::now() + pause < until => {
                 tracing::warn!(target: "idemrelay::store", error = %err, id = %id, "cannot write the attempt outcome yet; retrying");

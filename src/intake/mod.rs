@@ -5,6 +5,7 @@ pub(crate) mod fingerprint;
 pub mod key;
 pub mod message;
 pub mod parts;
+mod waiting;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -120,6 +121,9 @@ pub struct Intake {
     /// The store's answers to `claim_key_space`, per (scope, key space): they never change,
     /// so each is asked once per process.
     key_space_owned: Mutex<HashMap<(String, String), bool>>,
+    /// The before-queue mode's clients waiting for a verdict here: a retry of one of their
+    /// records waits for that answer and replays it (docs/guides/before-queue.md).
+    before_queue: Option<Arc<crate::delivery::immediate::BeforeQueue>>,
 }
 
 /// Removes the in-flight entry (waking the waiters) however the attempt ends.
@@ -164,6 +168,7 @@ impl Intake {
             in_flight: Mutex::new(HashMap::new()),
             store_healthy: AtomicBool::new(true),
             metrics: Arc::new(Metrics::default()),
+            before_queue: None,
         }
     }
 
@@ -256,8 +261,22 @@ impl Intake {
         origin: &Origin,
         sub: &Submission,
     ) -> (Reply, SubmissionResult) {
+        let (reply, outcome, _) = self.submit_with(origin, sub, false).await;
+        (reply, outcome)
+    }
+
+    async fn submit_with(
+        &self,
+        origin: &Origin,
+        sub: &Submission,
+        waiting: bool,
+    ) -> (
+        Reply,
+        SubmissionResult,
+        Option<crate::delivery::immediate::Waiter>,
+    ) {
         let mut scanned = None;
-        let (decision, key) = self.submit_inner(origin, sub, &mut scanned).await;
+        let (decision, key, waiter) = self.submit_inner(origin, sub, &mut scanned, waiting).await;
         let Decision { reply, outcome, id } = decision;
         // The Message-ID identifies the message to its sender's people. The decision's own
         // scan of the header section gives it; a message refused before that scan has its
@@ -300,7 +319,7 @@ impl Intake {
         if outcome == SubmissionResult::Replayed {
             self.count_replay(&origin.scope).await;
         }
-        (reply, outcome)
+        (reply, outcome, waiter)
     }
 
     /// Bookkeeping for `idemrelay report`: bounded in time and never able to turn the
@@ -323,10 +342,16 @@ impl Intake {
         origin: &Origin,
         sub: &Submission,
         scanned: &mut Option<Option<String>>,
-    ) -> (Decision, Option<IdemKey>) {
+        waiting: bool,
+    ) -> (
+        Decision,
+        Option<IdemKey>,
+        Option<crate::delivery::immediate::Waiter>,
+    ) {
         if !has_header_section(&sub.message) {
             return (
                 Decision::refused(Reply::no_header_section(), SubmissionResult::Rejected),
+                None,
                 None,
             );
         }
@@ -337,17 +362,25 @@ impl Intake {
                     SubmissionResult::Rejected,
                 ),
                 None,
+                None,
             );
         };
         let scan = scan_headers(&sub.message[..header_len]);
         *scanned = Some(scan.message_id.clone());
         let fp = fingerprint(&origin.scope, &sub.envelope, &sub.message);
         let key = match self.resolve_key(origin, sub, &scan, &fp) {
-            Resolved::Refused(reply, outcome) => return (Decision::refused(reply, outcome), None),
+            Resolved::Refused(reply, outcome) => {
+                return (Decision::refused(reply, outcome), None, None)
+            }
             Resolved::Keyed(key) => Some(key),
             Resolved::Unkeyed => None,
         };
         let id = crate::mail::new_queue_id(crate::store::now_ms());
+        // Registered before the commit: whoever sees the record sees that its client waits.
+        let mut waiter = match &self.before_queue {
+            Some(before_queue) if waiting => Some(before_queue.registry.register(&id)),
+            _ => None,
+        };
         let message_fp = message_fingerprint(&origin.scope, &sub.envelope, &sub.message);
         let facts = RecordFacts {
             origin,
@@ -358,7 +391,7 @@ impl Intake {
             key: key.as_ref(),
             id: &id,
         };
-        let decision = match &key {
+        let mut decision = match &key {
             None => self.insert_unkeyed(&self.record(&facts, 1, false)).await,
             Some(key) => self.insert_keyed(&facts, key).await,
         };
@@ -368,11 +401,22 @@ impl Intake {
             SubmissionResult::Accepted => {
                 failpoint!("intake.after_commit");
                 self.store_healthy.store(true, Ordering::Relaxed);
-                self.delivery_hint.notify_waiters();
+                if waiter.is_none() {
+                    self.delivery_hint.notify_waiters();
+                }
+            }
+            SubmissionResult::Replayed => {
+                decision = self
+                    .after_verdict(&origin.scope, key.as_ref(), decision)
+                    .await;
             }
             _ => {}
         }
-        (decision, key)
+        if decision.outcome != SubmissionResult::Accepted {
+            // Not this submission's record: its slot goes (dropping it answers nothing).
+            waiter = None;
+        }
+        (decision, key, waiter)
     }
 
     fn resolve_key(

@@ -83,6 +83,12 @@ pub(crate) struct ServerContext {
     /// Delay before answering a failed AUTH (slows password guessing).
     pub auth_failure_delay: Duration,
     pub auth_throttle: Arc<AuthThrottle>,
+    /// The before-queue mode, when a listener or the users file may use it
+    /// (docs/guides/before-queue.md).
+    pub before_queue: Option<Arc<crate::delivery::immediate::BeforeQueue>>,
+    /// A before-queue listener: every client's end of DATA is answered with the upstream's
+    /// verdict (elsewhere only users with `before_queue = true` get it).
+    pub before_queue_listener: bool,
 }
 
 /// Accepts until `shutdown` is given; connections are spawned through `sessions` so the
@@ -619,7 +625,15 @@ impl Conversation<'_> {
                         },
                         None => self.origin.clone(),
                     };
-                    let (reply, _) = self.ctx.intake.submit(&origin, &sub).await;
+                    let ctx = self.ctx;
+                    let reply = match &ctx.before_queue {
+                        Some(bq)
+                            if bq.waits(ctx.before_queue_listener, ctx.users.as_deref(), &sub) =>
+                        {
+                            bq.submit(&ctx.intake, &origin, &sub).await
+                        }
+                        _ => ctx.intake.submit(&origin, &sub).await.0,
+                    };
                     session.submission_done(reply)
                 }
                 Some(Output::Authenticate(presented)) => {
@@ -747,45 +761,4 @@ async fn write_all<S: AsyncWrite + Unpin>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_session_limit_shortens_the_last_read() {
-        let secs = Duration::from_secs;
-        // Plenty of session left: an ordinary read timeout.
-        assert_eq!(
-            next_read(secs(600), secs(60), secs(10)),
-            NextRead::Wait {
-                limit: secs(60),
-                session_ends: false
-            }
-        );
-        // Less session left than a read timeout: the read waits only for what is left, and
-        // its timing out is the session's end.
-        assert_eq!(
-            next_read(secs(600), secs(60), secs(570)),
-            NextRead::Wait {
-                limit: secs(30),
-                session_ends: true
-            }
-        );
-        // Exactly a read timeout left: the session's end too.
-        assert_eq!(
-            next_read(secs(600), secs(60), secs(540)),
-            NextRead::Wait {
-                limit: secs(60),
-                session_ends: true
-            }
-        );
-        // At the limit or past it: over, without another read.
-        assert_eq!(
-            next_read(secs(600), secs(60), secs(600)),
-            NextRead::SessionOver
-        );
-        assert_eq!(
-            next_read(secs(600), secs(60), secs(900)),
-            NextRead::SessionOver
-        );
-    }
-}
+mod tests;

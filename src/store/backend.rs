@@ -63,6 +63,29 @@ pub trait Store: Send + Sync {
         settle: &Settle,
     ) -> Result<bool, StoreError>;
 
+    /// Leases the record `id` itself, due or not, when no one holds it and delivery is not
+    /// paused (the before-queue mode sends a message the moment intake committed it). `None`
+    /// otherwise, and for a record whose body cannot be used (marked damaged) or that has an
+    /// intent left open (the ordinary claim closes it).
+    async fn claim_id(
+        &self,
+        id: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Claimed>, StoreError>;
+
+    /// `settle`, and in the same commit the record's stored reply (what a retry of the
+    /// submission replays) becomes `reply`: the before-queue mode told the client the
+    /// upstream's verdict. Fenced by the lease token like `settle`.
+    async fn settle_answered(
+        &self,
+        id: &str,
+        token: i64,
+        attempt: Option<(u32, &AttemptResult)>,
+        settle: &Settle,
+        reply: &str,
+    ) -> Result<bool, StoreError>;
+
     /// Extends a lease still held under `token`; false if it was lost.
     async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError>;
 

@@ -309,6 +309,26 @@ impl Store for FlakyIntent {
     async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
         self.inner.renew_lease(id, token, lease).await
     }
+    async fn claim_id(
+        &self,
+        id: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Claimed>, StoreError> {
+        self.inner.claim_id(id, owner, lease).await
+    }
+    async fn settle_answered(
+        &self,
+        id: &str,
+        token: i64,
+        attempt: Option<(u32, &AttemptResult)>,
+        settle: &Settle,
+        reply: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner
+            .settle_answered(id, token, attempt, settle, reply)
+            .await
+    }
     async fn heartbeat(&self, process: &str) -> Result<(), StoreError> {
         self.inner.heartbeat(process).await
     }

@@ -13,6 +13,7 @@
 mod common;
 
 mod admin;
+mod before_queue;
 mod breaker;
 mod delivery;
 mod delivery_policy;

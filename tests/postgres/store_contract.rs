@@ -1690,3 +1690,7 @@ async fn a_record_the_database_refuses_fails_alone(backend: Backend) {
         }
     }
 }
+
+/// The before-queue mode's writes: leasing one record by id, and settling it with the reply
+/// its client heard.
+mod immediate;

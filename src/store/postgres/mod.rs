@@ -27,6 +27,7 @@ use crate::store::rows;
 use crate::store::webhook::{EventRow, WebhookApplied, WebhookReceipt};
 
 mod hosts;
+mod immediate;
 mod intake;
 mod webhook;
 mod write;
@@ -342,6 +343,26 @@ impl Store for PostgresStore {
         settle: &Settle,
     ) -> Result<bool, StoreError> {
         write::settle(&self.pool, id, token, attempt, settle).await
+    }
+
+    async fn claim_id(
+        &self,
+        id: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Claimed>, StoreError> {
+        immediate::claim_id(&self.pool, id, owner, lease).await
+    }
+
+    async fn settle_answered(
+        &self,
+        id: &str,
+        token: i64,
+        attempt: Option<(u32, &AttemptResult)>,
+        settle: &Settle,
+        reply: &str,
+    ) -> Result<bool, StoreError> {
+        write::settle_replying(&self.pool, id, token, attempt, settle, Some(reply)).await
     }
 
     async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {

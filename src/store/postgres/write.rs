@@ -253,9 +253,22 @@ pub(super) async fn settle(
     attempt: Option<(u32, &AttemptResult)>,
     settle: &Settle,
 ) -> Result<bool, StoreError> {
+    settle_replying(pool, id, token, attempt, settle, None).await
+}
+
+/// `settle`; with `reply`, the record's stored reply (what a retry replays) becomes it in
+/// the same commit (the before-queue mode's answer to the client).
+pub(super) async fn settle_replying(
+    pool: &PgPool,
+    id: &str,
+    token: i64,
+    attempt: Option<(u32, &AttemptResult)>,
+    settle: &Settle,
+    reply: Option<&str>,
+) -> Result<bool, StoreError> {
     let settled = transition::settle(attempt.map(|(_, r)| r), settle);
     let unresolved = settled.unresolved;
-    if !settled.late_match() && settled.dsn.is_none() {
+    if !settled.late_match() && settled.dsn.is_none() && reply.is_none() {
         // Nothing but the outcome to write: the fenced writes alone, one statement and
         // one commit (their fence takes the job's row lock first, as below).
         let wrote = settle_writes(id, token, None, attempt, &settled)
@@ -305,6 +318,13 @@ pub(super) async fn settle(
     }
     if let Some(known) = &known {
         webhook::attach_unmatched(&mut tx, known, now).await?;
+    }
+    if let Some(reply) = reply {
+        sqlx::query("UPDATE messages SET reply = $1 WHERE id = $2")
+            .bind(reply)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await?;
     Ok(true)

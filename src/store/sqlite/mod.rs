@@ -27,6 +27,7 @@ use crate::store::rows;
 use crate::store::webhook::{EventRow, WebhookApplied, WebhookReceipt};
 
 mod group_commit;
+mod immediate;
 mod spool;
 #[cfg(test)]
 mod tests;
@@ -327,6 +328,39 @@ impl Store for SqliteStore {
             .write(move |conn| {
                 let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
                 write::settle(conn, &spool, &id, token, attempt, &settle)
+            })
+            .await
+    }
+
+    async fn claim_id(
+        &self,
+        id: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Claimed>, StoreError> {
+        let (id, owner) = (id.to_string(), owner.to_string());
+        let spool = self.spool_reader.clone();
+        self.writer
+            .write(move |conn| immediate::claim_id(conn, &spool, &id, &owner, lease))
+            .await
+    }
+
+    async fn settle_answered(
+        &self,
+        id: &str,
+        token: i64,
+        attempt: Option<(u32, &AttemptResult)>,
+        settle: &Settle,
+        reply: &str,
+    ) -> Result<bool, StoreError> {
+        let (id, reply) = (id.to_string(), reply.to_string());
+        let attempt = attempt.map(|(n, r)| (n, r.clone()));
+        let settle = settle.clone();
+        let spool = self.spool.clone();
+        self.writer
+            .write(move |conn| {
+                let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
+                immediate::settle_answered(conn, &spool, &id, token, attempt, &settle, &reply)
             })
             .await
     }

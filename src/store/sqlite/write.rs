@@ -256,7 +256,7 @@ fn lease_next(
 }
 
 /// The leased job's message, its body checked, and the facts of its ledger.
-fn claim_details(
+pub(super) fn claim_details(
     conn: &Connection,
     spool: &SpoolReader,
     id: String,
@@ -291,7 +291,12 @@ fn claim_details(
 
 /// A record whose body cannot be used is failed with the reason, in this commit, so that it
 /// never blocks the queue and is never forwarded; an open intent stays on record as UNKNOWN.
-fn mark_damaged(conn: &Connection, id: &str, reason: &str, now: i64) -> Result<(), StoreError> {
+pub(super) fn mark_damaged(
+    conn: &Connection,
+    id: &str,
+    reason: &str,
+    now: i64,
+) -> Result<(), StoreError> {
     finish_record(
         conn,
         id,
