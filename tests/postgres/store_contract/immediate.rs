@@ -113,6 +113,7 @@ async fn an_answered_settle_stores_the_reply_in_the_same_commit_under_the_fence(
         assert!(a.begin_attempt("m2", job.token, 1).await.unwrap());
         let delivered = Settle::Delivered {
             upstream_reply: "250 ok".into(),
+            dsn: None,
         };
         let line = "250 2.0.0 OK delivered as m2; upstream: 250 ok";
         assert!(a
