@@ -44,15 +44,25 @@ impl Intake {
         let Some(id) = decision.id.clone() else {
             return decision;
         };
-        let Some(mut finished) = before_queue.registry.pending(&id) else {
-            return decision;
-        };
-        let bound = before_queue.wait + self.settings.in_progress_wait;
-        if tokio::time::timeout(bound, finished.wait_for(|done| *done))
-            .await
-            .is_err()
-        {
-            return Decision::refused(Reply::key_in_progress(), SubmissionResult::InProgress);
+        match before_queue.registry.pending(&id) {
+            Some(mut finished) => {
+                let bound = before_queue.wait + self.settings.in_progress_wait;
+                if tokio::time::timeout(bound, finished.wait_for(|done| *done))
+                    .await
+                    .is_err()
+                {
+                    return Decision::refused(
+                        Reply::key_in_progress(),
+                        SubmissionResult::InProgress,
+                    );
+                }
+            }
+            // No client of this record waits here now. One may have, until a moment ago: its
+            // verdict stored and its slot finished between this retry's lookup and here (the
+            // slot goes only once the verdict is written). A replay of the record's first
+            // answer, `queued`, is read once more so that both clients hear the same.
+            None if decision.reply == Reply::queued(&id).replayed() => {}
+            None => return decision,
         }
         match self
             .store
@@ -65,5 +75,81 @@ impl Intake {
                 .map_or(decision, replay),
             Err(err) => unavailable(&err),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::intake::key::KeySource;
+    use crate::intake::{IntakeSettings, KeySpaces};
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::{Retention, Store};
+
+    /// The race a retry can lose: its lookup read the record's first reply (`queued`), then the
+    /// first client's verdict was stored and its slot finished before the retry looked for the
+    /// slot. The retry must hear the verdict, as the first client did.
+    #[tokio::test]
+    async fn a_retry_that_missed_the_slot_reads_the_verdict_stored_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("r.db").display());
+        let store: Arc<dyn Store> = Arc::new(
+            SqliteStore::open(&url, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        );
+        let retention = Retention::flat(Duration::from_secs(3600));
+        let verdict =
+            "554 5.7.1 upstream refused M1 (not delivered, no bounce will follow): 554 5.7.1 spam";
+        let mut record = crate::store::test_record("M1", "k1");
+        record.reply = verdict.into();
+        store.insert(&record, retention).await.unwrap();
+        let hint = Arc::new(tokio::sync::Notify::new());
+        let intake = Intake::new(
+            store.clone(),
+            IntakeSettings {
+                hostname: "relay.test".into(),
+                missing_key: crate::mail::MissingKey::Derive,
+                retention,
+                in_progress_wait: Duration::from_secs(1),
+                key_spaces: KeySpaces::new(),
+                log_recipients: false,
+            },
+            hint.clone(),
+        )
+        .with_before_queue(Arc::new(BeforeQueue::new(
+            Duration::from_secs(1),
+            1,
+            store,
+            hint,
+        )));
+        let key = IdemKey {
+            value: "k1".into(),
+            source: KeySource::Header,
+            encoded: false,
+            undecoded: None,
+        };
+        let read_before = Decision {
+            reply: Reply::queued("M1").replayed(),
+            outcome: SubmissionResult::Replayed,
+            id: Some("M1".into()),
+        };
+        let heard = intake.after_verdict("s", Some(&key), read_before).await;
+        assert_eq!(heard.reply, Reply::from_line(verdict).unwrap().replayed());
+        // Any other replay is what the record said, without a second read.
+        let other = Decision {
+            reply: Reply::from_line("250 2.0.0 OK delivered as M1; upstream: 250 ok")
+                .unwrap()
+                .replayed(),
+            outcome: SubmissionResult::Replayed,
+            id: Some("M1".into()),
+        };
+        let kept = other.reply.clone();
+        assert_eq!(
+            intake.after_verdict("s", Some(&key), other).await.reply,
+            kept
+        );
     }
 }
