@@ -121,6 +121,7 @@ pub fn reply_catalogue() -> Vec<(&'static str, Reply)> {
         store_unavailable(),
         delivered_before_queue("<id>", "<upstream reply>"),
         refused_before_queue(550, "5.1.1", "<id>", "<upstream reply>"),
+        requiretls_refused_before_queue("<id>"),
         verdict_not_recorded("<id>"),
     ]
 }

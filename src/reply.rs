@@ -558,6 +558,16 @@ impl Reply {
         )
     }
 
+    /// At the end of DATA in the before-queue mode: the message asked for REQUIRETLS and the
+    /// upstream cannot honour it (no verified TLS, or no REQUIRETLS offered), so the relay did not
+    /// send it (RFC 8689). The record is failed without a bounce and keeps this line.
+    pub(crate) fn requiretls_refused_before_queue(id: &str) -> Self {
+        Reply::new(
+            550,
+            format!("5.7.30 {id} not sent: REQUIRETLS was asked and the upstream does not offer it over verified TLS (no bounce will follow)"),
+        )
+    }
+
     /// At the end of DATA in the before-queue mode: the upstream answered but the store did not
     /// confirm recording it in time, or could not be read back. The message is recorded; a retry of
     /// the same request replays what was recorded and sends nothing again.

@@ -299,11 +299,23 @@ pub(crate) fn client_reply(id: &str, result: &AttemptResult) -> Option<Reply> {
     let upstream = one_line(&result.reply);
     match result.outcome {
         "accepted" => Some(Reply::delivered_before_queue(id, &upstream)),
+        // The relay itself declined to send (REQUIRETLS and an upstream that cannot honour
+        // it): said as the relay's decision, not as the upstream's reply.
+        "permanent"
+            if result.phase == Some("ehlo")
+                && result.reply == super::extensions::REQUIRETLS_REFUSED =>
+        {
+            Some(Reply::requiretls_refused_before_queue(id))
+        }
         "permanent" => {
-            let code = result
-                .code
-                .filter(|c| (500..600).contains(c))
-                .unwrap_or(550);
+            // After the final dot a server may answer only 550, 552 or 554 (RFC 5321 §4.3.2):
+            // a refusal at MAIL or RCPT (553, 501, 555, ...) is passed on as 550 (554 after
+            // the upstream's own dot), its enhanced code and text unchanged.
+            let code = match result.code {
+                Some(code @ (550 | 552 | 554)) => code,
+                _ if result.phase == Some("dot") => 554,
+                _ => 550,
+            };
             let enhanced = EnhancedCode::from_reply(&result.reply)
                 .filter(|e| e.class == 5)
                 .map_or_else(|| "5.0.0".to_string(), |e| e.to_string());
@@ -507,6 +519,31 @@ mod tests {
         assert_eq!(
             refused.unwrap().line(),
             "554 5.7.1 upstream refused ID (not delivered, no bounce will follow): 554 5.7.1 spam"
+        );
+        // A code the end of DATA may not carry: 550 before the upstream's dot, 554 after it.
+        let at_rcpt = AttemptResult {
+            phase: Some("rcpt"),
+            ..result("permanent", Some(553), "553 5.1.3 bad address")
+        };
+        assert_eq!(
+            client_reply("ID", &at_rcpt).unwrap().line(),
+            "550 5.1.3 upstream refused ID (not delivered, no bounce will follow): 553 5.1.3 bad address"
+        );
+        let odd_dot = client_reply("ID", &result("permanent", Some(557), "557 5.7.1 odd")).unwrap();
+        assert!(odd_dot.line().starts_with("554 5.7.1 "), "{odd_dot:?}");
+        // The relay's own REQUIRETLS refusal is worded as the relay's.
+        let requiretls = AttemptResult {
+            phase: Some("ehlo"),
+            ..result(
+                "permanent",
+                Some(550),
+                super::super::extensions::REQUIRETLS_REFUSED,
+            )
+        };
+        let line = client_reply("ID", &requiretls).unwrap().line();
+        assert!(
+            line.starts_with("550 5.7.30 ") && !line.contains("upstream refused"),
+            "{line}"
         );
         // No enhanced code, or one of the wrong class: 5.0.0.
         let bare = client_reply("ID", &result("permanent", Some(550), "550 nope")).unwrap();
