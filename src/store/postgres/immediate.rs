@@ -10,8 +10,9 @@ use super::write;
 use crate::store::record::{retention_ms, Claimed, StoreError};
 use crate::store::rows;
 
-/// Leases `id` when no one holds it and delivery is not paused, in one statement (one
-/// commit). Unlike the ordinary claim it does not move the scope's turn: the record jumps the
+/// Leases `id` when no one holds it, no attempt was ever begun on it (else ordinary delivery,
+/// with its backoff, owns it: another instance may have tried it and backed off) and delivery
+/// is not paused, in one statement (one commit). Unlike the ordinary claim it does not move the scope's turn: the record jumps the
 /// queue only because its client is waiting for it. A record with an intent left open is
 /// handed straight back: closing it as UNKNOWN is the ordinary claim's work.
 pub(super) async fn claim_id(
@@ -29,6 +30,7 @@ pub(super) async fn claim_id(
                 lease_token = j.lease_token + 1
             FROM clock c
             WHERE j.message_id = $1 AND (j.lease_until IS NULL OR j.lease_until <= c.now_ms)
+              AND j.first_attempt_at IS NULL
               AND NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL)
             RETURNING j.message_id, j.scope, j.lease_token, j.first_attempt_at, c.now_ms)
          SELECT l.scope AS job_scope, l.now_ms, m.idem_key, m.mail_from, m.rcpt_to,

@@ -10,8 +10,9 @@ use super::spool::{Spool, SpoolReader};
 use super::write;
 use crate::store::record::{now_ms, retention_ms, AttemptResult, Claimed, Settle, StoreError};
 
-/// Leases `id` when no one holds it and delivery is not paused; the claim trigger sends its
-/// scope to the back of the turns as any claim does.
+/// Leases `id` when no one holds it, no attempt was ever begun on it (else ordinary delivery,
+/// with its backoff, owns it) and delivery is not paused; the claim trigger sends its scope to
+/// the back of the turns as any claim does.
 pub(crate) fn claim_id(
     conn: &Connection,
     spool: &SpoolReader,
@@ -25,6 +26,7 @@ pub(crate) fn claim_id(
             "UPDATE delivery_jobs
              SET lease_owner = ?2, lease_until = ?3, lease_token = lease_token + 1
              WHERE message_id = ?1 AND (lease_until IS NULL OR lease_until <= ?4)
+               AND first_attempt_at IS NULL
                AND NOT EXISTS (SELECT 1 FROM delivery_control WHERE paused_at IS NOT NULL)
              RETURNING scope",
         )?

@@ -66,6 +66,14 @@ async fn a_record_is_leased_by_its_id_only_when_free_and_not_paused(backend: Bac
         b.release("m3", m3.token, Duration::ZERO).await.unwrap();
         let again = a.claim_id("m3", "now", LONG_LEASE).await.unwrap().unwrap();
         assert!(again.token > m3.token, "{name}");
+        // Once an attempt has begun, the record is ordinary delivery's (with its backoff): a
+        // lease by id is refused even when the lease is free again.
+        assert!(a.begin_attempt("m3", again.token, 1).await.unwrap());
+        a.release("m3", again.token, Duration::ZERO).await.unwrap();
+        assert!(
+            b.claim_id("m3", "now", LONG_LEASE).await.unwrap().is_none(),
+            "{name}: leased by id after an attempt"
+        );
     }
 }
 
