@@ -413,3 +413,84 @@ async fn a_restart_before_the_relayed_notice_leaves_still_sends_it_once() {
     assert_eq!(originals, 1);
     assert_eq!(second.stored(&id).await.dsns, dsns);
 }
+
+/// The session, not the store, files the requests: a client's RET, ENVID and each recipient's
+/// NOTIFY and ORCPT, sent over a socket, decide the failure notice when the upstream refuses
+/// both recipients for good. The NEVER recipient is in no notice; the other one's notice
+/// carries the envelope id and its original recipient decoded, and the headers only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_from_the_client_session_decide_the_failure_notice() {
+    use common::{message, Client};
+    let sink = Sink::start(SinkConfig::default()).await.unwrap();
+    // Refused at RCPT only, so the notice to the sender goes through.
+    let refuse =
+        |rcpt: &str| FaultRule::reply(FaultStage::Rcpt, 550, "5.1.1 no such user").with_rcpt(rcpt);
+    sink.set_faults(vec![
+        refuse("never@example.org"),
+        refuse("kept@example.org"),
+    ])
+    .unwrap();
+    let relay = relay_for(&sink, |_| {}).await;
+    let mut c = Client::ready(relay.addr).await;
+    let mail = c
+        .cmd("MAIL FROM:<s@example.com> RET=HDRS ENVID=env+2B1")
+        .await;
+    assert_eq!(mail.code, 250, "{mail:?}");
+    for rcpt in [
+        "RCPT TO:<never@example.org> NOTIFY=NEVER",
+        "RCPT TO:<kept@example.org> NOTIFY=FAILURE ORCPT=rfc822;Kept+2Bx@example.org",
+    ] {
+        let answer = c.cmd(rcpt).await;
+        assert_eq!(answer.code, 250, "{rcpt}: {answer:?}");
+    }
+    let answer = c
+        .data(&message(
+            Some("dsn-session-2"),
+            "figures",
+            "THE ORIGINAL BODY",
+        ))
+        .await;
+    c.quit().await;
+    let id = answer
+        .queue_id()
+        .unwrap_or_else(|| panic!("not queued: {answer:?}"));
+    wait_state(&relay, &id, State::Failed).await;
+    eventually(LIMIT, "a notice", || async {
+        sink.messages()
+            .iter()
+            .any(|m| m.mail_from.is_empty())
+            .then_some(())
+    })
+    .await;
+    let got = notices(&sink).await;
+    assert_eq!(got.len(), 1, "exactly one notice: {got:?}");
+    assert_eq!(got[0].rcpt_to, ["s@example.com"]);
+    let text = String::from_utf8(got[0].bytes.clone()).unwrap();
+    assert!(
+        text.contains("Final-Recipient: rfc822; kept@example.org\r\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("never@example.org"),
+        "NOTIFY=NEVER names no one: {text}"
+    );
+    assert!(
+        text.contains("\r\nOriginal-Envelope-Id: env+1\r\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\r\nOriginal-Recipient: rfc822; Kept+x@example.org\r\n\
+             Final-Recipient: rfc822; kept@example.org\r\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("Content-Type: text/rfc822-headers"), "{text}");
+    assert!(
+        text.contains("X-Bird-Idempotency-Key: dsn-session-2"),
+        "{text}"
+    );
+    assert!(!text.contains("message/rfc822"), "{text}");
+    assert!(!text.contains("THE ORIGINAL BODY"), "{text}");
+    assert_eq!(relay.stored(&id).await.dsns.len(), 1);
+}

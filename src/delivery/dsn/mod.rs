@@ -335,8 +335,9 @@ fn delivery_status_part(input: &DsnInput<'_>) -> String {
         "Reporting-MTA",
         &format!("dns; {}", clean(input.reporting_mta)),
     );
-    out += &fold("X-Idemrelay-Id", &clean(input.original_id));
     out += &fold("Arrival-Date", &rfc822_date(input.arrival_unix));
+    // An extension field: the ABNF puts these after the standard per-message fields.
+    out += &fold("X-Idemrelay-Id", &clean(input.original_id));
     let (action, status) = match input.action {
         Action::Failed => ("failed", status_code(input.remote_code, input.remote_reply)),
         Action::Relayed => ("relayed", success_code(input.remote_reply)),
@@ -345,8 +346,8 @@ fn delivery_status_part(input: &DsnInput<'_>) -> String {
     let last_attempt = rfc822_date(input.now_unix);
     for r in input.recipients {
         out += "\r\n";
-        if let Some(orcpt) = input.requests.orcpt(r) {
-            out += &fold("Original-Recipient", &original_recipient(orcpt));
+        if let Some(orcpt) = input.requests.orcpt(r).and_then(original_recipient) {
+            out += &fold("Original-Recipient", &orcpt);
         }
         out += &fold("Final-Recipient", &final_recipient(r));
         out += &fold("Action", action);
@@ -382,20 +383,53 @@ pub(crate) fn original_envelope_id(envid: &str) -> String {
     }
 }
 
-/// RFC 3464 §2.3.1 `addr-type; address`, the address decoded from ORCPT's xtext; an
-/// internationalized one in RFC 6533's `utf-8` form, and anything undecodable as sent.
-pub(crate) fn original_recipient(orcpt: &str) -> String {
-    match parse_orcpt(orcpt) {
-        Ok((addr_type, address)) if address.bytes().all(|b| b.is_ascii_graphic()) => {
-            format!("{addr_type}; {address}")
-        }
-        Ok((addr_type, address))
-            if addr_type.eq_ignore_ascii_case("rfc822") && !address.is_ascii() =>
-        {
-            format!("utf-8; {}", utf8_addr_xtext(&address))
-        }
-        _ => clean(orcpt),
+/// RFC 3464 §2.3.1 `addr-type; address`, the address decoded from the xtext ORCPT travels in
+/// (RFC 3461 §4.2). An address that is not printable ASCII (an `rfc822` one with UTF-8 in it,
+/// or any `utf-8` one, whose decoded text is itself RFC 6533 utf-8-addr-xtext and may carry
+/// raw UTF-8 as well) is written as RFC 6533's `utf-8` type with `\x{HEX}` escapes, which
+/// keeps the report 7-bit. Anything else that cannot be decoded keeps its xtext, still with
+/// the one space. `None` without an addr-type at all: the field is left out rather than made up.
+pub(crate) fn original_recipient(orcpt: &str) -> Option<String> {
+    let printable = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
+    let Ok((addr_type, address)) = parse_orcpt(orcpt) else {
+        let (addr_type, raw) = orcpt.split_once(';')?;
+        let (addr_type, raw) = (clean(addr_type.trim()), clean(raw.trim()));
+        return (!addr_type.is_empty() && !raw.is_empty()).then(|| format!("{addr_type}; {raw}"));
+    };
+    if addr_type.eq_ignore_ascii_case("utf-8") {
+        // Undo the sender's own `\x{HEX}` escapes first so they are not escaped twice.
+        let plain = utf8_addr_unescape(&address).unwrap_or(address);
+        return Some(format!("utf-8; {}", utf8_addr_xtext(&plain)));
     }
+    if printable(&address) {
+        Some(format!("{addr_type}; {}", clean(&address)))
+    } else if addr_type.eq_ignore_ascii_case("rfc822") {
+        Some(format!("utf-8; {}", utf8_addr_xtext(&address)))
+    } else {
+        // No 7-bit form of its own for another type: the xtext as sent.
+        let (_, raw) = orcpt.split_once(';')?;
+        Some(format!("{addr_type}; {}", clean(raw)))
+    }
+}
+
+/// The inverse of [`utf8_addr_xtext`]: `\x{HEX}` escapes back to their characters, anything
+/// else as is. `None` when an escape is malformed (then the text is taken literally).
+fn utf8_addr_unescape(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('\\') {
+        out += &rest[..at];
+        let tail = rest[at..].strip_prefix("\\x{")?;
+        let end = tail.find('}')?;
+        let hex = &tail[..end];
+        if hex.is_empty() || hex.len() > 6 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        out.push(char::from_u32(u32::from_str_radix(hex, 16).ok()?)?);
+        rest = &tail[end + 1..];
+    }
+    out += rest;
+    Some(out)
 }
 
 /// `rfc822; addr` for an ASCII address; RFC 6533's `utf-8;` type with `\x{HEX}` escapes for an

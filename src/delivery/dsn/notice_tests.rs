@@ -206,16 +206,52 @@ fn envelope_id_and_original_recipient() {
         "{report}"
     );
     assert_eq!(super::super::original_envelope_id("a+0Ab"), "a+0Ab");
-    assert_eq!(
-        super::super::original_recipient("rfc822;j+C3+B6rg@x"),
-        "utf-8; j\\x{F6}rg@x"
-    );
-    assert_eq!(
-        super::super::original_recipient("x400;c+3Dde"),
-        "x400; c=de"
-    );
-    // Not xtext: kept as sent.
-    assert_eq!(super::super::original_recipient("x400;c=de"), "x400;c=de");
+}
+
+/// RFC 3464 §2.3.1 / RFC 3461 §4.2 / RFC 6533 §3: always `addr-type; address` with one space,
+/// the address out of its xtext, and 7-bit (`utf-8` with `\x{HEX}` escapes) when it is not
+/// printable ASCII.
+#[test]
+fn original_recipient_is_type_space_decoded_address() {
+    let table: &[(&str, Option<&str>)] = &[
+        ("rfc822;bob@example.org", Some("rfc822; bob@example.org")),
+        (
+            "RFC822;b+2Bob@example.org",
+            Some("RFC822; b+ob@example.org"),
+        ),
+        ("rfc822;j+C3+B6rg@x", Some("utf-8; j\\x{F6}rg@x")),
+        // utf-8 with raw UTF-8 in its xtext (as an 8-bit client would send it).
+        ("utf-8;u+C3+BC@x", Some("utf-8; u\\x{FC}@x")),
+        ("UTF-8;u+C3+BC@x", Some("utf-8; u\\x{FC}@x")),
+        // utf-8-addr-xtext inside xtext: the sender's escapes kept, not escaped twice.
+        ("utf-8;u+5Cx{FC}@x", Some("utf-8; u\\x{FC}@x")),
+        ("utf-8;u+5Cx{fc}+C3+A9@x", Some("utf-8; u\\x{FC}\\x{E9}@x")),
+        ("utf-8;plain@x", Some("utf-8; plain@x")),
+        // A `+` is no QCHAR of utf-8-addr-xtext.
+        ("utf-8;a+2Bb@x", Some("utf-8; a\\x{2B}b@x")),
+        // A malformed escape is a backslash like any other.
+        (
+            "utf-8;u+5Cx{ZZ}+C3+BC@x",
+            Some("utf-8; u\\x{5C}x{ZZ}\\x{FC}@x"),
+        ),
+        // An emoji beyond the BMP.
+        ("rfc822;+F0+9F+93+A7@x", Some("utf-8; \\x{1F4E7}@x")),
+        ("x400;c+3Dde", Some("x400; c=de")),
+        // Another type that is not ASCII has no 7-bit form of its own: its xtext.
+        ("x400;c+C3+BC", Some("x400; c+C3+BC")),
+        // Not xtext: as sent, still `type; address`.
+        ("x400;c=de", Some("x400; c=de")),
+        ("rfc822;bad+zz@x", Some("rfc822; bad+zz@x")),
+        ("no-type-at-all", None),
+        (";x@y", None),
+    ];
+    for (orcpt, want) in table {
+        assert_eq!(
+            super::super::original_recipient(orcpt).as_deref(),
+            *want,
+            "{orcpt}"
+        );
+    }
 }
 
 #[test]
