@@ -237,7 +237,13 @@ fn human_part(input: &DsnInput<'_>) -> String {
     } else {
         out += &upstream_said(input, &phase, &diagnostic);
     }
-    out += "\r\n";
+    out += &closing_lines(input);
+    out
+}
+
+/// The end of every notice's human part: which message, when it arrived, what is returned.
+fn closing_lines(input: &DsnInput<'_>) -> String {
+    let mut out = String::from("\r\n");
     out += &wrap(
         &format!("Relay message id: {}", clean(input.original_id)),
         "",
@@ -311,17 +317,7 @@ fn relayed_human_part(input: &DsnInput<'_>) -> String {
         out += &wrap("The upstream server replied:", "");
         out += &wrap(&diagnostic, "    ");
     }
-    out += "\r\n";
-    out += &wrap(
-        &format!("Relay message id: {}", clean(input.original_id)),
-        "",
-    );
-    out += &wrap(
-        &format!("Received by the relay: {}", rfc822_date(input.arrival_unix)),
-        "",
-    );
-    out += "\r\n";
-    out += &wrap(returned_text(input.returned), "");
+    out += &closing_lines(input);
     out
 }
 
