@@ -449,6 +449,24 @@ async fn postfix_splits_a_keyed_message_into_two_parts_and_nothing_bounces() {
     eprintln!("{NAME}: {:?}", started.elapsed());
 }
 
+/// A relay on a new store forwarding to `sink`, and a private Postfix relaying to it; the
+/// store is `relay.db` in the returned directory.
+async fn postfix_before_relay(
+    postconf: &Path,
+    sink: &idemrelay::sink::SinkHandle,
+) -> (tempfile::TempDir, RelayProcess, Postfix) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("relay.db");
+    let upstream = format!("smtp://{}?tls=none", sink.smtp_addr());
+    let relay = RelayProcess::spawn(&serve_args(&db, &["--upstream", &upstream]))
+        .ready()
+        .await;
+    let postfix = tokio::task::block_in_place(|| {
+        Postfix::start(postconf, &dir.path().join("postfix"), relay.addr)
+    });
+    (dir, relay, postfix)
+}
+
 /// DSN requests from the real client: `sendmail -N success,failure -R hdrs -V ENVID` makes
 /// Postfix send RET, ENVID, NOTIFY and ORCPT to the relay, which offers DSN; the relay stores them
 /// with the record and passes them to an upstream that offers DSN, values byte for byte. The
@@ -466,15 +484,8 @@ async fn postfix_dsn_requests_reach_a_dsn_upstream_unchanged() {
     })
     .await
     .expect("sink");
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, relay, postfix) = postfix_before_relay(&postconf, &sink).await;
     let db = dir.path().join("relay.db");
-    let upstream = format!("smtp://{}?tls=none", sink.smtp_addr());
-    let relay = RelayProcess::spawn(&serve_args(&db, &["--upstream", &upstream]))
-        .ready()
-        .await;
-    let postfix = tokio::task::block_in_place(|| {
-        Postfix::start(&postconf, &dir.path().join("postfix"), relay.addr)
-    });
     let message = "From: app@example.com\n\
                    To: ops@example.org\n\
                    Subject: Postfix DSN test\n\
@@ -539,15 +550,8 @@ async fn postfix_dsn_requests_to_an_upstream_without_dsn_bring_one_relayed_notic
         return;
     };
     let sink = common::start_sink().await;
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, relay, postfix) = postfix_before_relay(&postconf, &sink).await;
     let db = dir.path().join("relay.db");
-    let upstream = format!("smtp://{}?tls=none", sink.smtp_addr());
-    let relay = RelayProcess::spawn(&serve_args(&db, &["--upstream", &upstream]))
-        .ready()
-        .await;
-    let postfix = tokio::task::block_in_place(|| {
-        Postfix::start(&postconf, &dir.path().join("postfix"), relay.addr)
-    });
     let message = "From: app@example.com\n\
                    To: ops@example.org\n\
                    Subject: Postfix DSN test, no DSN upstream\n\
