@@ -34,7 +34,7 @@ BEGIN
             lease_token = j.lease_token + 1
         WHERE j.message_id = job_id;
     -- An intent left open by a worker that lost its lease: whether the upstream got the
-    -- message cannot be known, so it is recorded as UNKNOWN (DESIGN §2), never as not sent.
+    -- message cannot be known, so it is recorded as UNKNOWN (docs/concepts/delivery.md), never as not sent.
     UPDATE attempts a
         SET outcome = 'unknown', finished_at = now_ms,
             reply = 'worker stopped with this attempt open; outcome unknown'
