@@ -1696,3 +1696,6 @@ async fn a_record_the_database_refuses_fails_alone(backend: Backend) {
 /// The before-queue mode's writes: leasing one record by id, and settling it with the reply
 /// its client heard.
 mod immediate;
+
+#[path = "store_contract_delay.rs"]
+mod delay_notice;
