@@ -117,8 +117,8 @@ pub(super) fn human_part(input: &DsnInput<'_>, will_retry_until: Option<i64>) ->
     out += &wrap(
         &format!(
             "You asked to be told of delays. The relay keeps trying{until}; this is only a \
-             warning, and you do not need to send the message again. You will hear once more \
-             only if it finally fails (or, if you asked, once it is delivered)."
+             warning, and you do not need to send the message again. This is the only delay \
+             notice you will get about it."
         ),
         "",
     );
