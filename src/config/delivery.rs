@@ -37,6 +37,10 @@ pub struct DeliveryConfig {
     pub upstream_window: Duration,
     #[serde(with = "crate::human_duration")]
     pub window_margin: Duration,
+    /// A message still queued this long after acceptance sends its sender one delay notice,
+    /// naming the recipients that asked for it with NOTIFY=DELAY; 0: never.
+    #[serde(with = "crate::human_duration")]
+    pub delay_notice_after: Duration,
     /// Upstream message rate (messages per second) and burst.
     pub rate: f64,
     pub burst: f64,
@@ -76,6 +80,7 @@ impl Default for DeliveryConfig {
             deadline: retry.deadline,
             upstream_window: retry.window,
             window_margin: retry.window_margin,
+            delay_notice_after: retry.delay_notice_after,
             rate: 50.0,
             burst: 50.0,
             breaker_threshold: 5,
@@ -121,6 +126,7 @@ impl DeliveryConfig {
             deadline: self.deadline,
             window: self.upstream_window,
             window_margin: self.window_margin,
+            delay_notice_after: self.delay_notice_after,
         }
     }
 }

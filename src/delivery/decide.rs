@@ -245,7 +245,7 @@ pub(crate) struct Decision {
 
 impl Decision {
     /// The store's write for this decision. `dsn` is the sender's notice, queued in the same
-    /// commit as a failure or a delivery (and ignored otherwise).
+    /// commit as a failure, a delivery or a retry (a delay notice; ignored otherwise).
     pub(crate) fn settle(&self, dsn: Option<NewRecord>) -> Settle {
         let upstream_reply = self.row.reply.clone();
         match self.next {
@@ -253,7 +253,10 @@ impl Decision {
                 upstream_reply,
                 dsn: dsn.map(Box::new),
             },
-            Next::RetryAfter(after) => Settle::Retry { after },
+            Next::RetryAfter(after) => Settle::Retry {
+                after,
+                dsn: dsn.map(Box::new),
+            },
             Next::Unresolved => Settle::Unresolved { upstream_reply },
             Next::Failed => Settle::Failed {
                 upstream_reply,
@@ -1036,11 +1039,11 @@ mod tests {
         ));
         assert!(matches!(
             settle(&transient(Phase::Rcpt, 451, "451 later"), 1.0),
-            Settle::Retry { after } if after == secs(30)
+            Settle::Retry { after, dsn: None } if after == secs(30)
         ));
         assert!(matches!(
             settle(&unknown("no"), 0.0),
-            Settle::Retry { after } if after == Duration::ZERO
+            Settle::Retry { after, dsn: None } if after == Duration::ZERO
         ));
         assert!(matches!(
             decide(&p, &unkeyed(fresh), &unknown("timed out"), NOW, 0.0).settle(None),

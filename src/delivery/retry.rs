@@ -21,6 +21,9 @@ pub(crate) struct RetryPolicy {
     /// Kept free at the end of the window, so an attempt started before the window closes also
     /// reaches the upstream before it does (connect, TLS, AUTH and the body all take time).
     pub window_margin: Duration,
+    /// A message still queued this long after acceptance gets a delay notice for the
+    /// recipients that asked for one (NOTIFY=DELAY); zero: never.
+    pub delay_notice_after: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -32,6 +35,7 @@ impl Default for RetryPolicy {
             deadline: Duration::from_secs(2 * 24 * 3600),
             window: Duration::from_secs(3 * 3600),
             window_margin: Duration::from_secs(10 * 60),
+            delay_notice_after: Duration::from_secs(4 * 3600),
         }
     }
 }

@@ -434,6 +434,7 @@ impl Worker {
             &job,
             decision.next,
             &outcome,
+            &policy,
             offers_dsn,
             mta,
             dsn_id,
@@ -501,7 +502,7 @@ impl Worker {
                 reply = %result.reply,
                 decision = %decision.next.label(),
                 retry_in_ms = match settle {
-                    Settle::Retry { after } => after.as_millis() as u64,
+                    Settle::Retry { after, .. } => after.as_millis() as u64,
                     _ => 0,
                 },
                 latency_ms = latency.as_millis() as u64,

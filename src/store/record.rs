@@ -261,8 +261,11 @@ pub enum Settle {
         upstream_reply: String,
         dsn: Option<Box<NewRecord>>,
     },
+    /// Due again after `after`; the sender's delay notice (the message has waited long, and
+    /// some recipient asked to hear of delays) is queued in the same commit, once per record.
     Retry {
         after: Duration,
+        dsn: Option<Box<NewRecord>>,
     },
     /// Permanently failed; the DSN (if the sender can get one) is queued in the same commit.
     Failed {

@@ -50,7 +50,7 @@ impl Settled<'_> {
 pub(crate) fn settle<'a>(attempt: Option<&AttemptResult>, settle: &'a Settle) -> Settled<'a> {
     let upstream_id = attempt.and_then(accepted_upstream_id);
     let (retry_after, finish, dsn) = match settle {
-        Settle::Retry { after } => (Some(*after), None, None),
+        Settle::Retry { after, dsn } => (Some(*after), None, dsn.as_deref()),
         Settle::Delivered {
             upstream_reply,
             dsn,
@@ -444,10 +444,21 @@ mod tests {
             (
                 Settle::Retry {
                     after: Duration::from_secs(9),
+                    dsn: None,
                 },
                 Some(Duration::from_secs(9)),
                 None,
                 false,
+                false,
+            ),
+            (
+                Settle::Retry {
+                    after: Duration::from_secs(9),
+                    dsn: Some(Box::new(dsn.clone())),
+                },
+                Some(Duration::from_secs(9)),
+                None,
+                true,
                 false,
             ),
             (

@@ -15,6 +15,7 @@ mod common;
 mod admin;
 mod before_queue;
 mod breaker;
+mod delay_notice;
 mod delivery;
 mod delivery_policy;
 mod delivery_races;

@@ -1202,6 +1202,7 @@ async fn listings_filter_page_and_say_when_more_follow(backend: Backend) {
         };
         let retry = Settle::Retry {
             after: Duration::from_secs(3600),
+            dsn: None,
         };
         assert!(a
             .settle(&r4.id, job.token, Some((1, &transient)), &retry)
@@ -1420,6 +1421,7 @@ async fn operator_actions_are_recorded_with_the_change_they_made(backend: Backen
         };
         let hour = Settle::Retry {
             after: Duration::from_secs(3600),
+            dsn: None,
         };
         assert!(a
             .settle(held, job.token, Some((1, &transient)), &hour)
@@ -1694,3 +1696,6 @@ async fn a_record_the_database_refuses_fails_alone(backend: Backend) {
 /// The before-queue mode's writes: leasing one record by id, and settling it with the reply
 /// its client heard.
 mod immediate;
+
+#[path = "store_contract_delay.rs"]
+mod delay_notice;

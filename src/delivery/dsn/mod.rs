@@ -20,6 +20,7 @@ use super::outcome::{leading_code, reply_line, EnhancedCode};
 use crate::mail::requests::{parse_orcpt, xtext_decode};
 use crate::mail::DeliveryRequests;
 
+mod delay;
 mod notice;
 pub(crate) use notice::notice_for;
 
@@ -29,6 +30,10 @@ pub(crate) enum Action {
     Failed,
     /// Taken by an upstream that will not report success itself.
     Relayed,
+    /// Still queued after long, to be retried until `will_retry_until` (Unix seconds).
+    Delayed {
+        will_retry_until: Option<i64>,
+    },
 }
 
 /// What of the original message the notice carries.
@@ -112,6 +117,7 @@ pub(crate) fn build_dsn(input: &DsnInput<'_>) -> Vec<u8> {
     let subject = match input.action {
         Action::Failed => "Undelivered Mail Returned to Sender",
         Action::Relayed => "Delivery Status Notification (Relayed)",
+        Action::Delayed { .. } => delay::SUBJECT,
     };
     out += &fold("Subject", subject);
     out += &fold("Date", &rfc822_date(input.now_unix));
@@ -145,6 +151,7 @@ pub(crate) fn build_dsn(input: &DsnInput<'_>) -> Vec<u8> {
                 (Action::Failed, Returned::Full) => "Undelivered message",
                 (Action::Failed, _) => "Undelivered message headers",
                 (Action::Relayed, _) => "Relayed message headers",
+                (Action::Delayed { .. }, _) => "Delayed message headers",
             },
             &original.body,
         ),
@@ -213,6 +220,9 @@ fn diagnostic_text(input: &DsnInput<'_>) -> String {
 fn human_part(input: &DsnInput<'_>) -> String {
     if input.action == Action::Relayed {
         return relayed_human_part(input);
+    }
+    if let Action::Delayed { will_retry_until } = input.action {
+        return delay::human_part(input, will_retry_until);
     }
     let mta = clean(input.reporting_mta);
     let phase = clean(input.phase).to_ascii_uppercase();
@@ -337,6 +347,7 @@ fn delivery_status_part(input: &DsnInput<'_>) -> String {
     let (action, status) = match input.action {
         Action::Failed => ("failed", status_code(input.remote_code, input.remote_reply)),
         Action::Relayed => ("relayed", success_code(input.remote_reply)),
+        Action::Delayed { .. } => ("delayed", delay::status_code(input.remote_reply)),
     };
     let diagnostic = diagnostic_text(input);
     let last_attempt = rfc822_date(input.now_unix);
@@ -357,6 +368,7 @@ fn delivery_status_part(input: &DsnInput<'_>) -> String {
             out += &fold("Diagnostic-Code", &format!("{kind}; {diagnostic}"));
         }
         out += &fold("Last-Attempt-Date", &last_attempt);
+        out += &delay::will_retry_until(input.action);
     }
     out
 }

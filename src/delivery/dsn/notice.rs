@@ -7,16 +7,19 @@
 //! - A "relayed" notice reports the recipients whose NOTIFY includes SUCCESS, when an upstream
 //!   without DSN took the message; an upstream that offers DSN was handed NOTIFY and has the
 //!   duty itself.
-//! - No delay notices: the relay sends none (NOTIFY=DELAY is passed on to a DSN upstream).
+//! - A delay notice reports the recipients whose NOTIFY includes DELAY, once per record, when
+//!   a retry is scheduled for a message queued at least `delay_notice_after` (whatever the
+//!   upstream offers: the message has not left the relay). See [`super::delay`].
 //! - Never a notice to the null sender.
 
+use super::delay::delay_dsn_for;
 use super::{
     build_dsn, dsn_key, header_section, is_clean_7bit, split_crlf, Action, DsnInput, Returned,
     MAX_RETURNED,
 };
 use crate::delivery::extensions::is_requiretls_refusal;
 use crate::delivery::outcome::Outcome;
-use crate::delivery::retry::Next;
+use crate::delivery::retry::{Next, RetryPolicy};
 use crate::mail::requests::Ret;
 use crate::mail::DeliveryRequests;
 use crate::store::{Claimed, NewRecord};
@@ -30,6 +33,7 @@ pub(crate) fn notified(job: &Claimed, action: Action) -> Vec<String> {
             match action {
                 Action::Failed => on.failure,
                 Action::Relayed => on.success,
+                Action::Delayed { .. } => on.delay,
             }
         })
         .cloned()
@@ -65,11 +69,15 @@ pub(crate) fn returned(job: &Claimed, action: Action) -> Returned {
 /// The sender's notice queued with an attempt's outcome (docs/concepts/delivery.md,
 /// "Delivery status notifications"): the failure notice, or the "relayed" notice when an
 /// upstream without DSN (`upstream_offers_dsn` false) took a message some recipient asked to
-/// hear of success about. `id` is the notice's queue id, `now_ms` the time of the outcome.
+/// hear of success about, or the delay notice of a message retried after waiting long
+/// (`policy`'s `delay_notice_after`). `id` is the notice's queue id, `now_ms` the time of the
+/// outcome.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn notice_for(
     job: &Claimed,
     next: Next,
     outcome: &Outcome,
+    policy: &RetryPolicy,
     upstream_offers_dsn: bool,
     reporting_mta: &str,
     id: String,
@@ -85,7 +93,8 @@ pub(crate) fn notice_for(
             now_ms / 1000,
         ),
         Next::Failed => dsn_for(job, outcome, reporting_mta, id, now_ms / 1000),
-        Next::RetryAfter(_) | Next::Unresolved => None,
+        Next::RetryAfter(_) => delay_dsn_for(job, outcome, policy, reporting_mta, id, now_ms),
+        Next::Unresolved => None,
     }
 }
 
@@ -178,7 +187,7 @@ pub(crate) fn relayed_dsn_key(scope: &str, original_id: &str) -> String {
 /// The queued record of a notice to `job`'s sender. A notice on a REQUIRETLS message is sent
 /// with REQUIRETLS itself (RFC 8689 §5): it cannot leave in the clear either, and when the
 /// upstream cannot take it so, it fails in turn, and (sent from the null sender) ends there.
-fn record(job: &Claimed, key: String, id: String, report: Vec<u8>) -> NewRecord {
+pub(super) fn record(job: &Claimed, key: String, id: String, report: Vec<u8>) -> NewRecord {
     use crate::intake::fingerprint::{fingerprint, message_fingerprint};
     use crate::mail::KEY_HEADER;
     use crate::mail::{BodyType, Envelope};

@@ -604,6 +604,7 @@ async fn relay_health_tells_the_run_of_failures_since_the_last_delivery() {
     assert!(health.processes.is_empty());
     let retry = || Settle::Retry {
         after: Duration::ZERO,
+        dsn: None,
     };
     // Ledger times are milliseconds: a pause keeps each step after the one before.
     let tick = || tokio::time::sleep(Duration::from_millis(5));
