@@ -21,8 +21,9 @@ use crate::shutdown::Stop;
 use crate::store::Claimed;
 
 /// How long a record the immediate send could not lease is given to be taken by a worker of
-/// this process (which then answers its client) before its client hears `250 queued`.
-const HANDOVER: Duration = Duration::from_millis(100);
+/// this process (which then answers its client), or let go, before its client hears
+/// `250 queued`.
+const HANDOVER: Duration = Duration::from_secs(1);
 
 /// Starts `before_queue_connections` immediate workers, when the mode is on.
 pub(super) fn start(
@@ -147,22 +148,25 @@ impl Worker {
         }
         // Nothing while delivery is paused, or while anyone holds the record.
         let store = self.shared.store.clone();
-        let job = match store.claim_id(id, &self.owner, self.shared.lease).await {
-            Ok(Some(job)) => job,
-            Ok(None) => {
-                self.give_back_token();
-                // Paused, or someone holds it: often an ordinary worker here that leased it a
-                // moment ago and is about to take the client's slot; it then answers.
-                let until = Instant::now() + HANDOVER;
-                while registry.still_waiting(id) && Instant::now() < until {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+        // Paused, or someone holds it: often an ordinary worker here that leased it a moment
+        // ago and either takes the client's slot (it then answers) or lets the lease go
+        // without an attempt (pacing): the lease by id is tried again until one of the two.
+        let until = Instant::now() + HANDOVER;
+        let job = loop {
+            match store.claim_id(id, &self.owner, self.shared.lease).await {
+                Ok(Some(job)) => break job,
+                Ok(None) if registry.still_waiting(id) && Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                registry.not_sent(id);
-                return Ok(());
-            }
-            Err(err) => {
-                self.give_back_token();
-                return Err(err.into());
+                Ok(None) => {
+                    self.give_back_token();
+                    registry.not_sent(id);
+                    return Ok(());
+                }
+                Err(err) => {
+                    self.give_back_token();
+                    return Err(err.into());
+                }
             }
         };
         // `None` when the bound passed meanwhile: sent now all the same, as an ordinary attempt.
