@@ -701,18 +701,18 @@ mod tests {
         }
     }
 
-    /// A level the session set itself is not changed by a later reload of the server's
-    /// configuration; one it only inherited is.
-    #[tokio::test]
-    async fn every_connection_sets_its_commit_level_itself() {
+    /// An empty schema of its own for `test` in the database `IDEMRELAY_TEST_POSTGRES` names:
+    /// an admin connection, the schema's name and a URL whose connections use it. `None` (the
+    /// test is skipped) without the variable.
+    async fn fresh_test_schema(test: &str, prefix: &str) -> Option<(PgConnection, String, String)> {
         let Some(base) = std::env::var("IDEMRELAY_TEST_POSTGRES")
             .ok()
             .filter(|u| !u.is_empty())
         else {
-            eprintln!("SKIPPED every_connection_sets_its_commit_level_itself: set IDEMRELAY_TEST_POSTGRES");
-            return;
+            eprintln!("SKIPPED {test}: set IDEMRELAY_TEST_POSTGRES");
+            return None;
         };
-        let schema = format!("t_commit_level_{}", fastrand::u32(..));
+        let schema = format!("{prefix}_{}", fastrand::u32(..));
         let mut admin = PgConnection::connect(&base).await.unwrap();
         admin
             .execute(format!("CREATE SCHEMA {schema}").as_str())
@@ -720,6 +720,21 @@ mod tests {
             .unwrap();
         let sep = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{sep}options[search_path]={schema}");
+        Some((admin, schema, url))
+    }
+
+    /// A level the session set itself is not changed by a later reload of the server's
+    /// configuration; one it only inherited is.
+    #[tokio::test]
+    async fn every_connection_sets_its_commit_level_itself() {
+        let Some((mut admin, schema, url)) = fresh_test_schema(
+            "every_connection_sets_its_commit_level_itself",
+            "t_commit_level",
+        )
+        .await
+        else {
+            return;
+        };
         let store = PostgresStore::open(&url, Duration::from_secs(5))
             .await
             .unwrap();
@@ -748,21 +763,14 @@ mod tests {
     /// claimed with no requests.
     #[tokio::test]
     async fn a_store_from_before_delivery_requests_upgrades_and_keeps_its_queue() {
-        let Some(base) = std::env::var("IDEMRELAY_TEST_POSTGRES")
-            .ok()
-            .filter(|u| !u.is_empty())
+        let Some((mut admin, schema, url)) = fresh_test_schema(
+            "a_store_from_before_delivery_requests_upgrades",
+            "t_requests_upgrade",
+        )
+        .await
         else {
-            eprintln!("SKIPPED a_store_from_before_delivery_requests_upgrades: set IDEMRELAY_TEST_POSTGRES");
             return;
         };
-        let schema = format!("t_requests_upgrade_{}", fastrand::u32(..));
-        let mut admin = PgConnection::connect(&base).await.unwrap();
-        admin
-            .execute(format!("CREATE SCHEMA {schema}").as_str())
-            .await
-            .unwrap();
-        let sep = if base.contains('?') { '&' } else { '?' };
-        let url = format!("{base}{sep}options[search_path]={schema}");
         let before = migrate::POSTGRES.iter().take_while(|m| m.0 < 15).count();
         assert_eq!(migrate::POSTGRES[before - 1].0, 14);
         {
