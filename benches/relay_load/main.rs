@@ -14,7 +14,8 @@
 //! intake is also measured on an empty store beside it; `--only drain`: the claim rate
 //! (deliveries to the sink) from a full queue, on an empty store and with the backlog;
 //! `--instances N` (Postgres): N relays on one store (intake, and end to end with a check that
-//! the sink saw every key exactly once).
+//! the sink saw every key exactly once); `--only units`: disk bytes written and fsyncs per
+//! accepted message (and Postgres WAL bytes, syncs and commits), C=1, C=50 and end to end.
 
 mod backlog;
 mod before_queue;
@@ -23,6 +24,7 @@ mod load;
 mod multi;
 mod report;
 mod servers;
+mod units;
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -152,7 +154,7 @@ impl Args {
         }
         Ok(Args {
             quick,
-            // `--only c50|reuse|c1|big|e2e|drain|multi|bq` runs one scenario (or several: `c50,drain`).
+            // `--only c50|reuse|c1|big|e2e|drain|multi|bq|units` runs one scenario (or several: `c50,drain`).
             only: value("--only").cloned(),
             store,
             // `--backlog N`: every relay's store holds N records before the load starts.
@@ -171,7 +173,7 @@ impl Args {
             (None, "multi") => self.instances.is_some(),
             (None, _) if self.instances.is_some() => false,
             (None, "drain") => self.backlog.is_some(),
-            (None, "bq") => false,
+            (None, "bq" | "units") => false,
             (None, _) => true,
         }
     }
@@ -289,6 +291,9 @@ async fn bench(args: &Args) -> anyhow::Result<Vec<String>> {
     }
     if wanted("bq") {
         before_queue::before_queue(&bench, scale).await?;
+    }
+    if wanted("units") {
+        units::units(&bench, scale).await?;
     }
     if wanted("multi") {
         let instances = args.instances.unwrap_or(3);

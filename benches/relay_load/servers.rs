@@ -35,6 +35,20 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// The process id of the server's child (with a wrapper, the wrapper's).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops process `pid` (the server, or under a wrapper the server the wrapper runs) with
+    /// SIGTERM, as an operator would, and waits for the child to end (a wrapper ends with the
+    /// process it runs, after writing what it has).
+    pub fn stop(mut self, pid: u32) {
+        // SAFETY: kill(2) of a process of ours, which is not reaped until the wait below.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+
     pub fn peak_rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
         let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -244,11 +258,31 @@ pub async fn spawn_relay_with(
     upstream: Option<SocketAddr>,
     extra: &str,
 ) -> anyhow::Result<Server> {
+    spawn_relay_under(dir, url, addr, upstream, extra, &[]).await
+}
+
+/// `spawn_relay_with`, the relay started by the command `wrapper` (say `strace -f -o FILE
+/// --`) when it is not empty: the child is then the wrapper, and the relay its child.
+pub async fn spawn_relay_under(
+    dir: &Path,
+    url: &str,
+    addr: SocketAddr,
+    upstream: Option<SocketAddr>,
+    extra: &str,
+    wrapper: &[String],
+) -> anyhow::Result<Server> {
     let log = std::fs::File::create(dir.join(format!("relay-{}.log", addr.port())))?;
     // BENCH_RELAY_BIN: another build of the relay (say main's, copied aside) measured against
     // the same sink, for a before/after in one run.
     let bin = std::env::var_os("BENCH_RELAY_BIN").unwrap_or_else(|| BIN.into());
-    let mut cmd = Command::new(bin);
+    let mut cmd = match wrapper.split_first() {
+        None => Command::new(bin),
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg(bin);
+            cmd
+        }
+    };
     cmd.args([
         "serve",
         "--listen",

@@ -1,0 +1,197 @@
+//! `--only units`: what one accepted message costs the store, in units that do not depend on
+//! the machine's speed: disk bytes written and fsyncs per message (SQLite), WAL bytes, WAL
+//! syncs and commits per message (Postgres), at C=1 and at C=50, and end to end (intake and
+//! delivery of each message, C=50).
+//!
+//! The relay runs under `strace --seccomp-bpf -f -ttt -e trace=fsync,fdatasync`: seccomp
+//! stops only those two calls, so the relay runs at nearly its own speed, and every call is
+//! logged with its time; the calls counted are those between the first and last message of
+//! the load. Bytes are the relay's `write_bytes` in `/proc/PID/io` (what it handed the
+//! block layer: WAL, database pages at checkpoints, spool segments), read before and after
+//! the load. The heartbeat's own commit (one every few seconds) is counted with the rest.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use sqlx::{Connection, Row};
+
+use crate::load::{reset_sink, run, wait_for_sink, Load, Sessions};
+use crate::servers::{free_port, spawn_relay_under, StoreKind};
+use crate::Bench;
+
+/// The figures of one load.
+struct Costs {
+    messages: usize,
+    /// `write_bytes` of the relay process over the load.
+    disk_bytes: u64,
+    /// fsync and fdatasync calls of the relay over the load.
+    fsyncs: usize,
+    /// Postgres: WAL bytes, WAL syncs and transactions committed over the load.
+    postgres: Option<[i64; 3]>,
+}
+
+impl Costs {
+    fn print(&self, what: &str) {
+        let n = self.messages as f64;
+        let mut line = format!(
+            "  {what}: {} messages; per message: disk bytes written {:.1} KB, fsyncs {:.2}",
+            self.messages,
+            self.disk_bytes as f64 / n / 1024.0,
+            self.fsyncs as f64 / n,
+        );
+        if let Some([wal, syncs, commits]) = self.postgres {
+            line.push_str(&format!(
+                "; Postgres WAL {:.1} KB, WAL syncs {:.2}, commits {:.2}",
+                wal as f64 / n / 1024.0,
+                syncs as f64 / n,
+                commits as f64 / n
+            ));
+        }
+        println!("{line}");
+    }
+}
+
+pub async fn units(bench: &Bench<'_>, scale: impl Fn(usize) -> usize) -> anyhow::Result<()> {
+    let c1 = Load {
+        messages: scale(2000),
+        concurrency: 1,
+        size: 1024,
+        sessions: Sessions::NewPerMessage,
+    };
+    let c50 = Load {
+        messages: scale(8000),
+        concurrency: 50,
+        ..c1
+    };
+    println!("store costs per accepted message (1 KB, a new connection per message)");
+    for (what, load) in [("intake C=1", c1), ("intake C=50", c50)] {
+        measure(bench, load, None).await?.print(what);
+    }
+    measure(bench, c50, Some(bench.sink))
+        .await?
+        .print("end to end C=50 (intake and delivery)");
+    Ok(())
+}
+
+/// One load against a fresh relay under strace; with `upstream`, until the sink has every
+/// message.
+async fn measure(
+    bench: &Bench<'_>,
+    load: Load,
+    upstream: Option<SocketAddr>,
+) -> anyhow::Result<Costs> {
+    let dir = bench.relays.dir;
+    let addr = free_port();
+    let url = bench.relays.new_store(addr.port(), false).await?;
+    let trace = dir.join(format!("fsyncs-{}.txt", addr.port()));
+    let wrapper: Vec<String> = [
+        "strace",
+        "--seccomp-bpf",
+        "-f",
+        "-qq",
+        "-ttt",
+        "-e",
+        "trace=fsync,fdatasync",
+        "-o",
+    ]
+    .into_iter()
+    .map(String::from)
+    .chain([trace.display().to_string(), "--".into()])
+    .collect();
+    let relay = spawn_relay_under(dir, &url, addr, upstream, "", &wrapper).await?;
+    let pid = traced_child(relay.pid())?;
+    reset_sink(bench.api).await?;
+    let postgres = match bench.relays.store {
+        StoreKind::Postgres(base) => Some(base.as_str()),
+        StoreKind::Sqlite => None,
+    };
+    let wal_before = match postgres {
+        Some(base) => Some(wal_counters(base).await?),
+        None => None,
+    };
+    let bytes_before = write_bytes(pid)?;
+    let started = unix_now();
+    run(&[addr], load, &format!("units-{}", addr.port())).await?;
+    if upstream.is_some() {
+        wait_for_sink(bench.api, load.messages, "units end to end").await?;
+    }
+    let ended = unix_now();
+    let disk_bytes = write_bytes(pid)? - bytes_before;
+    let postgres = match (postgres, wal_before) {
+        (Some(base), Some(before)) => {
+            let after = wal_counters(base).await?;
+            Some([0, 1, 2].map(|i| after[i] - before[i]))
+        }
+        _ => None,
+    };
+    relay.stop(pid);
+    let fsyncs = fsyncs_between(&trace, started, ended)?;
+    Ok(Costs {
+        messages: load.messages,
+        disk_bytes,
+        fsyncs,
+        postgres,
+    })
+}
+
+/// The relay strace runs: strace's one child.
+fn traced_child(wrapper: u32) -> anyhow::Result<u32> {
+    let path = format!("/proc/{wrapper}/task/{wrapper}/children");
+    for _ in 0..100 {
+        let children = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+        if let Some(pid) = children.split_whitespace().next() {
+            return Ok(pid.parse()?);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    anyhow::bail!("strace ({wrapper}) has no child")
+}
+
+fn write_bytes(pid: u32) -> anyhow::Result<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes: "))
+        .context("write_bytes in /proc/PID/io")?
+        .trim()
+        .parse()
+        .context("write_bytes")
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs_f64()
+}
+
+/// Lines of strace's log (`PID SECONDS.MICROS fsync(...) = 0`) whose time is in the window.
+fn fsyncs_between(trace: &Path, from: f64, to: f64) -> anyhow::Result<usize> {
+    let log = std::fs::read_to_string(trace).with_context(|| format!("read {trace:?}"))?;
+    Ok(log
+        .lines()
+        .filter(|l| l.contains("sync("))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .filter(|t| (from..=to).contains(t))
+        .count())
+}
+
+/// Postgres's WAL bytes and syncs (pg_stat_wal) and the transactions committed in the
+/// database (pg_stat_database), cluster-wide: nothing else should run during the bench.
+async fn wal_counters(base: &str) -> anyhow::Result<[i64; 3]> {
+    let mut conn = sqlx::PgConnection::connect(base).await?;
+    // Statistics are sent by each backend at the end of its transaction, at most every
+    // second: wait for the relay's to arrive.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let row = sqlx::query(
+        "SELECT w.wal_bytes::BIGINT, w.wal_sync,
+                (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())
+         FROM pg_stat_wal w",
+    )
+    .fetch_one(&mut conn)
+    .await?;
+    let counters = [row.try_get(0)?, row.try_get(1)?, row.try_get(2)?];
+    conn.close().await?;
+    Ok(counters)
+}
