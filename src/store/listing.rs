@@ -199,6 +199,11 @@ pub(crate) fn list_sql(
         Some(StateFilter::Is(state)) => {
             let p = bind(Param::Text(state.as_str().into()), &mut params);
             conditions.push(format!("m.state = {p}"));
+            // The state indexes hold finished records only (queued ones are not indexed by
+            // state at intake): saying so lets the planner use them.
+            if state != State::Queued {
+                conditions.push("m.state <> 'queued'".into());
+            }
         }
         Some(StateFilter::Deferred) => conditions.push(
             "m.state = 'queued' AND EXISTS (SELECT 1 FROM attempts f WHERE f.message_id = m.id
@@ -214,6 +219,9 @@ pub(crate) fn list_sql(
     if let Some(key) = &filter.key {
         let p = bind(Param::Text(key.clone()), &mut params);
         conditions.push(format!("m.idem_key = {p}"));
+        if filter.scope.is_none() {
+            conditions.push(format!("m.scope IN ({EVERY_SCOPE})"));
+        }
     }
     if let Some(sender) = &filter.sender {
         let p = bind(Param::Text(sender.to_ascii_lowercase()), &mut params);
@@ -331,8 +339,9 @@ pub(crate) fn health_sql(dialect: Dialect) -> HealthSql {
         summary: format!(
             "SELECT (SELECT MAX(finished_at) FROM attempts WHERE outcome = 'accepted')
                     AS last_delivery_at,
-                (SELECT COUNT(*) FROM messages m WHERE m.state = 'queued'
-                    AND EXISTS (SELECT 1 FROM attempts f WHERE f.message_id = m.id AND f.{FAILED}))
+                (SELECT COUNT(*) FROM delivery_jobs j
+                    WHERE EXISTS (SELECT 1 FROM attempts f
+                                  WHERE f.message_id = j.message_id AND f.{FAILED}))
                     AS deferred,
                 {now} AS now_ms"
         ),
@@ -347,6 +356,36 @@ pub(crate) fn health_sql(dialect: Dialect) -> HealthSql {
             dialect.placeholder(1)
         ),
     }
+}
+
+/// Every scope that holds records, found by walking the first column of the unique
+/// (scope, idem_key, part) index, one probe per scope: a key is looked up in every scope
+/// through that index, instead of through an index of its own that every intake would write.
+/// Same text in both dialects.
+pub(crate) const EVERY_SCOPE: &str = "WITH RECURSIVE s (scope) AS (
+        SELECT MIN(scope) FROM messages
+        UNION ALL
+        SELECT (SELECT MIN(n.scope) FROM messages n WHERE n.scope > s.scope)
+        FROM s WHERE s.scope IS NOT NULL)
+    SELECT scope FROM s WHERE scope IS NOT NULL";
+
+/// The queue's figures (`queue status`, metrics), same text in both dialects. Queued records
+/// are counted by their delivery jobs (a queued record has exactly one, and only a queued
+/// record has one): the state indexes hold finished records only.
+pub(crate) mod queue_stats_sql {
+    /// Records per state.
+    pub(crate) const STATES: &str =
+        "SELECT state, COUNT(*) FROM messages WHERE state <> 'queued' GROUP BY state
+         UNION ALL SELECT 'queued', COUNT(*) FROM delivery_jobs";
+    /// When the oldest queued record was accepted.
+    pub(crate) const OLDEST_QUEUED: &str = "SELECT MIN(m.accepted_at)
+         FROM delivery_jobs j JOIN messages m ON m.id = j.message_id";
+    pub(crate) const DAMAGED: &str = "SELECT COUNT(*) FROM messages WHERE damage IS NOT NULL";
+    pub(crate) const UNMATCHED_EVENTS: &str =
+        "SELECT COUNT(*) FROM upstream_events WHERE record_id IS NULL";
+    /// Queued records per scope.
+    pub(crate) const QUEUED_BY_SCOPE: &str =
+        "SELECT scope, COUNT(*) FROM delivery_jobs GROUP BY scope";
 }
 
 /// Every relay process's liveness row, oldest first (same text in both dialects).

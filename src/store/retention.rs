@@ -57,8 +57,11 @@ impl Retention {
     /// every `purge_interval`.
     pub(crate) fn expired_sql(now: &str, replay: &str, parked: &str, window: &str) -> String {
         format!(
-            "((m.state IN ({}) AND m.accepted_at <= {now} - {replay})
-               OR (m.state IN ({}) AND COALESCE(m.finished_at, m.accepted_at) + {parked} <= {now}))
+            // `state <> 'queued'` is implied, and said in each branch for the planner: the
+            // state indexes hold finished records only.
+            "((m.state <> 'queued' AND m.state IN ({}) AND m.accepted_at <= {now} - {replay})
+               OR (m.state <> 'queued' AND m.state IN ({})
+                   AND COALESCE(m.finished_at, m.accepted_at) + {parked} <= {now}))
              AND NOT EXISTS (SELECT 1 FROM attempts a
                              WHERE a.message_id = m.id AND a.started_at + {window} > {now})",
             Kept::Replayed.sql_states(),

@@ -15,7 +15,7 @@ use sqlx::{Connection, Executor, Row};
 use self::hosts::Hosts;
 use self::intake::Intake;
 use crate::store::backend::Store;
-use crate::store::listing::{self, ListFilter, Page};
+use crate::store::listing::{self, queue_stats_sql, ListFilter, Page};
 use crate::store::migrate::{self, Embedded};
 use crate::store::record::{
     queue_stats, retention_ms, utc_day, Action, ActionRow, AttemptResult, AttemptRow, Claimed,
@@ -606,27 +606,21 @@ impl Store for PostgresStore {
     }
 
     async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
-        let counts: Vec<(String, i64)> =
-            sqlx::query_as("SELECT state, COUNT(*) FROM messages GROUP BY state")
-                .fetch_all(&self.pool)
-                .await?;
-        let oldest: Option<i64> =
-            sqlx::query_scalar("SELECT MIN(accepted_at) FROM messages WHERE state = 'queued'")
-                .fetch_one(&self.pool)
-                .await?;
-        let damaged: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE damage IS NOT NULL")
-                .fetch_one(&self.pool)
-                .await?;
-        let unmatched: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM upstream_events WHERE record_id IS NULL")
-                .fetch_one(&self.pool)
-                .await?;
-        let by_scope: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT scope, COUNT(*) FROM messages WHERE state = 'queued' GROUP BY scope",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        let counts: Vec<(String, i64)> = sqlx::query_as(queue_stats_sql::STATES)
+            .fetch_all(&self.pool)
+            .await?;
+        let oldest: Option<i64> = sqlx::query_scalar(queue_stats_sql::OLDEST_QUEUED)
+            .fetch_one(&self.pool)
+            .await?;
+        let damaged: i64 = sqlx::query_scalar(queue_stats_sql::DAMAGED)
+            .fetch_one(&self.pool)
+            .await?;
+        let unmatched: i64 = sqlx::query_scalar(queue_stats_sql::UNMATCHED_EVENTS)
+            .fetch_one(&self.pool)
+            .await?;
+        let by_scope: Vec<(String, i64)> = sqlx::query_as(queue_stats_sql::QUEUED_BY_SCOPE)
+            .fetch_all(&self.pool)
+            .await?;
         Ok(queue_stats(counts, oldest, damaged, unmatched, by_scope))
     }
 

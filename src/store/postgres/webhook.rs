@@ -8,6 +8,7 @@
 use sqlx::postgres::PgConnection;
 use sqlx::Row;
 
+use crate::store::listing;
 use crate::store::record::StoreError;
 /// The shared description of a record becoming known, for the callers of this backend.
 pub(crate) use crate::store::webhook::Known;
@@ -158,7 +159,7 @@ async fn find_record(
     if event.key.is_none() && event.upstream_id.is_none() {
         return Ok(None);
     }
-    let rows = sqlx::query(
+    let rows = sqlx::query(&format!(
         "SELECT m.id, m.upstream_key,
             (SELECT MIN(a.started_at) FROM attempts a WHERE a.message_id = m.id)
                 AS first_attempt,
@@ -168,9 +169,12 @@ async fn find_record(
                     WHERE a.message_id = m.id AND a.upstream_id IS NOT NULL) AS has_ids
          FROM messages m
          WHERE m.state <> 'rejected'
-           AND (m.upstream_key = $1::TEXT
+           AND ((m.upstream_key = $1::TEXT AND m.upstream_key IS DISTINCT FROM m.idem_key)
+                OR (m.scope IN ({every_scope}) AND m.idem_key = $1::TEXT
+                    AND m.upstream_key = m.idem_key)
                 OR m.id IN (SELECT message_id FROM attempts WHERE upstream_id = $2::TEXT))",
-    )
+        every_scope = listing::EVERY_SCOPE
+    ))
     .bind(event.key)
     .bind(event.upstream_id)
     .fetch_all(&mut *conn)

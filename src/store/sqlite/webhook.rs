@@ -5,6 +5,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::store::listing;
 use crate::store::record::{now_ms, StoreError};
 /// The shared description of a record becoming known, for the callers of this backend.
 pub(crate) use crate::store::webhook::Known;
@@ -118,7 +119,7 @@ fn find_record(conn: &Connection, event: &EventNames<'_>) -> Result<Option<Strin
         return Ok(None);
     }
     let candidates = conn
-        .prepare_cached(
+        .prepare_cached(&format!(
             "SELECT m.id, m.upstream_key,
                 (SELECT MIN(a.started_at) FROM attempts a WHERE a.message_id = m.id),
                 EXISTS (SELECT 1 FROM attempts a
@@ -127,9 +128,12 @@ fn find_record(conn: &Connection, event: &EventNames<'_>) -> Result<Option<Strin
                         WHERE a.message_id = m.id AND a.upstream_id IS NOT NULL)
              FROM messages m
              WHERE m.state <> 'rejected'
-               AND (m.upstream_key = ?1
+               AND ((m.upstream_key = ?1 AND m.upstream_key IS DISTINCT FROM m.idem_key)
+                OR (m.scope IN ({every_scope}) AND m.idem_key = ?1
+                    AND m.upstream_key = m.idem_key)
                     OR m.id IN (SELECT message_id FROM attempts WHERE upstream_id = ?2))",
-        )?
+            every_scope = listing::EVERY_SCOPE
+        ))?
         .query_map(params![event.key, event.upstream_id], |row| {
             Ok(Candidate {
                 id: row.get(0)?,
