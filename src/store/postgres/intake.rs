@@ -18,10 +18,14 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
+use std::time::Instant;
+
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgPool};
-use sqlx::Row;
+use sqlx::{Connection, Postgres, Row};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
+use super::hosts::Hosts;
 use super::webhook;
 use super::write::bind_new_record;
 use crate::store::record::{body_checksum, Insert, NewRecord, State, StoreError};
@@ -48,11 +52,11 @@ pub(super) struct Intake {
 
 impl Intake {
     /// Starts the writers on the current runtime; they stop when the `Intake` is dropped.
-    pub(crate) fn start(pool: PgPool) -> Intake {
+    pub(crate) fn start(pool: PgPool, hosts: Arc<Hosts>) -> Intake {
         let (queue, waiting) = mpsc::channel(QUEUE);
         let waiting = Arc::new(Mutex::new(waiting));
         for _ in 0..WRITERS {
-            tokio::spawn(writer(pool.clone(), waiting.clone()));
+            tokio::spawn(writer(pool.clone(), hosts.clone(), waiting.clone()));
         }
         Intake { queue }
     }
@@ -75,7 +79,17 @@ impl Intake {
     }
 }
 
-async fn writer(pool: PgPool, waiting: Arc<Mutex<mpsc::Receiver<Pending>>>) {
+/// A writer's own connection, kept from batch to batch: taking one from the pool for each
+/// batch cost a round trip (the pool's liveness ping) per message at one message per commit.
+/// It is given back when it failed (it may be broken) and when the store moved to another
+/// host after it was taken.
+struct Held {
+    conn: PoolConnection<Postgres>,
+    taken_at: Instant,
+}
+
+async fn writer(pool: PgPool, hosts: Arc<Hosts>, waiting: Arc<Mutex<mpsc::Receiver<Pending>>>) {
+    let mut held: Option<Held> = None;
     loop {
         let batch = {
             let mut waiting = waiting.lock().await;
@@ -91,7 +105,13 @@ async fn writer(pool: PgPool, waiting: Arc<Mutex<mpsc::Receiver<Pending>>>) {
             }
             batch
         };
-        write_batch(&pool, batch).await;
+        if held
+            .as_ref()
+            .is_some_and(|h| !hosts.fresh(h.taken_at.elapsed()))
+        {
+            held = None;
+        }
+        write_batch(&pool, &mut held, batch).await;
     }
 }
 
@@ -111,10 +131,17 @@ enum Failed {
     Commit(StoreError),
 }
 
-async fn write_batch(pool: &PgPool, mut batch: Vec<Pending>) {
+async fn write_batch(pool: &PgPool, held: &mut Option<Held>, mut batch: Vec<Pending>) {
     // A stable sort: equal keys keep their arrival order.
     batch.sort_by(lock_order);
-    match write_together(pool, &batch).await {
+    let mut written = write_held(pool, held, &batch).await;
+    if let Err(Failed::Uncommitted(_)) = written {
+        // A held connection can have died while idle (a restarted server, a cut link), where
+        // the pool's ping would have found it: once more on a connection just taken and
+        // checked, before any member is told of a failure.
+        written = write_held(pool, held, &batch).await;
+    }
+    match written {
         Ok(results) => {
             for (pending, result) in batch.into_iter().zip(results) {
                 // A session that gave up meanwhile gets its record anyway: its retry replays.
@@ -148,8 +175,32 @@ fn fail_all(mut batch: Vec<Pending>, why: StoreError) {
     }
 }
 
-async fn write_together(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Insert>, Failed> {
-    let mut tx = pool
+/// `write_together` on the held connection, taken from the pool first if there is none; a
+/// connection whose batch failed is given back.
+async fn write_held(
+    pool: &PgPool,
+    held: &mut Option<Held>,
+    batch: &[Pending],
+) -> Result<Vec<Insert>, Failed> {
+    let mut taken = match held.take() {
+        Some(taken) => taken,
+        None => Held {
+            conn: pool
+                .acquire()
+                .await
+                .map_err(|e| Failed::Uncommitted(e.into()))?,
+            taken_at: Instant::now(),
+        },
+    };
+    let written = write_together(&mut taken.conn, batch).await;
+    if written.is_ok() {
+        *held = Some(taken);
+    }
+    written
+}
+
+async fn write_together(conn: &mut PgConnection, batch: &[Pending]) -> Result<Vec<Insert>, Failed> {
+    let mut tx = conn
         .begin()
         .await
         .map_err(|e| Failed::Uncommitted(e.into()))?;

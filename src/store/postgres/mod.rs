@@ -75,7 +75,7 @@ impl PostgresStore {
             })
             .connect_with(session_options(hosts.current(), busy_timeout))
             .await?;
-        let intake = Intake::start(pool.clone());
+        let intake = Intake::start(pool.clone(), hosts.clone());
         Ok(PostgresStore {
             pool,
             intake,
@@ -797,6 +797,102 @@ mod tests {
             .expect("the old job");
         assert_eq!(claimed.id, "old");
         assert!(claimed.requests.is_empty());
+        store.pool.close().await;
+        admin
+            .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+            .await
+            .unwrap();
+    }
+
+    /// A store made by the release before the lean intake schema (migrations up to 15), with
+    /// a record in every state, opens under the current one: the queue figures, the state
+    /// filters and the key lookup without a scope find the same records as before.
+    #[tokio::test]
+    async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
+        let Some((mut admin, schema, url)) =
+            fresh_test_schema("a_store_from_before_the_lean_intake", "t_lean_upgrade").await
+        else {
+            return;
+        };
+        let before = migrate::POSTGRES.iter().take_while(|m| m.0 < 16).count();
+        assert_eq!(migrate::POSTGRES[before - 1].0, 15);
+        let states = [
+            State::Queued,
+            State::Delivered,
+            State::Failed,
+            State::Unresolved,
+            State::Rejected,
+            State::Cancelled,
+        ];
+        {
+            let mut old = PgConnection::connect(&url).await.unwrap();
+            Migrator::new(Embedded(&migrate::POSTGRES[..before]))
+                .await
+                .unwrap()
+                .run(&mut old)
+                .await
+                .unwrap();
+            for (i, state) in states.iter().enumerate() {
+                let state = state.as_str();
+                let scope = if i % 2 == 0 { "even" } else { "odd" };
+                sqlx::query(
+                    "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint,
+                        mail_from, rcpt_to, body_type, smtputf8, size, content, state, reply,
+                        accepted_at, finished_at, upstream_key)
+                     VALUES ($1, $2, $3, 'header', '\\x00', 'a@example.com', 'b@example.com',
+                        '7BIT', false, 4, '\\x41420d0a', $4, '250 ok', $5,
+                        CASE WHEN $4 = 'queued' THEN NULL ELSE $5 + 1 END, $3)",
+                )
+                .bind(format!("r{i}"))
+                .bind(scope)
+                .bind(format!("key-{state}"))
+                .bind(state)
+                .bind(1_000 + i as i64)
+                .execute(&mut old)
+                .await
+                .unwrap();
+                if state == "queued" {
+                    sqlx::query(
+                        "INSERT INTO delivery_jobs (message_id, scope, due_at) VALUES ($1, $2, 1)",
+                    )
+                    .bind(format!("r{i}"))
+                    .bind(scope)
+                    .execute(&mut old)
+                    .await
+                    .unwrap();
+                }
+            }
+            old.close().await.unwrap();
+        }
+        let store = PostgresStore::open(&url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let stats = store.queue_stats().await.unwrap();
+        for (state, n) in &stats.by_state {
+            assert_eq!(*n, 1, "{state:?} counted once: {stats:?}");
+        }
+        assert_eq!(stats.oldest_queued_at_ms, Some(1_000));
+        assert_eq!(stats.queued_by_scope, vec![("even".to_string(), 1)]);
+        for (i, state) in states.iter().enumerate() {
+            let by_state = ListFilter {
+                state: Some(listing::StateFilter::Is(*state)),
+                limit: 10,
+                ..ListFilter::default()
+            };
+            let found = store.list_page(&by_state).await.unwrap().records;
+            assert_eq!(
+                found.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+                [format!("r{i}")],
+                "{state:?}"
+            );
+            let by_key = ListFilter {
+                key: Some(format!("key-{}", state.as_str())),
+                limit: 10,
+                ..ListFilter::default()
+            };
+            let found = store.list_page(&by_key).await.unwrap().records;
+            assert_eq!(found.len(), 1, "key of the {state:?} record, in any scope");
+        }
         store.pool.close().await;
         admin
             .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
