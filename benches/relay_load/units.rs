@@ -195,3 +195,50 @@ async fn wal_counters(base: &str) -> anyhow::Result<[i64; 3]> {
     conn.close().await?;
     Ok(counters)
 }
+
+/// The unit the C=1 overhead is counted in, measured in the same run: on SQLite the p50 of
+/// appending 1 KB to a file in the bench directory and `fdatasync`ing it (what one commit
+/// cannot do without), on Postgres the p50 of a single-row INSERT committed on its own, over
+/// one connection like the relay's.
+pub async fn commit_unit(
+    store: &StoreKind,
+    dir: &Path,
+) -> anyhow::Result<(&'static str, Duration)> {
+    const SAMPLES: usize = 500;
+    let mut times = Vec::with_capacity(SAMPLES);
+    match store {
+        StoreKind::Sqlite => {
+            use std::io::Write;
+            let mut file = std::fs::File::create(dir.join("fdatasync-probe"))?;
+            let block = [b'x'; 1024];
+            for _ in 0..SAMPLES {
+                let started = std::time::Instant::now();
+                file.write_all(&block)?;
+                file.sync_data()?;
+                times.push(started.elapsed());
+            }
+            times.sort();
+            Ok(("1 KB fdatasync", times[SAMPLES / 2]))
+        }
+        StoreKind::Postgres(base) => {
+            let mut conn = sqlx::PgConnection::connect(base).await?;
+            // A real table (a temporary one writes no WAL), dropped after.
+            sqlx::query("CREATE TABLE IF NOT EXISTS relay_bench_commit_probe (v TEXT)")
+                .execute(&mut conn)
+                .await?;
+            for _ in 0..SAMPLES {
+                let started = std::time::Instant::now();
+                sqlx::query("INSERT INTO relay_bench_commit_probe (v) VALUES ('x')")
+                    .execute(&mut conn)
+                    .await?;
+                times.push(started.elapsed());
+            }
+            sqlx::query("DROP TABLE relay_bench_commit_probe")
+                .execute(&mut conn)
+                .await?;
+            conn.close().await?;
+            times.sort();
+            Ok(("single-row INSERT commit", times[SAMPLES / 2]))
+        }
+    }
+}
