@@ -38,6 +38,7 @@ pub struct Measured {
 pub fn message(run: &str, n: usize, size: usize) -> Vec<u8> {
     let mut m = format!(
         "From: Bench <bench@example.com>\r\nTo: rcpt@example.com\r\n\
+         Message-ID: <{run}-{n}@bench.example.com>\r\n\
          X-Bird-Idempotency-Key: {run}-{n}\r\nSubject: bench {n}\r\n\r\n"
     )
     .into_bytes();

@@ -15,6 +15,12 @@ DROP INDEX messages_state_id;
 CREATE INDEX messages_state_id ON messages (state, id) WHERE state <> 'queued';
 DROP INDEX messages_state_accepted;
 CREATE INDEX messages_state_accepted ON messages (state, accepted_at) WHERE state <> 'queued';
+-- a Message-ID (a console search; upstream events find their record by the identifiers of
+-- the events table): the finished records' through this index, written when a record
+-- leaves `queued`; the queued records' by reading the queue;
+DROP INDEX messages_header_message_id;
+CREATE INDEX messages_header_message_id ON messages (header_message_id)
+    WHERE header_message_id IS NOT NULL AND state <> 'queued';
 -- an upstream key equal to the client's key (the common case: the scope that owns the
 -- upstream's key space) is found through the key; only the others need an index;
 DROP INDEX messages_upstream_key;

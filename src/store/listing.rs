@@ -241,8 +241,18 @@ pub(crate) fn list_sql(
             .trim()
             .trim_start_matches('<')
             .trim_end_matches('>');
-        let p = bind(Param::Text(bare.to_string()), &mut params);
-        conditions.push(format!("m.header_message_id = {p}"));
+        let finished = bind(Param::Text(bare.to_string()), &mut params);
+        let queued = bind(Param::Text(bare.to_string()), &mut params);
+        // Only finished records are indexed by Message-ID (intake does not write that index):
+        // queued ones are found by reading the queue.
+        conditions.push(format!(
+            "m.id IN (SELECT f.id FROM messages f
+                      WHERE f.header_message_id = {finished} AND f.state <> 'queued'
+                      UNION ALL
+                      SELECT j.message_id FROM delivery_jobs j
+                      WHERE (SELECT q.header_message_id FROM messages q
+                             WHERE q.id = j.message_id) = {queued})"
+        ));
     }
     if let Some(since) = filter.since_ms {
         let low = bind(

@@ -838,10 +838,10 @@ mod tests {
                 sqlx::query(
                     "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint,
                         mail_from, rcpt_to, body_type, smtputf8, size, content, state, reply,
-                        accepted_at, finished_at, upstream_key)
+                        accepted_at, finished_at, upstream_key, header_message_id)
                      VALUES ($1, $2, $3, 'header', '\\x00', 'a@example.com', 'b@example.com',
                         '7BIT', false, 4, '\\x41420d0a', $4, '250 ok', $5,
-                        CASE WHEN $4 = 'queued' THEN NULL ELSE $5 + 1 END, $3)",
+                        CASE WHEN $4 = 'queued' THEN NULL ELSE $5 + 1 END, $3, 'mid-' || $4 || '@example.com')",
                 )
                 .bind(format!("r{i}"))
                 .bind(scope)
@@ -892,6 +892,13 @@ mod tests {
             };
             let found = store.list_page(&by_key).await.unwrap().records;
             assert_eq!(found.len(), 1, "key of the {state:?} record, in any scope");
+            let by_message_id = ListFilter {
+                message_id: Some(format!("<mid-{}@example.com>", state.as_str())),
+                limit: 10,
+                ..ListFilter::default()
+            };
+            let found = store.list_page(&by_message_id).await.unwrap().records;
+            assert_eq!(found.len(), 1, "Message-ID of the {state:?} record");
         }
         store.pool.close().await;
         admin

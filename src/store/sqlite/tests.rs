@@ -201,10 +201,10 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
             sqlx::query(
                 "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                     rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at,
-                    finished_at, upstream_key)
+                    finished_at, upstream_key, header_message_id)
                  VALUES (?1, ?2, ?3, 'header', zeroblob(32), 'a@example.com', 'b@example.com',
                     '7BIT', 0, 4, x'41420d0a', ?4, '250 ok', ?5,
-                    CASE WHEN ?4 = 'queued' THEN NULL ELSE ?5 + 1 END, ?3)",
+                    CASE WHEN ?4 = 'queued' THEN NULL ELSE ?5 + 1 END, ?3, 'mid-' || ?4 || '@example.com')",
             )
             .bind(format!("r{i}"))
             .bind(if i % 2 == 0 { "even" } else { "odd" })
@@ -245,6 +245,13 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
         };
         let found = store.list_page(&by_key).await.unwrap().records;
         assert_eq!(found.len(), 1, "key of the {state} record, in any scope");
+        let by_message_id = ListFilter {
+            message_id: Some(format!("<mid-{state}@example.com>")),
+            limit: 10,
+            ..ListFilter::default()
+        };
+        let found = store.list_page(&by_message_id).await.unwrap().records;
+        assert_eq!(found.len(), 1, "Message-ID of the {state} record");
     }
     let indexed: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM messages INDEXED BY messages_state_id WHERE state <> 'queued'",
