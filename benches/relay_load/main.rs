@@ -15,7 +15,7 @@
 //! (deliveries to the sink) from a full queue, on an empty store and with the backlog;
 //! `--instances N` (Postgres): N relays on one store (intake, and end to end with a check that
 //! the sink saw every key exactly once); `--only units`: disk bytes written and fsyncs per
-//! accepted message (and Postgres WAL bytes, syncs and commits), C=1, C=50 and end to end.
+//! accepted message (and Postgres WAL bytes and write transactions), C=1, C=50 and end to end.
 
 mod backlog;
 mod before_queue;
