@@ -426,17 +426,7 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE delivery_jobs SET lease_owner = NULL, lease_until = NULL,
-                due_at = GREATEST(due_at, idemrelay_now_ms() + $1)
-             WHERE message_id = $2 AND lease_token = $3 AND lease_owner IS NOT NULL",
-        )
-        .bind(retention_ms(after))
-        .bind(id)
-        .bind(token)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        write::release(&self.pool, id, token, after).await
     }
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
@@ -816,14 +806,6 @@ mod tests {
         };
         let before = migrate::POSTGRES.iter().take_while(|m| m.0 < 16).count();
         assert_eq!(migrate::POSTGRES[before - 1].0, 15);
-        let states = [
-            State::Queued,
-            State::Delivered,
-            State::Failed,
-            State::Unresolved,
-            State::Rejected,
-            State::Cancelled,
-        ];
         {
             let mut old = PgConnection::connect(&url).await.unwrap();
             Migrator::new(Embedded(&migrate::POSTGRES[..before]))
@@ -832,7 +814,7 @@ mod tests {
                 .run(&mut old)
                 .await
                 .unwrap();
-            for (i, state) in states.iter().enumerate() {
+            for (i, state) in State::ALL.into_iter().enumerate() {
                 let state = state.as_str();
                 let scope = if i % 2 == 0 { "even" } else { "odd" };
                 sqlx::query(
@@ -867,39 +849,7 @@ mod tests {
         let store = PostgresStore::open(&url, Duration::from_secs(5))
             .await
             .unwrap();
-        let stats = store.queue_stats().await.unwrap();
-        for (state, n) in &stats.by_state {
-            assert_eq!(*n, 1, "{state:?} counted once: {stats:?}");
-        }
-        assert_eq!(stats.oldest_queued_at_ms, Some(1_000));
-        assert_eq!(stats.queued_by_scope, vec![("even".to_string(), 1)]);
-        for (i, state) in states.iter().enumerate() {
-            let by_state = ListFilter {
-                state: Some(listing::StateFilter::Is(*state)),
-                limit: 10,
-                ..ListFilter::default()
-            };
-            let found = store.list_page(&by_state).await.unwrap().records;
-            assert_eq!(
-                found.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
-                [format!("r{i}")],
-                "{state:?}"
-            );
-            let by_key = ListFilter {
-                key: Some(format!("key-{}", state.as_str())),
-                limit: 10,
-                ..ListFilter::default()
-            };
-            let found = store.list_page(&by_key).await.unwrap().records;
-            assert_eq!(found.len(), 1, "key of the {state:?} record, in any scope");
-            let by_message_id = ListFilter {
-                message_id: Some(format!("<mid-{}@example.com>", state.as_str())),
-                limit: 10,
-                ..ListFilter::default()
-            };
-            let found = store.list_page(&by_message_id).await.unwrap().records;
-            assert_eq!(found.len(), 1, "Message-ID of the {state:?} record");
-        }
+        listing::assert_one_record_per_state_is_findable(&store).await;
         store.pool.close().await;
         admin
             .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())

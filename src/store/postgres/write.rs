@@ -1,6 +1,8 @@
-//! The Postgres store's writes that take more than one statement (settle, the operator's
-//! requeue, cancel and flush) and the statements they share with intake. Each transition is
+//! The Postgres store's writes of the delivery side and the operator (settle, release, the
+//! operator's requeue, cancel and flush) and the statements they share with intake. Each transition is
 //! decided by `store::transition`; this file only says it in Postgres SQL.
+
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Row;
@@ -328,6 +330,28 @@ pub(super) async fn settle_replying(
     }
     tx.commit().await?;
     Ok(true)
+}
+
+/// Gives a lease back without an attempt's outcome (the worker did not send): the job is due
+/// again `after` from now, or later if it was already due later; only the lease holder's
+/// token releases it.
+pub(super) async fn release(
+    pool: &PgPool,
+    id: &str,
+    token: i64,
+    after: Duration,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE delivery_jobs SET lease_owner = NULL, lease_until = NULL,
+            due_at = GREATEST(due_at, idemrelay_now_ms() + $1)
+         WHERE message_id = $2 AND lease_token = $3 AND lease_owner IS NOT NULL",
+    )
+    .bind(retention_ms(after))
+    .bind(id)
+    .bind(token)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 pub(super) async fn requeue(

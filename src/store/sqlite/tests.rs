@@ -2,7 +2,6 @@
 //! tests/postgres/store_contract.rs).
 
 use super::*;
-use crate::store::listing::StateFilter;
 use crate::store::test_record as record;
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -172,14 +171,6 @@ async fn a_store_from_before_the_cancelled_state_takes_it_and_keeps_its_rows() {
 async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("t.db").display());
-    let states = [
-        "queued",
-        "delivered",
-        "failed",
-        "unresolved",
-        "rejected",
-        "cancelled",
-    ];
     {
         let options = SqliteConnectOptions::from_str(&url)
             .unwrap()
@@ -196,7 +187,8 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
             .run(&pool)
             .await
             .unwrap();
-        for (i, state) in states.iter().enumerate() {
+        for (i, state) in State::ALL.into_iter().enumerate() {
+            let state = state.as_str();
             // The queued record gets its job from the trigger, as in that release.
             sqlx::query(
                 "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
@@ -220,39 +212,7 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
     let store = SqliteStore::open(&url, Duration::from_secs(5))
         .await
         .unwrap();
-    let stats = store.queue_stats().await.unwrap();
-    for (state, n) in &stats.by_state {
-        assert_eq!(*n, 1, "{state:?} counted once: {stats:?}");
-    }
-    assert_eq!(stats.oldest_queued_at_ms, Some(1_000));
-    assert_eq!(stats.queued_by_scope, vec![("even".to_string(), 1)]);
-    for (i, state) in states.iter().enumerate() {
-        let by_state = ListFilter {
-            state: Some(StateFilter::Is(State::parse(state).unwrap())),
-            limit: 10,
-            ..ListFilter::default()
-        };
-        let found = store.list_page(&by_state).await.unwrap().records;
-        assert_eq!(
-            found.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
-            [format!("r{i}")],
-            "{state}"
-        );
-        let by_key = ListFilter {
-            key: Some(format!("key-{state}")),
-            limit: 10,
-            ..ListFilter::default()
-        };
-        let found = store.list_page(&by_key).await.unwrap().records;
-        assert_eq!(found.len(), 1, "key of the {state} record, in any scope");
-        let by_message_id = ListFilter {
-            message_id: Some(format!("<mid-{state}@example.com>")),
-            limit: 10,
-            ..ListFilter::default()
-        };
-        let found = store.list_page(&by_message_id).await.unwrap().records;
-        assert_eq!(found.len(), 1, "Message-ID of the {state} record");
-    }
+    listing::assert_one_record_per_state_is_findable(&store).await;
     let indexed: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM messages INDEXED BY messages_state_id WHERE state <> 'queued'",
     )

@@ -500,6 +500,9 @@ pub(crate) fn reclaim_dead_leases(
         .execute(params![now, now.saturating_sub(retention_ms(stale_after))])? as u64)
 }
 
+/// Gives a lease back without an attempt's outcome (the worker did not send): the job is due
+/// again `after` from now, or later if it was already due later; only the lease holder's
+/// token releases it.
 pub(crate) fn release(
     conn: &Connection,
     id: &str,
