@@ -1,0 +1,190 @@
+//! The Postgres backend's own tests (the contract both backends keep is in
+//! tests/postgres/store_contract.rs).
+
+use super::*;
+
+#[test]
+fn commit_levels_are_at_least_on_and_remote_apply_is_kept() {
+    for (server, set) in [
+        ("off", "SET synchronous_commit = on"),
+        ("local", "SET synchronous_commit = on"),
+        ("on", "SET synchronous_commit = on"),
+        // Weaker than `on` on the standby's side: written there, not yet flushed.
+        ("remote_write", "SET synchronous_commit = on"),
+        ("remote_apply", "SET synchronous_commit = remote_apply"),
+    ] {
+        assert_eq!(durable_commit_statement(server), set, "{server}");
+    }
+}
+
+/// An empty schema of its own for `test` in the database `IDEMRELAY_TEST_POSTGRES` names:
+/// an admin connection, the schema's name and a URL whose connections use it. `None` (the
+/// test is skipped) without the variable.
+async fn fresh_test_schema(test: &str, prefix: &str) -> Option<(PgConnection, String, String)> {
+    let Some(base) = std::env::var("IDEMRELAY_TEST_POSTGRES")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        eprintln!("SKIPPED {test}: set IDEMRELAY_TEST_POSTGRES");
+        return None;
+    };
+    let schema = format!("{prefix}_{}", fastrand::u32(..));
+    let mut admin = PgConnection::connect(&base).await.unwrap();
+    admin
+        .execute(format!("CREATE SCHEMA {schema}").as_str())
+        .await
+        .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options[search_path]={schema}");
+    Some((admin, schema, url))
+}
+
+/// A level the session set itself is not changed by a later reload of the server's
+/// configuration; one it only inherited is.
+#[tokio::test]
+async fn every_connection_sets_its_commit_level_itself() {
+    let Some((mut admin, schema, url)) = fresh_test_schema(
+        "every_connection_sets_its_commit_level_itself",
+        "t_commit_level",
+    )
+    .await
+    else {
+        return;
+    };
+    let store = PostgresStore::open(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut conn = store.pool.acquire().await.unwrap();
+        let (setting, source): (String, String) = sqlx::query_as(
+            "SELECT setting, source FROM pg_settings WHERE name = 'synchronous_commit'",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        assert_eq!((setting.as_str(), source.as_str()), ("on", "session"));
+        held.push(conn);
+    }
+    drop(held);
+    store.pool.close().await;
+    admin
+        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+        .await
+        .unwrap();
+}
+
+/// A store made by the schema before delivery requests (migrations up to 14) upgrades:
+/// the claim function is made again with the new column, and a job queued before is
+/// claimed with no requests.
+#[tokio::test]
+async fn a_store_from_before_delivery_requests_upgrades_and_keeps_its_queue() {
+    let Some((mut admin, schema, url)) = fresh_test_schema(
+        "a_store_from_before_delivery_requests_upgrades",
+        "t_requests_upgrade",
+    )
+    .await
+    else {
+        return;
+    };
+    let before = migrate::POSTGRES.iter().take_while(|m| m.0 < 15).count();
+    assert_eq!(migrate::POSTGRES[before - 1].0, 14);
+    {
+        let mut old = PgConnection::connect(&url).await.unwrap();
+        Migrator::new(Embedded(&migrate::POSTGRES[..before]))
+            .await
+            .unwrap()
+            .run(&mut old)
+            .await
+            .unwrap();
+        old.execute(
+            "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
+                rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at)
+             VALUES ('old', 's', 'k', 'header', '\\x00', 'a@example.com',
+                'b@example.com', '7BIT', false, 4, '\\x41420d0a', 'queued', '250 ok', 1);
+             INSERT INTO delivery_jobs (message_id, scope, due_at) VALUES ('old', 's', 1);
+             INSERT INTO scope_turns (scope, turn) VALUES ('s', 0);",
+        )
+        .await
+        .unwrap();
+        old.close().await.unwrap();
+    }
+    let store = PostgresStore::open(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let claimed = store
+        .claim("w", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the old job");
+    assert_eq!(claimed.id, "old");
+    assert!(claimed.requests.is_empty());
+    store.pool.close().await;
+    admin
+        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+        .await
+        .unwrap();
+}
+
+/// A store made by the release before the lean intake schema (migrations up to 15), with
+/// a record in every state, opens under the current one: the queue figures, the state
+/// filters and the key lookup without a scope find the same records as before.
+#[tokio::test]
+async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
+    let Some((mut admin, schema, url)) =
+        fresh_test_schema("a_store_from_before_the_lean_intake", "t_lean_upgrade").await
+    else {
+        return;
+    };
+    let before = migrate::POSTGRES.iter().take_while(|m| m.0 < 16).count();
+    assert_eq!(migrate::POSTGRES[before - 1].0, 15);
+    {
+        let mut old = PgConnection::connect(&url).await.unwrap();
+        Migrator::new(Embedded(&migrate::POSTGRES[..before]))
+            .await
+            .unwrap()
+            .run(&mut old)
+            .await
+            .unwrap();
+        for (i, state) in State::ALL.into_iter().enumerate() {
+            let state = state.as_str();
+            let scope = if i % 2 == 0 { "even" } else { "odd" };
+            sqlx::query(
+                "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint,
+                    mail_from, rcpt_to, body_type, smtputf8, size, content, state, reply,
+                    accepted_at, finished_at, upstream_key, header_message_id)
+                 VALUES ($1, $2, $3, 'header', '\\x00', 'a@example.com', 'b@example.com',
+                    '7BIT', false, 4, '\\x41420d0a', $4, '250 ok', $5,
+                    CASE WHEN $4 = 'queued' THEN NULL ELSE $5 + 1 END, $3, 'mid-' || $4 || '@example.com')",
+            )
+            .bind(format!("r{i}"))
+            .bind(scope)
+            .bind(format!("key-{state}"))
+            .bind(state)
+            .bind(1_000 + i as i64)
+            .execute(&mut old)
+            .await
+            .unwrap();
+            if state == "queued" {
+                sqlx::query(
+                    "INSERT INTO delivery_jobs (message_id, scope, due_at) VALUES ($1, $2, 1)",
+                )
+                .bind(format!("r{i}"))
+                .bind(scope)
+                .execute(&mut old)
+                .await
+                .unwrap();
+            }
+        }
+        old.close().await.unwrap();
+    }
+    let store = PostgresStore::open(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    listing::assert_one_record_per_state_is_findable(&store).await;
+    store.pool.close().await;
+    admin
+        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+        .await
+        .unwrap();
+}
