@@ -13,6 +13,8 @@ mod record;
 mod retention;
 mod rows;
 pub(crate) mod sqlite;
+#[cfg(test)]
+mod test_checks;
 mod transition;
 mod upstream_id;
 pub(crate) mod webhook;

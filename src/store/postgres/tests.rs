@@ -181,7 +181,7 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
     let store = PostgresStore::open(&url, Duration::from_secs(5))
         .await
         .unwrap();
-    listing::assert_one_record_per_state_is_findable(&store).await;
+    crate::store::test_checks::assert_one_record_per_state_is_findable(&store).await;
     store.pool.close().await;
     admin
         .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())

@@ -113,7 +113,7 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
     let store = SqliteStore::open(&url, Duration::from_secs(5))
         .await
         .unwrap();
-    listing::assert_one_record_per_state_is_findable(&store).await;
+    crate::store::test_checks::assert_one_record_per_state_is_findable(&store).await;
     let indexed: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM messages INDEXED BY messages_state_id WHERE state <> 'queued'",
     )
