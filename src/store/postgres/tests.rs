@@ -3,6 +3,19 @@
 
 use super::*;
 
+/// A connection to a new store at `url` made by the first `migrations` migrations only, as
+/// an earlier release left it.
+async fn store_made_by(url: &str, migrations: usize) -> PgConnection {
+    let mut conn = PgConnection::connect(url).await.unwrap();
+    Migrator::new(Embedded(&migrate::POSTGRES[..migrations]))
+        .await
+        .unwrap()
+        .run(&mut conn)
+        .await
+        .unwrap();
+    conn
+}
+
 #[test]
 fn commit_levels_are_at_least_on_and_remote_apply_is_kept() {
     for (server, set) in [
@@ -90,13 +103,7 @@ async fn a_store_from_before_delivery_requests_upgrades_and_keeps_its_queue() {
     let before = migrate::POSTGRES.iter().take_while(|m| m.0 < 15).count();
     assert_eq!(migrate::POSTGRES[before - 1].0, 14);
     {
-        let mut old = PgConnection::connect(&url).await.unwrap();
-        Migrator::new(Embedded(&migrate::POSTGRES[..before]))
-            .await
-            .unwrap()
-            .run(&mut old)
-            .await
-            .unwrap();
+        let mut old = store_made_by(&url, before).await;
         old.execute(
             "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                 rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at)
@@ -139,13 +146,7 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
     let before = migrate::POSTGRES.iter().take_while(|m| m.0 < 16).count();
     assert_eq!(migrate::POSTGRES[before - 1].0, 15);
     {
-        let mut old = PgConnection::connect(&url).await.unwrap();
-        Migrator::new(Embedded(&migrate::POSTGRES[..before]))
-            .await
-            .unwrap()
-            .run(&mut old)
-            .await
-            .unwrap();
+        let mut old = store_made_by(&url, before).await;
         for (i, state) in State::ALL.into_iter().enumerate() {
             let state = state.as_str();
             let scope = if i % 2 == 0 { "even" } else { "odd" };

@@ -3,6 +3,23 @@
 
 use super::*;
 
+/// A new store at `url` made by the first `migrations` migrations only, as an earlier
+/// release left it.
+async fn store_made_by(url: &str, migrations: usize) -> SqlitePool {
+    let options = SqliteConnectOptions::from_str(url)
+        .unwrap()
+        .create_if_missing(true)
+        .foreign_keys(true);
+    let pool = SqlitePool::connect_with(options).await.unwrap();
+    Migrator::new(Embedded(&migrate::SQLITE[..migrations]))
+        .await
+        .unwrap()
+        .run(&pool)
+        .await
+        .unwrap();
+    pool
+}
+
 /// A store made before the `cancelled` state (migrations up to 10) keeps its rows, and a
 /// queued record in it can be cancelled once the relay opens it; the state column still
 /// refuses anything else.
@@ -11,17 +28,7 @@ async fn a_store_from_before_the_cancelled_state_takes_it_and_keeps_its_rows() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("t.db").display());
     {
-        let options = SqliteConnectOptions::from_str(&url)
-            .unwrap()
-            .create_if_missing(true)
-            .foreign_keys(true);
-        let pool = SqlitePool::connect_with(options).await.unwrap();
-        Migrator::new(Embedded(&migrate::SQLITE[..10]))
-            .await
-            .unwrap()
-            .run(&pool)
-            .await
-            .unwrap();
+        let pool = store_made_by(&url, 10).await;
         sqlx::query(
             "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                 rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at)
@@ -73,21 +80,11 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("t.db").display());
     {
-        let options = SqliteConnectOptions::from_str(&url)
-            .unwrap()
-            .create_if_missing(true)
-            .foreign_keys(true);
-        let pool = SqlitePool::connect_with(options).await.unwrap();
         let before = migrate::SQLITE
             .iter()
             .position(|m| m.0 == 16)
             .expect("migration 16");
-        Migrator::new(Embedded(&migrate::SQLITE[..before]))
-            .await
-            .unwrap()
-            .run(&pool)
-            .await
-            .unwrap();
+        let pool = store_made_by(&url, before).await;
         for (i, state) in State::ALL.into_iter().enumerate() {
             let state = state.as_str();
             // The queued record gets its job from the trigger, as in that release.
@@ -142,17 +139,7 @@ async fn a_store_from_before_delivery_requests_upgrades_and_keeps_its_queue() {
         .collect();
     assert_eq!(before.last(), Some(&13), "the previous schema ends at 13");
     {
-        let options = SqliteConnectOptions::from_str(&url)
-            .unwrap()
-            .create_if_missing(true)
-            .foreign_keys(true);
-        let pool = SqlitePool::connect_with(options).await.unwrap();
-        Migrator::new(Embedded(&migrate::SQLITE[..before.len()]))
-            .await
-            .unwrap()
-            .run(&pool)
-            .await
-            .unwrap();
+        let pool = store_made_by(&url, before.len()).await;
         sqlx::query(
             "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
                 rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at)
