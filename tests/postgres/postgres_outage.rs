@@ -62,6 +62,57 @@ async fn restore(base: &str, role: &str) {
         .unwrap();
 }
 
+/// The relay keeps a connection per intake writer between batches. Postgres ending those
+/// connections while they are idle (a server restart, a cut link, an administrator) costs no
+/// client a refusal: the next message on each is written on a fresh connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(idemrelay_test_postgres),
+    ignore = "set IDEMRELAY_TEST_POSTGRES=postgres://USER@HOST/DB to run it"
+)]
+async fn connections_postgres_ended_while_idle_cost_no_client_a_refusal() {
+    let Some(base) = backend::postgres_or_skip("postgres_outage") else {
+        return;
+    };
+    let (role, url) = own_role(&base).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = common::test_settings(dir.path());
+    settings.store = idemrelay::config::SecretUrl(url);
+    let relay = TestRelay::start_in(dir, settings).await;
+    let submit = |key: String| async move {
+        let msg = message(Some(&key), "idle", "body");
+        Client::try_submit(
+            relay.addr,
+            "sender@example.com",
+            &["rcpt@example.com"],
+            &msg,
+        )
+        .await
+        .map(|a| a.line())
+    };
+    // One after another, so that every intake writer has taken (and keeps) a connection.
+    for n in 0..6 {
+        let line = submit(format!("idle-before-{n}")).await.expect("a reply");
+        assert!(line.starts_with("250 "), "{line}");
+    }
+    let mut conn = admin(&base).await;
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
+    )
+    .bind(&role)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(ended.len() >= 2, "the relay's connections: {ended:?}");
+    for n in 0..6 {
+        let line = submit(format!("idle-after-{n}")).await.expect("a reply");
+        assert!(
+            line.starts_with("250 "),
+            "message {n} after the cut: {line}"
+        );
+    }
+}
+
 #[derive(Debug, Default)]
 struct Seen {
     /// key → queue id, for every 250.

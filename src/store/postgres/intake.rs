@@ -134,11 +134,13 @@ enum Failed {
 async fn write_batch(pool: &PgPool, held: &mut Option<Held>, mut batch: Vec<Pending>) {
     // A stable sort: equal keys keep their arrival order.
     batch.sort_by(lock_order);
+    let was_held = held.is_some();
     let mut written = write_held(pool, held, &batch).await;
-    if let Err(Failed::Uncommitted(_)) = written {
+    if was_held && matches!(written, Err(Failed::Uncommitted(_))) {
         // A held connection can have died while idle (a restarted server, a cut link), where
         // the pool's ping would have found it: once more on a connection just taken and
-        // checked, before any member is told of a failure.
+        // checked, before any member is told of a failure. A batch that failed on a freshly
+        // taken connection is not tried again: its failure is not the connection's age.
         written = write_held(pool, held, &batch).await;
     }
     match written {
