@@ -4,7 +4,7 @@
 
 use base64::Engine;
 
-use super::record::{MessageSummary, State};
+use super::record::{self, MessageSummary, QueueStats, State, StoreError};
 
 /// Which records a listing wants. Empty filters match everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -379,10 +379,41 @@ pub(crate) const EVERY_SCOPE: &str = "WITH RECURSIVE s (scope) AS (
         FROM s WHERE s.scope IS NOT NULL)
     SELECT scope FROM s WHERE scope IS NOT NULL";
 
-/// The queue's figures (`queue status`, metrics), same text in both dialects. Queued records
-/// are counted by their delivery jobs (a queued record has exactly one, and only a queued
-/// record has one): the state indexes hold finished records only.
-pub(crate) mod queue_stats_sql {
+/// The queue's figures (`queue status`, metrics), on either dialect's pool: the statements
+/// and their decoding are the same in both, only the driver differs.
+pub(crate) async fn queue_stats<DB>(pool: &sqlx::Pool<DB>) -> Result<QueueStats, StoreError>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    (String, i64): for<'r> sqlx::FromRow<'r, DB::Row>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+    (Option<i64>,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let counts: Vec<(String, i64)> = sqlx::query_as(queue_stats_sql::STATES)
+        .fetch_all(pool)
+        .await?;
+    let oldest: Option<i64> = sqlx::query_scalar(queue_stats_sql::OLDEST_QUEUED)
+        .fetch_one(pool)
+        .await?;
+    let damaged: i64 = sqlx::query_scalar(queue_stats_sql::DAMAGED)
+        .fetch_one(pool)
+        .await?;
+    let unmatched: i64 = sqlx::query_scalar(queue_stats_sql::UNMATCHED_EVENTS)
+        .fetch_one(pool)
+        .await?;
+    let by_scope: Vec<(String, i64)> = sqlx::query_as(queue_stats_sql::QUEUED_BY_SCOPE)
+        .fetch_all(pool)
+        .await?;
+    Ok(record::queue_stats(
+        counts, oldest, damaged, unmatched, by_scope,
+    ))
+}
+
+/// The statements of `queue_stats`. Queued records are counted by their delivery jobs (a
+/// queued record has exactly one, and only a queued record has one): the state indexes hold
+/// finished records only.
+mod queue_stats_sql {
     /// Records per state.
     pub(crate) const STATES: &str =
         "SELECT state, COUNT(*) FROM messages WHERE state <> 'queued' GROUP BY state

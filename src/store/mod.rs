@@ -1,7 +1,7 @@
 //! Durable records: one storage trait, backends chosen by URL scheme.
 //!
 //! Layout: `record` (the shared nouns), `retention` and `transition` (what expiry and each
-//! change of state mean, decided once), `backend` (the `Store` trait), `listing`, `rows` and
+//! change of state mean, decided once), `backend` (the `Store` contract, one trait per role), `listing`, `rows` and
 //! `webhook` (SQL and decoding both dialects share), then one directory per dialect. Only
 //! this file names the modules together; they never name it back.
 
@@ -22,7 +22,7 @@ pub(crate) mod webhook;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use backend::Store;
+pub use backend::{IntakeStore, OperatorStore, QueueStore, ReadStore, Store, WebhookStore};
 pub use listing::{Cursor, ListFilter, Page, StateFilter};
 pub use record::*;
 pub use retention::Retention;

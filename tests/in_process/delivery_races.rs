@@ -14,8 +14,9 @@ use idemrelay::sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use idemrelay::smtp::server::ListenerKind;
 use idemrelay::store::{
     self, Action, ActionRow, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Flush,
-    Insert, ListFilter, NewRecord, Operator, Page, Pause, QueueStats, Requeue, Resolution, Resolve,
-    Retention, Settle, State, Store, StoreError, StoredMessage,
+    Insert, IntakeStore, ListFilter, NewRecord, Operator, OperatorStore, Page, Pause, QueueStats,
+    QueueStore, ReadStore, Requeue, Resolution, Resolve, Retention, Settle, State, Store,
+    StoreError, StoredMessage, WebhookStore,
 };
 
 async fn wait_terminal(relay: &TestRelay, id: &str, limit: Duration) -> State {
@@ -252,7 +253,7 @@ struct FlakyIntent {
 }
 
 #[async_trait]
-impl Store for FlakyIntent {
+impl IntakeStore for FlakyIntent {
     async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError> {
         self.inner.insert(record, retention).await
     }
@@ -264,25 +265,29 @@ impl Store for FlakyIntent {
     ) -> Result<Vec<Existing>, StoreError> {
         self.inner.lookup(scope, key, retention).await
     }
-    async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
-        self.inner.message(id).await
-    }
-    async fn finish(
-        &self,
-        id: &str,
-        state: State,
-        upstream_reply: Option<&str>,
-    ) -> Result<bool, StoreError> {
-        self.inner.finish(id, state, upstream_reply).await
-    }
     async fn probe(&self) -> Result<(), StoreError> {
         self.inner.probe().await
     }
-    async fn purge_expired(&self, retention: Retention) -> Result<u64, StoreError> {
-        self.inner.purge_expired(retention).await
+    async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError> {
+        self.inner.record_replay(scope, at_ms).await
     }
+    async fn claim_key_space(&self, key_space: &str, scope: &str) -> Result<String, StoreError> {
+        self.inner.claim_key_space(key_space, scope).await
+    }
+}
+
+#[async_trait]
+impl QueueStore for FlakyIntent {
     async fn claim(&self, owner: &str, lease: Duration) -> Result<Option<Claimed>, StoreError> {
         self.inner.claim(owner, lease).await
+    }
+    async fn claim_id(
+        &self,
+        id: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Claimed>, StoreError> {
+        self.inner.claim_id(id, owner, lease).await
     }
     async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError> {
         let fail = self
@@ -306,17 +311,6 @@ impl Store for FlakyIntent {
     ) -> Result<bool, StoreError> {
         self.inner.settle(id, token, attempt, settle).await
     }
-    async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
-        self.inner.renew_lease(id, token, lease).await
-    }
-    async fn claim_id(
-        &self,
-        id: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<Option<Claimed>, StoreError> {
-        self.inner.claim_id(id, owner, lease).await
-    }
     async fn settle_answered(
         &self,
         id: &str,
@@ -329,64 +323,17 @@ impl Store for FlakyIntent {
             .settle_answered(id, token, attempt, settle, reply)
             .await
     }
+    async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
+        self.inner.renew_lease(id, token, lease).await
+    }
+    async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
+        self.inner.release(id, token, after).await
+    }
     async fn heartbeat(&self, process: &str) -> Result<(), StoreError> {
         self.inner.heartbeat(process).await
     }
     async fn reclaim_dead_leases(&self, stale_after: Duration) -> Result<u64, StoreError> {
         self.inner.reclaim_dead_leases(stale_after).await
-    }
-    async fn release(&self, id: &str, token: i64, after: Duration) -> Result<(), StoreError> {
-        self.inner.release(id, token, after).await
-    }
-    async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
-        self.inner.attempts(id).await
-    }
-    async fn list_page(&self, filter: &ListFilter) -> Result<Page, StoreError> {
-        self.inner.list_page(filter).await
-    }
-    async fn requeue(
-        &self,
-        id: &str,
-        allow_unresolved: bool,
-        by: &Operator,
-    ) -> Result<Requeue, StoreError> {
-        self.inner.requeue(id, allow_unresolved, by).await
-    }
-    async fn cancel(&self, id: &str, by: &Operator) -> Result<bool, StoreError> {
-        self.inner.cancel(id, by).await
-    }
-    async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError> {
-        self.inner.flush(id, by).await
-    }
-    async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError> {
-        self.inner.flush_all(by).await
-    }
-    async fn resolve(
-        &self,
-        id: &str,
-        resolution: Resolution,
-        by: &Operator,
-    ) -> Result<Resolve, StoreError> {
-        self.inner.resolve(id, resolution, by).await
-    }
-    async fn cancel_all(
-        &self,
-        ids: &[String],
-        by: &Operator,
-        what: &str,
-    ) -> Result<Vec<String>, StoreError> {
-        self.inner.cancel_all(ids, by, what).await
-    }
-    async fn record_action(
-        &self,
-        action: Action,
-        by: &Operator,
-        detail: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.inner.record_action(action, by, detail).await
-    }
-    async fn relay_actions(&self, limit: usize) -> Result<Vec<ActionRow>, StoreError> {
-        self.inner.relay_actions(limit).await
     }
     async fn paused(&self) -> Result<Option<Pause>, StoreError> {
         self.inner.paused().await
@@ -400,11 +347,79 @@ impl Store for FlakyIntent {
     async fn resume_after_probe(&self) -> Result<bool, StoreError> {
         self.inner.resume_after_probe().await
     }
-    async fn claim_key_space(&self, key_space: &str, scope: &str) -> Result<String, StoreError> {
-        self.inner.claim_key_space(key_space, scope).await
+}
+
+#[async_trait]
+impl OperatorStore for FlakyIntent {
+    async fn requeue(
+        &self,
+        id: &str,
+        allow_unresolved: bool,
+        by: &Operator,
+    ) -> Result<Requeue, StoreError> {
+        self.inner.requeue(id, allow_unresolved, by).await
     }
-    async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError> {
-        self.inner.record_replay(scope, at_ms).await
+    async fn cancel(&self, id: &str, by: &Operator) -> Result<bool, StoreError> {
+        self.inner.cancel(id, by).await
+    }
+    async fn cancel_all(
+        &self,
+        ids: &[String],
+        by: &Operator,
+        what: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        self.inner.cancel_all(ids, by, what).await
+    }
+    async fn resolve(
+        &self,
+        id: &str,
+        resolution: Resolution,
+        by: &Operator,
+    ) -> Result<Resolve, StoreError> {
+        self.inner.resolve(id, resolution, by).await
+    }
+    async fn flush(&self, id: &str, by: &Operator) -> Result<Flush, StoreError> {
+        self.inner.flush(id, by).await
+    }
+    async fn flush_all(&self, by: &Operator) -> Result<Vec<String>, StoreError> {
+        self.inner.flush_all(by).await
+    }
+    async fn record_action(
+        &self,
+        action: Action,
+        by: &Operator,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.inner.record_action(action, by, detail).await
+    }
+    async fn purge_expired(&self, retention: Retention) -> Result<u64, StoreError> {
+        self.inner.purge_expired(retention).await
+    }
+}
+
+#[async_trait]
+impl WebhookStore for FlakyIntent {
+    async fn apply_webhook(
+        &self,
+        receipt: &idemrelay::store::WebhookReceipt,
+    ) -> Result<idemrelay::store::WebhookApplied, StoreError> {
+        self.inner.apply_webhook(receipt).await
+    }
+}
+
+#[async_trait]
+impl ReadStore for FlakyIntent {
+    async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
+        self.inner.message(id).await
+    }
+    async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
+        self.inner.attempts(id).await
+    }
+    async fn list_page(&self, filter: &ListFilter) -> Result<Page, StoreError> {
+        self.inner.list_page(filter).await
+    }
+    async fn relay_actions(&self, limit: usize) -> Result<Vec<ActionRow>, StoreError> {
+        self.inner.relay_actions(limit).await
     }
     async fn report(&self, since_day: Option<&str>) -> Result<Vec<DailyCounts>, StoreError> {
         self.inner.report(since_day).await
@@ -417,12 +432,6 @@ impl Store for FlakyIntent {
     }
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
         self.inner.lookup_id_by_key(scope, key).await
-    }
-    async fn apply_webhook(
-        &self,
-        receipt: &idemrelay::store::WebhookReceipt,
-    ) -> Result<idemrelay::store::WebhookApplied, StoreError> {
-        self.inner.apply_webhook(receipt).await
     }
     async fn events(&self, record_id: &str) -> Result<Vec<idemrelay::store::EventRow>, StoreError> {
         self.inner.events(record_id).await

@@ -535,22 +535,28 @@ async fn concurrent_sessions_with_one_key_make_one_record() {
 
 #[tokio::test]
 async fn terminal_records_expire_after_retention_but_queued_ones_do_not() {
-    let relay = TestRelay::start_with(|s| {
+    let sink = common::start_sink().await;
+    let relay = common::relay_for(&sink, |s| {
         s.retention = Duration::from_secs(3);
         s.purge_interval = Duration::from_millis(200);
+        // A delivered key stays taken while the upstream may still hold it: as long here.
+        s.delivery.upstream_window = s.retention;
+        s.delivery.window_margin = Duration::from_millis(100);
     })
     .await;
-    // A delivered record (the delivery worker's finish) and a stored rejection expire ...
+    // A delivered record and a stored rejection expire ...
     let delivered = message(Some("exp-delivered"), "s", "b");
     let id = submit_once(&relay, &["r@example.com"], &delivered)
         .await
         .queue_id()
         .unwrap();
-    assert!(relay
+    common::wait_state(&relay, &id, State::Delivered).await;
+    // The operator pauses delivery, so the next record stays queued.
+    relay
         .store()
-        .finish(&id, State::Delivered, Some("250 ok"))
+        .pause("held for the test", false)
         .await
-        .unwrap());
+        .unwrap();
     // Within retention the delivered record still replays.
     assert!(submit_once(&relay, &["r@example.com"], &delivered)
         .await
@@ -591,9 +597,12 @@ async fn terminal_records_expire_after_retention_but_queued_ones_do_not() {
 
 #[tokio::test]
 async fn expired_terminal_record_is_replaced_even_before_the_purge_runs() {
-    let relay = TestRelay::start_with(|s| {
+    let sink = common::start_sink().await;
+    let relay = common::relay_for(&sink, |s| {
         s.retention = Duration::from_millis(300);
         s.purge_interval = Duration::from_secs(3600);
+        s.delivery.upstream_window = s.retention;
+        s.delivery.window_margin = Duration::from_millis(100);
     })
     .await;
     let msg = message(Some("exp-2"), "s", "b");
@@ -601,11 +610,7 @@ async fn expired_terminal_record_is_replaced_even_before_the_purge_runs() {
         .await
         .queue_id()
         .unwrap();
-    relay
-        .store()
-        .finish(&id, State::Delivered, None)
-        .await
-        .unwrap();
+    common::wait_state(&relay, &id, State::Delivered).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let again = submit_once(&relay, &["r@example.com"], &msg).await;
     assert_eq!(again.code, 250);

@@ -16,6 +16,8 @@
 //! unknown) fails every member, as it would a lone insert.
 
 use std::cmp::Ordering;
+
+use async_trait::async_trait;
 use std::sync::Arc;
 
 use std::time::Instant;
@@ -27,8 +29,11 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::hosts::Hosts;
 use super::webhook;
-use super::write::bind_new_record;
-use crate::store::record::{body_checksum, Insert, NewRecord, State, StoreError};
+use super::PostgresStore;
+use crate::store::backend::IntakeStore;
+use crate::store::record::{
+    body_checksum, utc_day, Existing, Insert, NewRecord, State, StoreError,
+};
 use crate::store::retention::Retention;
 use crate::store::rows;
 
@@ -484,4 +489,178 @@ async fn insert_all(
     .await?;
     let mut went_in: std::collections::HashMap<String, bool> = rows.into_iter().collect();
     Ok(records().map(|r| went_in.remove(&r.id)).collect())
+}
+
+#[async_trait]
+impl IntakeStore for PostgresStore {
+    async fn insert(&self, record: &NewRecord, retention: Retention) -> Result<Insert, StoreError> {
+        self.intake.insert(record, retention).await
+    }
+
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        retention: Retention,
+    ) -> Result<Vec<Existing>, StoreError> {
+        let [replay, parked, window] = retention.sql_params();
+        let found = sqlx::query(&format!(
+            "SELECT {} FROM messages m
+             WHERE scope = $4 AND idem_key = $5 AND NOT ({}) ORDER BY part",
+            rows::EXISTING_COLUMNS,
+            Retention::expired_sql("idemrelay_now_ms()", "$1", "$2", "$3")
+        ))
+        .bind(replay)
+        .bind(parked)
+        .bind(window)
+        .bind(scope)
+        .bind(key)
+        .fetch_all(&self.pool)
+        .await?;
+        found.iter().map(rows::existing).collect()
+    }
+
+    /// Takes, and gives back, the lock an insert needs: this fails on a read-only standby
+    /// (as after a failover to a replica that was not promoted), without the privilege to
+    /// write records, and, after `lock_timeout`, while another session blocks writers. With
+    /// several hosts in the URL, a failure walks them again, and the pool moves to the one
+    /// that now takes writes (a promoted standby): the probe runs every
+    /// `store_probe_interval`, so the relay finds the new primary by itself.
+    async fn probe(&self) -> Result<(), StoreError> {
+        if !self.hosts.several() {
+            return self.probe_writable().await;
+        }
+        let busy = self.busy_timeout;
+        let follow = || {
+            self.hosts
+                .follow(&self.pool, busy, |o| super::session_options(o, busy))
+        };
+        let probed = async {
+            // Once a probe has failed, the list is walked first: the pool's host may be the
+            // dead primary, and waiting for a connection to it (`store_busy_timeout` + 1 s)
+            // at every probe would put off the move to a standby promoted meanwhile by that
+            // much each time.
+            if self.probe_failed.load(std::sync::atomic::Ordering::Relaxed) {
+                follow().await?;
+                return self.probe_writable().await;
+            }
+            if self.probe_writable().await.is_ok() {
+                return Ok(());
+            }
+            follow().await?;
+            self.probe_writable().await
+        }
+        .await;
+        self.probe_failed
+            .store(probed.is_err(), std::sync::atomic::Ordering::Relaxed);
+        probed
+    }
+
+    async fn record_replay(&self, scope: &str, at_ms: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO daily_counts (scope, day, shard, replayed) VALUES ($1, $2, $3, 1)
+             ON CONFLICT (scope, day, shard) DO UPDATE SET replayed = daily_counts.replayed + 1",
+        )
+        .bind(scope)
+        .bind(utc_day(at_ms))
+        .bind(i16::from(fastrand::u8(..8)))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn claim_key_space(&self, key_space: &str, scope: &str) -> Result<String, StoreError> {
+        // The upsert that changes nothing still returns the row, so one statement answers
+        // both the first claim and every later one.
+        Ok(sqlx::query_scalar(
+            "INSERT INTO upstream_key_owners (key_space, scope, claimed_at)
+             VALUES ($1, $2, idemrelay_now_ms())
+             ON CONFLICT (key_space) DO UPDATE SET key_space = excluded.key_space
+             RETURNING scope",
+        )
+        .bind(key_space)
+        .bind(scope)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+}
+
+/// Binds a new record's columns as $1..$21, in the order of `messages`' insert statements
+/// (`insert_message` here, the batch's in intake.rs).
+pub(super) fn bind_new_record<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    record: &'q NewRecord,
+    now: i64,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind(&record.id)
+        .bind(&record.scope)
+        .bind(&record.key)
+        .bind(record.key_source)
+        .bind(&record.fingerprint.as_bytes()[..])
+        .bind(&record.envelope.mail_from)
+        .bind(record.envelope.rcpt_to.join("\n"))
+        .bind(record.envelope.body.as_str())
+        .bind(record.envelope.smtputf8)
+        .bind(i64::try_from(record.size).unwrap_or(i64::MAX))
+        .bind(record.content.as_deref())
+        .bind(record.state.as_str())
+        .bind(&record.reply)
+        .bind(now)
+        .bind(&record.dsn_of)
+        .bind(
+            record
+                .content
+                .as_deref()
+                .map(|body| body_checksum(body).to_vec()),
+        )
+        .bind(i64::from(record.part))
+        .bind(&record.message_fp.as_bytes()[..])
+        .bind(&record.upstream_key)
+        .bind(&record.message_id)
+        .bind(record.envelope.requests.to_stored())
+}
+
+/// Inserts a message row unless its (scope, key) is taken; returns the rows inserted.
+pub(super) async fn insert_message(
+    conn: &mut PgConnection,
+    record: &NewRecord,
+    now: i64,
+) -> Result<u64, StoreError> {
+    Ok(bind_new_record(
+        sqlx::query(
+            "INSERT INTO messages (id, scope, idem_key, key_source, fingerprint, mail_from,
+            rcpt_to, body_type, smtputf8, size, content, state, reply, accepted_at, dsn_of,
+            content_hash, part, message_fp, upstream_key, header_message_id, requests)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+            $18, $19, $20, $21)
+         ON CONFLICT (scope, idem_key, part) DO NOTHING",
+        ),
+        record,
+        now,
+    )
+    .execute(&mut *conn)
+    .await?
+    .rows_affected())
+}
+
+/// A job due `now`, filed under its message's scope, which gets a turn row if it is new.
+pub(super) async fn insert_job(
+    conn: &mut PgConnection,
+    id: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "WITH job AS (
+            INSERT INTO delivery_jobs (message_id, scope, due_at)
+                SELECT id, scope, $2 FROM messages WHERE id = $1
+                RETURNING scope)
+         INSERT INTO scope_turns (scope, turn) SELECT scope, 0 FROM job
+             ON CONFLICT (scope) DO NOTHING",
+    )
+    .bind(id)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }

@@ -2,6 +2,7 @@
 //! tests/postgres/store_contract.rs).
 
 use super::*;
+use crate::store::*;
 
 /// A connection to a new store at `url` made by the first `migrations` migrations only, as
 /// an earlier release left it.

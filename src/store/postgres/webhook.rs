@@ -5,11 +5,31 @@
 //! earlier's commit and then sees its rows. Locks are taken in one sorted statement, always
 //! before any row lock on `messages`, so they cannot deadlock with one another.
 
+use async_trait::async_trait;
+
+use super::PostgresStore;
+use crate::store::backend::WebhookStore;
 use sqlx::postgres::PgConnection;
 use sqlx::Row;
 
 use crate::store::listing;
 use crate::store::record::StoreError;
+
+#[async_trait]
+impl WebhookStore for PostgresStore {
+    async fn apply_webhook(&self, receipt: &WebhookReceipt) -> Result<WebhookApplied, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = super::db_now(&mut tx).await?;
+        let applied = apply(&mut tx, receipt, now).await?;
+        if applied == WebhookApplied::Duplicate {
+            tx.rollback().await?;
+        } else {
+            tx.commit().await?;
+        }
+        Ok(applied)
+    }
+}
+
 /// The shared description of a record becoming known, for the callers of this backend.
 pub(crate) use crate::store::webhook::Known;
 use crate::store::webhook::{

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::store::test_record as record;
+use crate::store::*;
 
 mod upgrades;
 
@@ -41,7 +42,7 @@ async fn heartbeats_list_the_other_processes() {
     store.heartbeat("b/1/02").await.unwrap();
     let others = store
         .writer
-        .write(|conn| write::heartbeat(conn, "a/1/01"))
+        .write(|conn| queue::heartbeat(conn, "a/1/01"))
         .await
         .unwrap();
     assert_eq!(
@@ -61,7 +62,7 @@ async fn the_dead_lease_check_reads_only_leased_jobs() {
         .write(|conn| {
             let mut stmt = conn.prepare(&format!(
                 "EXPLAIN QUERY PLAN {}",
-                write::RECLAIM_DEAD_LEASES
+                queue::RECLAIM_DEAD_LEASES
             ))?;
             let rows = stmt.query_map([0i64, 0i64], |row| row.get::<_, String>(3))?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -91,7 +92,8 @@ async fn the_purge_reads_only_expired_records() {
     let plan = store
         .writer
         .write(|conn| {
-            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {}", write::purge_sql()))?;
+            let mut stmt =
+                conn.prepare(&format!("EXPLAIN QUERY PLAN {}", operator::purge_sql()))?;
             let rows = stmt.query_map([0i64, 0, 0, 0], |row| row.get::<_, String>(3))?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })
@@ -204,7 +206,7 @@ async fn a_sealed_segment_is_removed_once_no_row_points_at_it() {
             .insert(&large("m2", "k2", b'b'), retention)
             .await
             .unwrap();
-        store.finish("m1", State::Delivered, None).await.unwrap();
+        deliver(&store, "m1").await;
     }
     // A new process spools into segment 2 and may collect segment 1.
     let store = store(&dir).await;
@@ -232,7 +234,7 @@ async fn a_sealed_segment_is_removed_once_no_row_points_at_it() {
         store.message("m2").await.unwrap().unwrap().content,
         large("m2", "k2", b'b').content
     );
-    store.finish("m2", State::Delivered, None).await.unwrap();
+    deliver(&store, "m2").await;
     assert_eq!(
         store
             .purge_expired(Retention::flat(Duration::ZERO))
@@ -377,6 +379,27 @@ async fn a_spool_read_that_fails_for_another_reason_than_the_bytes_marks_nothing
     let job = store.claim("w", LEASE).await.unwrap().unwrap();
     assert_eq!(job.id, "big");
     assert_eq!(Some(job.content), large("big", "k1", b'a').content);
+}
+
+/// Delivers `id` the way a worker does: leases it, opens the attempt, settles it accepted.
+async fn deliver(store: &SqliteStore, id: &str) {
+    let job = store.claim_id(id, "w", LEASE).await.unwrap().unwrap();
+    let n = job.attempts + 1;
+    assert!(store.begin_attempt(id, job.token, n).await.unwrap());
+    let accepted = AttemptResult {
+        outcome: "accepted",
+        phase: Some("dot"),
+        code: Some(250),
+        reply: "250 ok".into(),
+    };
+    let delivered = Settle::Delivered {
+        upstream_reply: "250 ok".into(),
+        dsn: None,
+    };
+    assert!(store
+        .settle(id, job.token, Some((n, &accepted)), &delivered)
+        .await
+        .unwrap());
 }
 
 /// Claims `id` and settles one attempt with `outcome` into `settle`.

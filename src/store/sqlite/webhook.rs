@@ -3,7 +3,11 @@
 //! serializes an event looking for its record with the record becoming known, so neither can
 //! miss the other.
 
+use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
+
+use super::SqliteStore;
+use crate::store::backend::WebhookStore;
 
 use crate::store::listing;
 use crate::store::record::{now_ms, StoreError};
@@ -13,6 +17,14 @@ use crate::store::webhook::{
     choose_record, evidence, is_applied, resolution_reply, tally, Candidate, EventNames,
     Resolution, UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,
 };
+
+#[async_trait]
+impl WebhookStore for SqliteStore {
+    async fn apply_webhook(&self, receipt: &WebhookReceipt) -> Result<WebhookApplied, StoreError> {
+        let receipt = receipt.clone();
+        self.writer.write(move |conn| apply(conn, &receipt)).await
+    }
+}
 
 pub(crate) fn apply(
     conn: &Connection,
