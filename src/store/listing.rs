@@ -324,9 +324,6 @@ pub(crate) fn page(mut records: Vec<MessageSummary>, filter: &ListFilter) -> Pag
     }
 }
 
-/// The columns every action read returns (same text in both dialects).
-pub(crate) const ACTION_COLUMNS: &str = "at, record_id, action, actor, reason, detail";
-
 /// An attempt that failed: transient or unknown (the breaker counts both; a permanent
 /// refusal is the message's, not the upstream's health).
 const FAILED: &str = "outcome IN ('transient', 'unknown')";

@@ -81,6 +81,24 @@ mod tests {
         }
     }
 
+    /// From `ALIKE_FROM` on, one change to the schema is one migration with the same version
+    /// and name in both dialects (the two series were numbered apart before it: SQLite has no
+    /// 14, and its 1 to 13 are not Postgres's 1 to 13). An upgrade then reads the same in both
+    /// release notes, and a change made to one dialect alone fails here.
+    #[test]
+    fn migrations_are_numbered_alike_in_both_dialects_from_15_on() {
+        const ALIKE_FROM: i64 = 15;
+        let alike = |steps: Steps| -> Vec<(i64, &str)> {
+            steps
+                .iter()
+                .filter(|(version, _, _)| *version >= ALIKE_FROM)
+                .map(|(version, name, _)| (*version, *name))
+                .collect()
+        };
+        assert_eq!(alike(SQLITE), alike(POSTGRES));
+        assert!(!alike(SQLITE).is_empty());
+    }
+
     /// The schema's lists of states are SQL the store cannot build at run time: they are
     /// checked against `State` here instead.
     #[test]

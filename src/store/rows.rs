@@ -300,7 +300,7 @@ pub(crate) fn summary(row: &impl Columns) -> Result<MessageSummary, StoreError> 
     })
 }
 
-/// Columns: `listing::ACTION_COLUMNS`.
+/// Columns: those of `shared_sql::ACTIONS_OF_RECORD`.
 pub(crate) fn action(row: &impl Columns) -> Result<ActionRow, StoreError> {
     Ok(ActionRow {
         at_ms: row.int("at")?,
@@ -327,6 +327,26 @@ pub(crate) fn daily_counts(row: &impl Columns) -> Result<DailyCounts, StoreError
         resolved_by_event: count("resolved_by_event")?,
         bounced: count("bounced")?,
     })
+}
+
+/// Read statements both dialects run as written: `$N` parameters, which sqlx binds by number
+/// on SQLite too. (Statements that read the clock or need a cast stay per dialect.)
+pub(crate) mod shared_sql {
+    /// The notices (DSNs) the relay queued about a record, by id.
+    pub(crate) const DSNS_OF_RECORD: &str = "SELECT id FROM messages WHERE dsn_of = $1 ORDER BY id";
+    /// A record's operator actions, oldest first; decoded by `rows::action`.
+    pub(crate) const ACTIONS_OF_RECORD: &str = "SELECT at, record_id, action, actor, reason, detail
+         FROM operator_actions WHERE record_id = $1 ORDER BY seq";
+    /// The newest relay-wide operator actions (`$1`: how many); decoded by `rows::action`.
+    pub(crate) const RELAY_ACTIONS: &str = "SELECT at, record_id, action, actor, reason, detail
+         FROM operator_actions WHERE record_id IS NULL ORDER BY seq DESC LIMIT $1";
+    /// A record's attempts, in order; decoded by `rows::attempt`.
+    pub(crate) const ATTEMPTS_OF_RECORD: &str =
+        "SELECT attempt, owner, started_at, finished_at, outcome, phase, code, reply, upstream_id
+         FROM attempts WHERE message_id = $1 ORDER BY attempt";
+    /// The first record under (scope, key), expired or not.
+    pub(crate) const ID_BY_KEY: &str =
+        "SELECT id FROM messages WHERE scope = $1 AND idem_key = $2 ORDER BY part LIMIT 1";
 }
 
 /// A record's events, by recipient and event time (one parameter: the record's id; the

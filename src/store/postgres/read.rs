@@ -8,7 +8,7 @@ use crate::store::listing::{self, ListFilter, Page};
 use crate::store::record::{
     ActionRow, AttemptRow, DailyCounts, QueueStats, RelayHealth, StoreError, StoredMessage,
 };
-use crate::store::rows;
+use crate::store::rows::{self, shared_sql};
 use crate::store::webhook::EventRow;
 
 #[async_trait]
@@ -27,30 +27,23 @@ impl ReadStore for PostgresStore {
             return Ok(None);
         };
         let mut message = rows::stored_message(&row)?;
-        message.dsns = sqlx::query_scalar("SELECT id FROM messages WHERE dsn_of = $1 ORDER BY id")
+        message.dsns = sqlx::query_scalar(shared_sql::DSNS_OF_RECORD)
             .bind(id)
             .fetch_all(&self.pool)
             .await?;
-        let history = sqlx::query(&format!(
-            "SELECT {} FROM operator_actions WHERE record_id = $1 ORDER BY seq",
-            listing::ACTION_COLUMNS
-        ))
-        .bind(id)
-        .fetch_all(&self.pool)
-        .await?;
+        let history = sqlx::query(shared_sql::ACTIONS_OF_RECORD)
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
         message.history = history.iter().map(rows::action).collect::<Result<_, _>>()?;
         Ok(Some(message))
     }
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
-        let found = sqlx::query(
-            "SELECT attempt, owner, started_at, finished_at, outcome, phase, code, reply,
-                upstream_id
-             FROM attempts WHERE message_id = $1 ORDER BY attempt",
-        )
-        .bind(id)
-        .fetch_all(&self.pool)
-        .await?;
+        let found = sqlx::query(shared_sql::ATTEMPTS_OF_RECORD)
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
         found.iter().map(rows::attempt).collect()
     }
 
@@ -65,13 +58,10 @@ impl ReadStore for PostgresStore {
     }
 
     async fn relay_actions(&self, limit: usize) -> Result<Vec<ActionRow>, StoreError> {
-        let found = sqlx::query(&format!(
-            "SELECT {} FROM operator_actions WHERE record_id IS NULL ORDER BY seq DESC LIMIT $1",
-            listing::ACTION_COLUMNS
-        ))
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await?;
+        let found = sqlx::query(shared_sql::RELAY_ACTIONS)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?;
         found.iter().map(rows::action).collect()
     }
 
@@ -119,14 +109,11 @@ impl ReadStore for PostgresStore {
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM messages WHERE scope = $1 AND idem_key = $2
-                 ORDER BY part LIMIT 1",
-        )
-        .bind(scope)
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await?)
+        Ok(sqlx::query_scalar(shared_sql::ID_BY_KEY)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?)
     }
 
     async fn events(&self, record_id: &str) -> Result<Vec<EventRow>, StoreError> {
