@@ -30,6 +30,13 @@ struct Costs {
     fsyncs: usize,
     /// Postgres: WAL bytes and write transactions over the load.
     postgres: Option<[i64; 2]>,
+    /// Postgres: where the load's WAL starts and ends, for `pg_waldump --stats`.
+    wal_range: Option<(i64, i64)>,
+}
+
+/// An LSN as Postgres prints it.
+fn lsn(bytes: i64) -> String {
+    format!("{:X}/{:X}", bytes >> 32, bytes & 0xFFFF_FFFF)
 }
 
 impl Costs {
@@ -48,6 +55,9 @@ impl Costs {
                 // One of them is the second reading's own.
                 (transactions - 1) as f64 / n
             ));
+        }
+        if let Some((from, to)) = self.wal_range {
+            line.push_str(&format!(" (WAL {} to {})", lsn(from), lsn(to)));
         }
         println!("{line}");
     }
@@ -69,20 +79,28 @@ pub async fn units(bench: &Bench<'_>, scale: impl Fn(usize) -> usize) -> anyhow:
         "store costs per accepted message (1 KB, a new connection per message), {} rounds",
         bench.rounds
     );
-    for (what, load, upstream) in [
-        ("intake C=1", c1, None),
-        ("intake C=50", c50, None),
+    let backlog = bench
+        .relays
+        .backlog
+        .map(|records| format!("intake C=50 with {records} records stored"));
+    let scenarios = [
+        ("intake C=1", c1, None, false),
+        ("intake C=50", c50, None, false),
         (
             "end to end C=50 (intake and delivery)",
             c50,
             Some(bench.sink),
+            false,
         ),
-    ] {
+    ]
+    .into_iter()
+    .chain(backlog.as_deref().map(|what| (what, c50, None, true)));
+    for (what, load, upstream, with_backlog) in scenarios {
         // At C=50 the figures follow how many messages each commit carried, which the
         // machine's timing decides: each round is printed, then the median round (by bytes).
         let mut rounds = Vec::new();
         for _ in 0..bench.rounds {
-            let costs = measure(bench, load, upstream).await?;
+            let costs = measure(bench, load, upstream, with_backlog).await?;
             costs.print(&format!("{what}, one round"));
             rounds.push(costs);
         }
@@ -93,15 +111,16 @@ pub async fn units(bench: &Bench<'_>, scale: impl Fn(usize) -> usize) -> anyhow:
 }
 
 /// One load against a fresh relay under strace; with `upstream`, until the sink has every
-/// message.
+/// message; `with_backlog`, on a store holding the `--backlog` records.
 async fn measure(
     bench: &Bench<'_>,
     load: Load,
     upstream: Option<SocketAddr>,
+    with_backlog: bool,
 ) -> anyhow::Result<Costs> {
     let dir = bench.relays.dir;
     let addr = free_port();
-    let url = bench.relays.new_store(addr.port(), false).await?;
+    let url = bench.relays.new_store(addr.port(), with_backlog).await?;
     let trace = dir.join(format!("fsyncs-{}.txt", addr.port()));
     let wrapper: Vec<String> = [
         "strace",
@@ -136,12 +155,15 @@ async fn measure(
     }
     let ended = unix_now();
     let disk_bytes = write_bytes(pid)? - bytes_before;
-    let postgres = match (postgres, wal_before) {
+    let (postgres, wal_range) = match (postgres, wal_before) {
         (Some(base), Some(before)) => {
             let after = wal_counters(base).await?;
-            Some([0, 1].map(|i| after[i] - before[i]))
+            (
+                Some([0, 1].map(|i| after[i] - before[i])),
+                Some((before[0], after[0])),
+            )
         }
-        _ => None,
+        _ => (None, None),
     };
     relay.stop(pid);
     let fsyncs = fsyncs_between(&trace, started, ended)?;
@@ -150,6 +172,7 @@ async fn measure(
         disk_bytes,
         fsyncs,
         postgres,
+        wal_range,
     })
 }
 

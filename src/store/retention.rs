@@ -51,22 +51,44 @@ impl Retention {
     /// `expired` as an SQL condition on `messages m`, given the SQL text of its parameters
     /// (`?1` or `$1` style): now, replay, parked and upstream window, in milliseconds.
     /// The state lists come from `Kept::of`, the rule `expired` applies, so the two cannot
-    /// disagree about a state. `accepted_at` stands alone on its side so that the index on
-    /// `(state, accepted_at)` bounds the replayed records: written `accepted_at + replay`, the
-    /// purge read every finished record, 1 s on a million-record SQLite store, in the writer,
-    /// every `purge_interval`.
+    /// disagree about a state.
     pub(crate) fn expired_sql(now: &str, replay: &str, parked: &str, window: &str) -> String {
-        format!(
-            // `state <> 'queued'` is implied, and said in each branch for the planner: the
-            // state indexes hold finished records only.
-            "((m.state <> 'queued' AND m.state IN ({}) AND m.accepted_at <= {now} - {replay})
-               OR (m.state <> 'queued' AND m.state IN ({})
-                   AND COALESCE(m.finished_at, m.accepted_at) + {parked} <= {now}))
-             AND NOT EXISTS (SELECT 1 FROM attempts a
-                             WHERE a.message_id = m.id AND a.started_at + {window} > {now})",
-            Kept::Replayed.sql_states(),
-            Kept::Parked.sql_states(),
-        )
+        let [replayed, parked] = Self::expired_by_kind_sql(now, replay, parked, window);
+        format!("(({replayed}) OR ({parked}))")
+    }
+
+    /// `expired_sql` as one condition per way a record is kept (replayed, then parked), for
+    /// the purge, which deletes each kind alone: each condition is bounded by an index on its
+    /// own. `accepted_at` stands alone on its side so that the index on `(state, accepted_at)`
+    /// bounds the replayed records: written `accepted_at + replay`, the purge read every
+    /// finished record, 1 s on a million-record SQLite store, in the writer, every
+    /// `purge_interval`; and joined by OR, Postgres's planner read them all too (0.9 s and
+    /// 200,000 buffers on a million records, beside intake).
+    pub(crate) fn expired_by_kind_sql(
+        now: &str,
+        replay: &str,
+        parked: &str,
+        window: &str,
+    ) -> [String; 2] {
+        // Outside the upstream's window on its last attempt.
+        let quiet = format!(
+            "NOT EXISTS (SELECT 1 FROM attempts a
+                         WHERE a.message_id = m.id AND a.started_at + {window} > {now})"
+        );
+        // `state <> 'queued'` is implied, and said for the planner: the state indexes hold
+        // finished records only.
+        [
+            format!(
+                "m.state <> 'queued' AND m.state IN ({}) AND m.accepted_at <= {now} - {replay}
+                 AND {quiet}",
+                Kept::Replayed.sql_states()
+            ),
+            format!(
+                "m.state <> 'queued' AND m.state IN ({})
+                 AND COALESCE(m.finished_at, m.accepted_at) + {parked} <= {now} AND {quiet}",
+                Kept::Parked.sql_states()
+            ),
+        ]
     }
 
     /// The parameters of `expired_sql`, in its order.

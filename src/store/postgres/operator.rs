@@ -68,16 +68,12 @@ impl OperatorStore for PostgresStore {
 
     async fn purge_expired(&self, retention: Retention) -> Result<u64, StoreError> {
         let [replay, parked, window] = retention.sql_params();
-        let purged = sqlx::query(&format!(
-            "DELETE FROM messages m WHERE {}",
-            Retention::expired_sql("idemrelay_now_ms()", "$1", "$2", "$3")
-        ))
-        .bind(replay)
-        .bind(parked)
-        .bind(window)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
+        let purged: i64 = sqlx::query_scalar(&purge_sql())
+            .bind(replay)
+            .bind(parked)
+            .bind(window)
+            .fetch_one(&self.pool)
+            .await?;
         // A sender retries a webhook for days at most: its receipt (the duplicate check) and
         // an event that never found its record are kept as long as a parked record.
         sqlx::query("DELETE FROM webhook_receipts WHERE received_at <= idemrelay_now_ms() - $1")
@@ -100,7 +96,7 @@ impl OperatorStore for PostgresStore {
         .bind(parked)
         .execute(&self.pool)
         .await?;
-        Ok(purged)
+        Ok(u64::try_from(purged).unwrap_or(0))
     }
 }
 
@@ -380,4 +376,18 @@ fn parse_state(id: &str, state: &str) -> Result<State, StoreError> {
         id: id.to_string(),
         what: "state",
     })
+}
+
+/// The retention purge, one statement: each way a record is kept deleted alone (each bounded
+/// by its index), and how many went. Its parameters are `Retention::sql_params`. The clock is
+/// read once, in a subquery: the planner can bound an index by its value, where the function
+/// itself, which is volatile, it must call for every row it reads.
+pub(super) fn purge_sql() -> String {
+    let [replayed, parked] =
+        Retention::expired_by_kind_sql("(SELECT idemrelay_now_ms())", "$1", "$2", "$3");
+    format!(
+        "WITH replayed AS (DELETE FROM messages m WHERE {replayed} RETURNING 1),
+              parked AS (DELETE FROM messages m WHERE {parked} RETURNING 1)
+         SELECT (SELECT COUNT(*) FROM replayed) + (SELECT COUNT(*) FROM parked)"
+    )
 }

@@ -190,3 +190,71 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
         .await
         .unwrap();
 }
+
+/// The retention purge bounds the replayed records by the `(state, accepted_at)` index, as on
+/// SQLite. It runs at start and every `purge_interval`, beside intake: reading every finished
+/// record took 0.9 s and 200,000 buffers on a million-record store.
+#[tokio::test]
+async fn the_purge_reads_only_expired_records() {
+    let Some((mut admin, schema, url)) =
+        fresh_test_schema("the_purge_reads_only_expired_records", "t_purge_plan").await
+    else {
+        return;
+    };
+    let store = PostgresStore::open(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut conn = store.pool.acquire().await.unwrap();
+    // Planned as for a large table: an empty one is read whole whatever the condition.
+    conn.execute("SET enable_seqscan = off").await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", operator::purge_sql()))
+        .bind(0i64)
+        .bind(0i64)
+        .bind(0i64)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    assert!(
+        plan.iter()
+            .any(|line| line.contains("Index Cond") && line.contains("accepted_at <=")),
+        "{plan:#?}"
+    );
+    // Joined by OR, the two kinds were planned as one scan of every finished record with the
+    // OR as its filter (on a million records; an empty table still shows the OR).
+    assert!(
+        !plan
+            .iter()
+            .any(|line| line.contains("Filter") && line.contains(" OR ")),
+        "{plan:#?}"
+    );
+    drop(conn);
+    store.pool.close().await;
+    admin
+        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+        .await
+        .unwrap();
+}
+
+/// The relay's connections never JIT-compile a plan: the retention purge on a million-record
+/// store spent 240 ms of CPU compiling a statement that runs in 0.3 ms.
+#[tokio::test]
+async fn connections_do_not_compile_plans() {
+    let Some((mut admin, schema, url)) =
+        fresh_test_schema("connections_do_not_compile_plans", "t_jit").await
+    else {
+        return;
+    };
+    let store = PostgresStore::open(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let jit: String = sqlx::query_scalar("SHOW jit")
+        .fetch_one(&store.pool)
+        .await
+        .unwrap();
+    assert_eq!(jit, "off");
+    store.pool.close().await;
+    admin
+        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+        .await
+        .unwrap();
+}
