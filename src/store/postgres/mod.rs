@@ -11,11 +11,13 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor};
 
+use self::group_commit::GroupCommit;
 use self::hosts::Hosts;
 use self::intake::Intake;
 use crate::store::migrate::{self, Embedded};
 use crate::store::record::{retention_ms, StoreError};
 
+mod group_commit;
 mod hosts;
 mod intake;
 mod operator;
@@ -29,6 +31,8 @@ pub(crate) struct PostgresStore {
     pool: PgPool,
     /// The intake writers (group commit).
     intake: Intake,
+    /// The delivery side's writers of intents and plain outcomes (group commit).
+    ledger: GroupCommit,
     /// The URL's hosts, and which one the pool connects to (`hosts.rs`).
     hosts: Arc<Hosts>,
     busy_timeout: Duration,
@@ -69,9 +73,11 @@ impl PostgresStore {
             .connect_with(session_options(hosts.current(), busy_timeout))
             .await?;
         let intake = Intake::start(pool.clone(), hosts.clone());
+        let ledger = GroupCommit::start(pool.clone());
         Ok(PostgresStore {
             pool,
             intake,
+            ledger,
             hosts,
             busy_timeout,
             probe_failed: AtomicBool::new(false),

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Row;
 
+use super::group_commit::FencedWrite;
 use super::webhook;
 use super::PostgresStore;
 use crate::store::backend::QueueStore;
@@ -62,26 +63,13 @@ impl QueueStore for PostgresStore {
     }
 
     async fn begin_attempt(&self, id: &str, token: i64, attempt: u32) -> Result<bool, StoreError> {
-        // One statement, one commit: the lease check and the intent, as one transaction.
-        // Only under an unexpired lease: once expired it may be another worker's any moment.
-        Ok(sqlx::query(
-            "WITH clock AS MATERIALIZED (SELECT idemrelay_now_ms() AS now_ms),
-             held AS (
-                UPDATE delivery_jobs j SET first_attempt_at = COALESCE(j.first_attempt_at, c.now_ms)
-                FROM clock c
-                WHERE j.message_id = $1 AND j.lease_token = $2 AND j.lease_owner IS NOT NULL
-                  AND j.lease_until > c.now_ms
-                RETURNING j.message_id, j.lease_owner, c.now_ms)
-             INSERT INTO attempts (message_id, attempt, owner, started_at)
-             SELECT message_id, $3, lease_owner, now_ms FROM held",
-        )
-        .bind(id)
-        .bind(token)
-        .bind(i64::from(attempt))
-        .execute(&self.pool)
-        .await?
-        .rows_affected()
-            == 1)
+        self.ledger
+            .write(FencedWrite::Intent {
+                id: id.to_string(),
+                token,
+                attempt,
+            })
+            .await
     }
 
     async fn settle(
@@ -91,7 +79,7 @@ impl QueueStore for PostgresStore {
         attempt: Option<(u32, &AttemptResult)>,
         settle: &Settle,
     ) -> Result<bool, StoreError> {
-        self::settle(&self.pool, id, token, attempt, settle).await
+        self.settle_replying(id, token, attempt, settle, None).await
     }
 
     async fn settle_answered(
@@ -102,7 +90,8 @@ impl QueueStore for PostgresStore {
         settle: &Settle,
         reply: &str,
     ) -> Result<bool, StoreError> {
-        settle_replying(&self.pool, id, token, attempt, settle, Some(reply)).await
+        self.settle_replying(id, token, attempt, settle, Some(reply))
+            .await
     }
 
     async fn renew_lease(&self, id: &str, token: i64, lease: Duration) -> Result<bool, StoreError> {
@@ -359,36 +348,90 @@ pub(super) async fn delete_job(conn: &mut PgConnection, id: &str) -> Result<(), 
     Ok(())
 }
 
-pub(super) async fn settle(
-    pool: &PgPool,
-    id: &str,
-    token: i64,
-    attempt: Option<(u32, &AttemptResult)>,
-    settle: &Settle,
-) -> Result<bool, StoreError> {
-    settle_replying(pool, id, token, attempt, settle, None).await
+impl PostgresStore {
+    /// `settle`, and with `reply` the record's stored reply too (`settle_answered`).
+    async fn settle_replying(
+        &self,
+        id: &str,
+        token: i64,
+        attempt: Option<(u32, &AttemptResult)>,
+        settle: &Settle,
+        reply: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let settled = transition::settle(attempt.map(|(_, r)| r), settle);
+        if !settled.late_match() && settled.dsn.is_none() && reply.is_none() {
+            // Nothing but the outcome to write: one fenced statement, in a batch of the
+            // delivery side's group commit (its fence takes the job's row lock first, as
+            // `settle_with_more` does).
+            return self
+                .ledger
+                .write(FencedWrite::Outcome {
+                    id: id.to_string(),
+                    token,
+                    attempt: attempt.map(|(n, r)| (n, r.clone())),
+                    settle: settle.clone(),
+                })
+                .await;
+        }
+        settle_with_more(&self.pool, id, token, attempt, &settled, reply).await
+    }
 }
 
-/// `settle`; with `reply`, the record's stored reply (what a retry replays) becomes it in
-/// the same commit (the before-queue mode's answer to the client).
-pub(super) async fn settle_replying(
-    pool: &PgPool,
+/// The intent row, written under an unexpired lease held with `token`: one statement, the
+/// lease check and the intent. Only under an unexpired lease: once expired it may be another
+/// worker's any moment.
+pub(super) async fn write_intent(
+    conn: &mut PgConnection,
+    id: &str,
+    token: i64,
+    attempt: u32,
+) -> Result<bool, StoreError> {
+    Ok(sqlx::query(
+        "WITH clock AS MATERIALIZED (SELECT idemrelay_now_ms() AS now_ms),
+         held AS (
+            UPDATE delivery_jobs j SET first_attempt_at = COALESCE(j.first_attempt_at, c.now_ms)
+            FROM clock c
+            WHERE j.message_id = $1 AND j.lease_token = $2 AND j.lease_owner IS NOT NULL
+              AND j.lease_until > c.now_ms
+            RETURNING j.message_id, j.lease_owner, c.now_ms)
+         INSERT INTO attempts (message_id, attempt, owner, started_at)
+         SELECT message_id, $3, lease_owner, now_ms FROM held",
+    )
+    .bind(id)
+    .bind(token)
+    .bind(i64::from(attempt))
+    .execute(conn)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
+/// An outcome with nothing else to write: the fenced writes, one statement.
+pub(super) async fn write_plain_outcome(
+    conn: &mut PgConnection,
     id: &str,
     token: i64,
     attempt: Option<(u32, &AttemptResult)>,
     settle: &Settle,
-    reply: Option<&str>,
 ) -> Result<bool, StoreError> {
     let settled = transition::settle(attempt.map(|(_, r)| r), settle);
+    let wrote = settle_writes(id, token, None, attempt, &settled)
+        .fetch_optional(conn)
+        .await?;
+    Ok(wrote.is_some())
+}
+
+/// An outcome with more to write (the sender's notice, a late match of upstream events, the
+/// client's reply), in one transaction.
+async fn settle_with_more(
+    pool: &PgPool,
+    id: &str,
+    token: i64,
+    attempt: Option<(u32, &AttemptResult)>,
+    settled: &transition::Settled<'_>,
+    reply: Option<&str>,
+) -> Result<bool, StoreError> {
     let unresolved = settled.unresolved;
-    if !settled.late_match() && settled.dsn.is_none() && reply.is_none() {
-        // Nothing but the outcome to write: the fenced writes alone, one statement and
-        // one commit (their fence takes the job's row lock first, as below).
-        let wrote = settle_writes(id, token, None, attempt, &settled)
-            .fetch_optional(pool)
-            .await?;
-        return Ok(wrote.is_some());
-    }
     let mut tx = pool.begin().await?;
     // The row lock holds off a concurrent claim until this commit: the token checked
     // here stays the token until the outcome is written. The record's identifiers come
@@ -421,7 +464,7 @@ pub(super) async fn settle_replying(
     if let Some(known) = &known {
         webhook::lock(&mut tx, known.lock_names()).await?;
     }
-    settle_writes(id, token, Some(now), attempt, &settled)
+    settle_writes(id, token, Some(now), attempt, settled)
         .fetch_one(&mut *tx)
         .await?;
     if let Some(dsn) = settled.dsn {

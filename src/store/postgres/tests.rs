@@ -258,3 +258,88 @@ async fn connections_do_not_compile_plans() {
         .await
         .unwrap();
 }
+
+/// Intents and plain outcomes of several workers are written in one transaction; one that
+/// fails there (here a lock timeout behind another session holding its job) is written alone
+/// again, and so are the others: they do not fail with it.
+#[tokio::test]
+async fn a_delivery_write_that_fails_in_a_batch_does_not_fail_the_others() {
+    let Some((mut admin, schema, url)) = fresh_test_schema(
+        "a_delivery_write_that_fails_in_a_batch_does_not_fail_the_others",
+        "t_ledger_batch",
+    )
+    .await
+    else {
+        return;
+    };
+    let store = PostgresStore::open(&url, Duration::from_millis(500))
+        .await
+        .unwrap();
+    let retention = Retention::flat(Duration::from_secs(3600));
+    for n in 1..=3 {
+        let record = crate::store::test_record(&format!("m{n}"), &format!("k{n}"));
+        assert_eq!(
+            store.insert(&record, retention).await.unwrap(),
+            Insert::Inserted
+        );
+    }
+    let mut jobs = Vec::new();
+    for _ in 0..3 {
+        jobs.push(
+            store
+                .claim("w", Duration::from_secs(60))
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    // Another session holds the second job's row.
+    let mut holder = PgConnection::connect(&url).await.unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    sqlx::query("SELECT 1 FROM delivery_jobs WHERE message_id = $1 FOR UPDATE")
+        .bind(&jobs[1].id)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    // The test's runtime runs one task at a time: the three writes are all waiting before a
+    // writer takes them, so they make one batch.
+    let (first, second, third) = tokio::join!(
+        store.begin_attempt(&jobs[0].id, jobs[0].token, 1),
+        store.begin_attempt(&jobs[1].id, jobs[1].token, 1),
+        store.begin_attempt(&jobs[2].id, jobs[2].token, 1),
+    );
+    assert!(first.unwrap());
+    assert!(second.is_err(), "{second:?}");
+    assert!(third.unwrap());
+    holder.execute("ROLLBACK").await.unwrap();
+    for (job, intents) in jobs.iter().zip([1, 0, 1]) {
+        assert_eq!(store.attempts(&job.id).await.unwrap().len(), intents);
+    }
+    // Outcomes likewise, all in.
+    let delivered = Settle::Delivered {
+        upstream_reply: "250 ok".into(),
+        dsn: None,
+    };
+    let accepted = AttemptResult {
+        outcome: "accepted",
+        phase: Some("dot"),
+        code: Some(250),
+        reply: "250 ok".into(),
+    };
+    let (first, third) = tokio::join!(
+        store.settle(&jobs[0].id, jobs[0].token, Some((1, &accepted)), &delivered),
+        store.settle(&jobs[2].id, jobs[2].token, Some((1, &accepted)), &delivered),
+    );
+    assert!(first.unwrap() && third.unwrap());
+    for job in [&jobs[0], &jobs[2]] {
+        assert_eq!(
+            store.message(&job.id).await.unwrap().unwrap().state,
+            State::Delivered
+        );
+    }
+    store.pool.close().await;
+    admin
+        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+        .await
+        .unwrap();
+}

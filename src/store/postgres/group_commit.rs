@@ -1,0 +1,204 @@
+//! Group commit of the delivery side's fenced one-statement writes on Postgres: the intent
+//! written before an attempt, and an outcome with nothing else to write (no notice to queue,
+//! no event to match, no reply to change). Workers hand them to a few writer tasks; a writer
+//! takes every write waiting and runs them in one transaction, each its own statement, and
+//! answers each worker only after that COMMIT has returned (the connection's
+//! `synchronous_commit` is at least `on`). One write alone runs as before, one statement in
+//! its own commit: a lone worker waits no longer than it did.
+//!
+//! Each write is fenced by its lease token and touches its own job's row (a lease has one
+//! holder, and a holder one write at a time), so the members of a batch never wait for each
+//! other's jobs; a claim skips locked jobs. Final outcomes share one row, the day's count, so
+//! a batch holds that row from its first final outcome to its COMMIT, as one outcome's
+//! transaction did. A deadlock needs another transaction that holds a member's job and then
+//! wants the day's count: an operator's or an upstream event's change to a record whose lease
+//! ran out while its holder's write waited here. The server then ends one of the two; for a
+//! batch that is a failure before its COMMIT (below), and the member, written alone, finds
+//! its lease gone as it would have without the batch.
+//!
+//! A batch that fails before its COMMIT has committed nothing: each member is then written
+//! alone, so one write that fails (a lock timeout behind an operator's action) never fails the
+//! others. A failed COMMIT (its outcome unknown) fails every member, as it would a lone write;
+//! the worker then treats it as it treats a lone write's lost answer.
+
+use std::sync::Arc;
+
+use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::Connection;
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+use super::queue;
+use crate::store::record::{AttemptResult, Settle, StoreError};
+
+/// Two writers, so that one batch is written while the other waits for its commit's flush.
+const WRITERS: usize = 2;
+/// At most this many writes in one transaction.
+const MAX_BATCH: usize = 64;
+/// Writes waiting for a writer.
+const QUEUE: usize = 1024;
+
+/// A write of a lease holder that is one statement, fenced by the lease token. True when the
+/// lease was still held (the write is in), false when it was lost (nothing written).
+#[derive(Debug, Clone)]
+pub(super) enum FencedWrite {
+    /// The intent row, before the upstream is contacted.
+    Intent {
+        id: String,
+        token: i64,
+        attempt: u32,
+    },
+    /// An attempt's outcome (if one was made) and what follows, when nothing else is written
+    /// with it.
+    Outcome {
+        id: String,
+        token: i64,
+        attempt: Option<(u32, AttemptResult)>,
+        settle: Settle,
+    },
+}
+
+impl FencedWrite {
+    async fn run(&self, conn: &mut PgConnection) -> Result<bool, StoreError> {
+        match self {
+            FencedWrite::Intent { id, token, attempt } => {
+                queue::write_intent(conn, id, *token, *attempt).await
+            }
+            FencedWrite::Outcome {
+                id,
+                token,
+                attempt,
+                settle,
+            } => {
+                let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
+                queue::write_plain_outcome(conn, id, *token, attempt, settle).await
+            }
+        }
+    }
+}
+
+struct Pending {
+    write: FencedWrite,
+    answer: oneshot::Sender<Result<bool, StoreError>>,
+}
+
+/// The workers' side of the writers.
+pub(super) struct GroupCommit {
+    queue: mpsc::Sender<Pending>,
+}
+
+impl GroupCommit {
+    /// Starts the writers on the current runtime; they stop when the `GroupCommit` is dropped.
+    pub(super) fn start(pool: PgPool) -> GroupCommit {
+        let (queue, waiting) = mpsc::channel(QUEUE);
+        let waiting = Arc::new(Mutex::new(waiting));
+        for _ in 0..WRITERS {
+            tokio::spawn(writer(pool.clone(), waiting.clone()));
+        }
+        GroupCommit { queue }
+    }
+
+    /// Writes `write` in the next batch; answers after its commit.
+    pub(super) async fn write(&self, write: FencedWrite) -> Result<bool, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        self.queue
+            .send(Pending { write, answer })
+            .await
+            .map_err(|_| StoreError::WriterGone)?;
+        answered.await.map_err(|_| StoreError::WriterGone)?
+    }
+}
+
+async fn writer(pool: PgPool, waiting: Arc<Mutex<mpsc::Receiver<Pending>>>) {
+    loop {
+        let batch = {
+            let mut waiting = waiting.lock().await;
+            let Some(first) = waiting.recv().await else {
+                return;
+            };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match waiting.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+            batch
+        };
+        write_batch(&pool, batch).await;
+    }
+}
+
+async fn write_batch(pool: &PgPool, mut batch: Vec<Pending>) {
+    if batch.len() == 1 {
+        let pending = batch.remove(0);
+        let _ = pending.answer.send(write_alone(pool, &pending.write).await);
+        return;
+    }
+    match write_together(pool, &batch).await {
+        Ok(results) => {
+            for (pending, result) in batch.into_iter().zip(results) {
+                let _ = pending.answer.send(Ok(result));
+            }
+        }
+        Err(Failed::Uncommitted(why)) => {
+            tracing::debug!(
+                target: "idemrelay::store",
+                writes = batch.len(),
+                error = %why,
+                "a batch of delivery writes failed before its commit; each is written alone"
+            );
+            for pending in batch {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let alone = write_alone(&pool, &pending.write).await;
+                    let _ = pending.answer.send(alone);
+                });
+            }
+        }
+        Err(Failed::Commit(why)) => {
+            let why = why.to_string();
+            for pending in batch {
+                let _ = pending
+                    .answer
+                    .send(Err(StoreError::CommitFailed(why.clone())));
+            }
+        }
+    }
+}
+
+/// How a batch failed.
+enum Failed {
+    /// Before COMMIT: rolled back, nothing of it is in.
+    Uncommitted(StoreError),
+    /// At COMMIT: it may or may not be in.
+    Commit(StoreError),
+}
+
+/// One write in its own commit: one statement, no transaction around it.
+async fn write_alone(pool: &PgPool, write: &FencedWrite) -> Result<bool, StoreError> {
+    let mut conn = pool.acquire().await?;
+    write.run(&mut conn).await
+}
+
+async fn write_together(pool: &PgPool, batch: &[Pending]) -> Result<Vec<bool>, Failed> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| Failed::Uncommitted(e.into()))?;
+    let mut tx = conn
+        .begin()
+        .await
+        .map_err(|e| Failed::Uncommitted(e.into()))?;
+    let mut results = Vec::with_capacity(batch.len());
+    for pending in batch {
+        match pending.write.run(&mut tx).await {
+            Ok(result) => results.push(result),
+            Err(why) => {
+                // Rolled back when `tx` is dropped; nothing of the batch is in.
+                return Err(Failed::Uncommitted(why));
+            }
+        }
+    }
+    tx.commit().await.map_err(|e| Failed::Commit(e.into()))?;
+    Ok(results)
+}
