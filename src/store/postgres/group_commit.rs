@@ -1,14 +1,16 @@
-//! Group commit of the delivery side's fenced one-statement writes on Postgres: the intent
-//! written before an attempt, and an outcome with nothing else to write (no notice to queue,
-//! no event to match, no reply to change). Workers hand them to a few writer tasks; a writer
-//! takes every write waiting and runs them in one transaction, each its own statement, and
-//! answers each worker only after that COMMIT has returned (the connection's
-//! `synchronous_commit` is at least `on`). One write alone runs as before, one statement in
-//! its own commit: a lone worker waits no longer than it did.
+//! Group commit of the delivery side's one-statement writes on Postgres: the claim of the next
+//! due job, the intent written before an attempt, and an outcome with nothing else to write
+//! (no notice to queue, no event to match, no reply to change). Workers hand them to a few
+//! writer tasks; a writer takes every write waiting and runs them in one transaction, each its
+//! own statement, and answers each worker only after that COMMIT has returned (the
+//! connection's `synchronous_commit` is at least `on`). One write alone runs as before, one
+//! statement in its own commit: a lone worker waits no longer than it did. Claims in one
+//! transaction each see the jobs the earlier ones leased and the turns they moved, as claims
+//! committed one after the other do.
 //!
-//! Each write is fenced by its lease token and touches its own job's row (a lease has one
-//! holder, and a holder one write at a time), so the members of a batch never wait for each
-//! other's jobs; a claim skips locked jobs. Final outcomes share one row, the day's count, so
+//! Each intent and outcome is fenced by its lease token and touches its own job's row (a lease
+//! has one holder, and a holder one write at a time), and a claim skips locked jobs and turns,
+//! so the members of a batch never wait for each other's jobs. Final outcomes share one row, the day's count, so
 //! a batch holds that row from its first final outcome to its COMMIT, as one outcome's
 //! transaction did. A deadlock needs another transaction that holds a member's job and then
 //! wants the day's count: an operator's or an upstream event's change to a record whose lease
@@ -23,7 +25,7 @@
 
 use std::sync::Arc;
 
-use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::Connection;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
@@ -76,9 +78,57 @@ impl FencedWrite {
     }
 }
 
-struct Pending {
-    write: FencedWrite,
-    answer: oneshot::Sender<Result<bool, StoreError>>,
+/// A write waiting for a writer, with where its answer goes.
+enum Pending {
+    Fenced {
+        write: FencedWrite,
+        answer: oneshot::Sender<Result<bool, StoreError>>,
+    },
+    /// `idemrelay_claim` for `owner`: the claimed job's row, or none due.
+    Claim {
+        owner: String,
+        lease_ms: i64,
+        answer: oneshot::Sender<Result<Option<PgRow>, StoreError>>,
+    },
+}
+
+/// What a write came to.
+enum Done {
+    Fenced(bool),
+    Claim(Option<PgRow>),
+}
+
+impl Pending {
+    async fn run(&self, conn: &mut PgConnection) -> Result<Done, StoreError> {
+        match self {
+            Pending::Fenced { write, .. } => write.run(conn).await.map(Done::Fenced),
+            Pending::Claim {
+                owner, lease_ms, ..
+            } => queue::claim_next(conn, owner, *lease_ms)
+                .await
+                .map(Done::Claim),
+        }
+    }
+
+    /// Gives the worker its answer; a worker that gave up meanwhile finds its lease or
+    /// intent in the store as if it had heard.
+    fn answer(self, done: Result<Done, StoreError>) {
+        match (self, done) {
+            (Pending::Fenced { answer, .. }, Ok(Done::Fenced(wrote))) => {
+                let _ = answer.send(Ok(wrote));
+            }
+            (Pending::Claim { answer, .. }, Ok(Done::Claim(row))) => {
+                let _ = answer.send(Ok(row));
+            }
+            (Pending::Fenced { answer, .. }, Err(why)) => {
+                let _ = answer.send(Err(why));
+            }
+            (Pending::Claim { answer, .. }, Err(why)) => {
+                let _ = answer.send(Err(why));
+            }
+            (_, Ok(_)) => unreachable!("a write answered with another kind's result"),
+        }
+    }
 }
 
 /// The workers' side of the writers.
@@ -101,7 +151,25 @@ impl GroupCommit {
     pub(super) async fn write(&self, write: FencedWrite) -> Result<bool, StoreError> {
         let (answer, answered) = oneshot::channel();
         self.queue
-            .send(Pending { write, answer })
+            .send(Pending::Fenced { write, answer })
+            .await
+            .map_err(|_| StoreError::WriterGone)?;
+        answered.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Claims the next due job for `owner` in the next batch; answers after its commit.
+    pub(super) async fn claim(
+        &self,
+        owner: &str,
+        lease_ms: i64,
+    ) -> Result<Option<PgRow>, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        self.queue
+            .send(Pending::Claim {
+                owner: owner.to_string(),
+                lease_ms,
+                answer,
+            })
             .await
             .map_err(|_| StoreError::WriterGone)?;
         answered.await.map_err(|_| StoreError::WriterGone)?
@@ -131,13 +199,14 @@ async fn writer(pool: PgPool, waiting: Arc<Mutex<mpsc::Receiver<Pending>>>) {
 async fn write_batch(pool: &PgPool, mut batch: Vec<Pending>) {
     if batch.len() == 1 {
         let pending = batch.remove(0);
-        let _ = pending.answer.send(write_alone(pool, &pending.write).await);
+        let alone = write_alone(pool, &pending).await;
+        pending.answer(alone);
         return;
     }
     match write_together(pool, &batch).await {
         Ok(results) => {
-            for (pending, result) in batch.into_iter().zip(results) {
-                let _ = pending.answer.send(Ok(result));
+            for (pending, done) in batch.into_iter().zip(results) {
+                pending.answer(Ok(done));
             }
         }
         Err(Failed::Uncommitted(why)) => {
@@ -150,17 +219,15 @@ async fn write_batch(pool: &PgPool, mut batch: Vec<Pending>) {
             for pending in batch {
                 let pool = pool.clone();
                 tokio::spawn(async move {
-                    let alone = write_alone(&pool, &pending.write).await;
-                    let _ = pending.answer.send(alone);
+                    let alone = write_alone(&pool, &pending).await;
+                    pending.answer(alone);
                 });
             }
         }
         Err(Failed::Commit(why)) => {
             let why = why.to_string();
             for pending in batch {
-                let _ = pending
-                    .answer
-                    .send(Err(StoreError::CommitFailed(why.clone())));
+                pending.answer(Err(StoreError::CommitFailed(why.clone())));
             }
         }
     }
@@ -175,12 +242,12 @@ enum Failed {
 }
 
 /// One write in its own commit: one statement, no transaction around it.
-async fn write_alone(pool: &PgPool, write: &FencedWrite) -> Result<bool, StoreError> {
+async fn write_alone(pool: &PgPool, pending: &Pending) -> Result<Done, StoreError> {
     let mut conn = pool.acquire().await?;
-    write.run(&mut conn).await
+    pending.run(&mut conn).await
 }
 
-async fn write_together(pool: &PgPool, batch: &[Pending]) -> Result<Vec<bool>, Failed> {
+async fn write_together(pool: &PgPool, batch: &[Pending]) -> Result<Vec<Done>, Failed> {
     let mut conn = pool
         .acquire()
         .await
@@ -191,7 +258,7 @@ async fn write_together(pool: &PgPool, batch: &[Pending]) -> Result<Vec<bool>, F
         .map_err(|e| Failed::Uncommitted(e.into()))?;
     let mut results = Vec::with_capacity(batch.len());
     for pending in batch {
-        match pending.write.run(&mut tx).await {
+        match pending.run(&mut tx).await {
             Ok(result) => results.push(result),
             Err(why) => {
                 // Rolled back when `tx` is dropped; nothing of the batch is in.

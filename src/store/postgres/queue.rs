@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::Row;
 
 use super::group_commit::FencedWrite;
@@ -28,13 +28,9 @@ impl QueueStore for PostgresStore {
         // A damaged body is marked in a commit of its own and the claim goes on to the next
         // job, so one bad record never blocks the queue.
         for _ in 0..DAMAGED_PER_CLAIM {
-            // One call, committed on its own (migration 11): the lease, the turn and the
-            // intents it closes are durable before the claim is used.
-            let m = sqlx::query("SELECT * FROM idemrelay_claim($1, $2)")
-                .bind(owner)
-                .bind(retention_ms(lease))
-                .fetch_optional(&self.pool)
-                .await?;
+            // One call (migration 11), in a batch of the delivery side's group commit: the
+            // lease, the turn and the intents it closes are durable before the claim is used.
+            let m = self.ledger.claim(owner, retention_ms(lease)).await?;
             let Some(m) = m else {
                 return Ok(None);
             };
@@ -375,6 +371,20 @@ impl PostgresStore {
         }
         settle_with_more(&self.pool, id, token, attempt, &settled, reply).await
     }
+}
+
+/// `idemrelay_claim`: leases the next due job for `owner`, moves its scope's turn and closes
+/// an intent its last holder left open; the job's row, or none when nothing is due.
+pub(super) async fn claim_next(
+    conn: &mut PgConnection,
+    owner: &str,
+    lease_ms: i64,
+) -> Result<Option<PgRow>, StoreError> {
+    Ok(sqlx::query("SELECT * FROM idemrelay_claim($1, $2)")
+        .bind(owner)
+        .bind(lease_ms)
+        .fetch_optional(conn)
+        .await?)
 }
 
 /// The intent row, written under an unexpired lease held with `token`: one statement, the

@@ -259,8 +259,8 @@ async fn connections_do_not_compile_plans() {
         .unwrap();
 }
 
-/// Intents and plain outcomes of several workers are written in one transaction; one that
-/// fails there (here a lock timeout behind another session holding its job) is written alone
+/// Claims, intents and plain outcomes of several workers are written in one transaction; one
+/// that fails there (here a lock timeout behind another session holding its job) is written alone
 /// again, and so are the others: they do not fail with it.
 #[tokio::test]
 async fn a_delivery_write_that_fails_in_a_batch_does_not_fail_the_others() {
@@ -283,16 +283,17 @@ async fn a_delivery_write_that_fails_in_a_batch_does_not_fail_the_others() {
             Insert::Inserted
         );
     }
-    let mut jobs = Vec::new();
-    for _ in 0..3 {
-        jobs.push(
-            store
-                .claim("w", Duration::from_secs(60))
-                .await
-                .unwrap()
-                .unwrap(),
-        );
-    }
+    // Three claims in one batch: each sees the jobs the ones before it leased.
+    let lease = Duration::from_secs(60);
+    let (a, b, c) = tokio::join!(
+        store.claim("w1", lease),
+        store.claim("w2", lease),
+        store.claim("w3", lease),
+    );
+    let jobs = [a, b, c].map(|claimed| claimed.unwrap().expect("a job for each claim"));
+    let mut ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["m1", "m2", "m3"]);
     // Another session holds the second job's row.
     let mut holder = PgConnection::connect(&url).await.unwrap();
     holder.execute("BEGIN").await.unwrap();
@@ -337,7 +338,9 @@ async fn a_delivery_write_that_fails_in_a_batch_does_not_fail_the_others() {
             State::Delivered
         );
     }
-    store.pool.close().await;
+    // Dropped rather than closed: closing waits for every connection, and the intake's
+    // writers keep theirs until the store is dropped.
+    drop(store);
     admin
         .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
         .await
