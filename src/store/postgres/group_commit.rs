@@ -177,23 +177,27 @@ impl GroupCommit {
 }
 
 async fn writer(pool: PgPool, waiting: Arc<Mutex<mpsc::Receiver<Pending>>>) {
-    loop {
-        let batch = {
-            let mut waiting = waiting.lock().await;
-            let Some(first) = waiting.recv().await else {
-                return;
-            };
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match waiting.try_recv() {
-                    Ok(next) => batch.push(next),
-                    Err(_) => break,
-                }
-            }
-            batch
-        };
+    while let Some(batch) = next_batch(&waiting, MAX_BATCH).await {
         write_batch(&pool, batch).await;
     }
+}
+
+/// The next batch for one of several writers sharing `waiting`: the first item to arrive and
+/// every item waiting behind it, up to `max`. `None` once the senders are gone.
+pub(super) async fn next_batch<T>(
+    waiting: &Mutex<mpsc::Receiver<T>>,
+    max: usize,
+) -> Option<Vec<T>> {
+    let mut waiting = waiting.lock().await;
+    let first = waiting.recv().await?;
+    let mut batch = vec![first];
+    while batch.len() < max {
+        match waiting.try_recv() {
+            Ok(next) => batch.push(next),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
 }
 
 async fn write_batch(pool: &PgPool, mut batch: Vec<Pending>) {

@@ -27,6 +27,7 @@ use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Postgres, Row};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
+use super::group_commit::next_batch;
 use super::hosts::Hosts;
 use super::webhook;
 use super::PostgresStore;
@@ -95,21 +96,7 @@ struct Held {
 
 async fn writer(pool: PgPool, hosts: Arc<Hosts>, waiting: Arc<Mutex<mpsc::Receiver<Pending>>>) {
     let mut held: Option<Held> = None;
-    loop {
-        let batch = {
-            let mut waiting = waiting.lock().await;
-            let Some(first) = waiting.recv().await else {
-                return;
-            };
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match waiting.try_recv() {
-                    Ok(next) => batch.push(next),
-                    Err(_) => break,
-                }
-            }
-            batch
-        };
+    while let Some(batch) = next_batch(&waiting, MAX_BATCH).await {
         if held
             .as_ref()
             .is_some_and(|h| !hosts.fresh(h.taken_at.elapsed()))
