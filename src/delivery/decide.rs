@@ -291,11 +291,11 @@ pub(crate) fn decide(
     let row = AttemptResult {
         // An account-level refusal says nothing about this message: it stays transient.
         outcome: if account {
-            OutcomeKind::Transient.as_str()
+            OutcomeKind::Transient
         } else {
-            kind.as_str()
+            kind
         },
-        phase: outcome.phase().map(|p| p.as_str()),
+        phase: outcome.phase(),
         code: outcome.code(),
         reply: outcome.reply_text(),
     };
@@ -840,9 +840,15 @@ mod tests {
         ];
         for (name, facts, outcome, jitter, expected) in cases {
             let d = decide(&p, facts, outcome, NOW, *jitter);
-            let got = want(d.row.outcome, d.next, d.pause.is_some(), d.breaker, d.pace);
+            let got = want(
+                d.row.outcome.as_str(),
+                d.next,
+                d.pause.is_some(),
+                d.breaker,
+                d.pace,
+            );
             assert_eq!(got, *expected, "{name}");
-            assert_eq!(d.row.phase, outcome.phase().map(|p| p.as_str()), "{name}");
+            assert_eq!(d.row.phase, outcome.phase(), "{name}");
             assert_eq!(d.row.code, outcome.code(), "{name}");
             assert_eq!(d.row.reply, outcome.reply_text(), "{name}");
             if let Some(reason) = &d.pause {
@@ -1009,8 +1015,8 @@ mod tests {
         assert_eq!(
             d.row,
             AttemptResult {
-                outcome: "accepted",
-                phase: Some("dot"),
+                outcome: OutcomeKind::Accepted,
+                phase: Some(Phase::Dot),
                 code: Some(250),
                 reply: "250 2.0.0 OK id=1".into(),
             }
@@ -1019,8 +1025,8 @@ mod tests {
         assert_eq!(
             d.row,
             AttemptResult {
-                outcome: "unknown",
-                phase: Some("dot"),
+                outcome: OutcomeKind::Unknown,
+                phase: Some(Phase::Dot),
                 code: None,
                 reply: "connection lost: reset".into(),
             }

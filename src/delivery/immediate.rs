@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use super::outcome::EnhancedCode;
 use crate::reply::Reply;
-use crate::store::{AttemptResult, Store};
+use crate::store::{AttemptResult, OutcomeKind, Phase, Store};
 
 /// What the client of a before-queue submission hears.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -298,22 +298,22 @@ impl Drop for Answering {
 pub(crate) fn client_reply(id: &str, result: &AttemptResult) -> Option<Reply> {
     let upstream = one_line(&result.reply);
     match result.outcome {
-        "accepted" => Some(Reply::delivered_before_queue(id, &upstream)),
+        OutcomeKind::Accepted => Some(Reply::delivered_before_queue(id, &upstream)),
         // The relay itself declined to send (REQUIRETLS and an upstream that cannot honour
         // it): said as the relay's decision, not as the upstream's reply.
-        "permanent"
-            if result.phase == Some("ehlo")
+        OutcomeKind::Permanent
+            if result.phase == Some(Phase::Ehlo)
                 && result.reply == super::extensions::REQUIRETLS_REFUSED =>
         {
             Some(Reply::requiretls_refused_before_queue(id))
         }
-        "permanent" => {
+        OutcomeKind::Permanent => {
             // After the final dot a server may answer only 550, 552 or 554 (RFC 5321 §4.3.2):
             // a refusal at MAIL or RCPT (553, 501, 555, ...) is passed on as 550 (554 after
             // the upstream's own dot), its enhanced code and text unchanged.
             let code = match result.code {
                 Some(code @ (550 | 552 | 554)) => code,
-                _ if result.phase == Some("dot") => 554,
+                _ if result.phase == Some(Phase::Dot) => 554,
                 _ => 550,
             };
             let enhanced = EnhancedCode::from_reply(&result.reply)
@@ -494,10 +494,10 @@ impl BeforeQueue {
 mod tests {
     use super::*;
 
-    fn result(outcome: &'static str, code: Option<u16>, reply: &str) -> AttemptResult {
+    fn result(outcome: OutcomeKind, code: Option<u16>, reply: &str) -> AttemptResult {
         AttemptResult {
             outcome,
-            phase: Some("dot"),
+            phase: Some(Phase::Dot),
             code,
             reply: reply.into(),
         }
@@ -515,27 +515,34 @@ mod tests {
 
     #[test]
     fn the_client_hears_the_upstreams_code_and_enhanced_code() {
-        let refused = client_reply("ID", &result("permanent", Some(554), "554 5.7.1 spam"));
+        let refused = client_reply(
+            "ID",
+            &result(OutcomeKind::Permanent, Some(554), "554 5.7.1 spam"),
+        );
         assert_eq!(
             refused.unwrap().line(),
             "554 5.7.1 upstream refused ID (not delivered, no bounce will follow): 554 5.7.1 spam"
         );
         // A code the end of DATA may not carry: 550 before the upstream's dot, 554 after it.
         let at_rcpt = AttemptResult {
-            phase: Some("rcpt"),
-            ..result("permanent", Some(553), "553 5.1.3 bad address")
+            phase: Some(Phase::Rcpt),
+            ..result(OutcomeKind::Permanent, Some(553), "553 5.1.3 bad address")
         };
         assert_eq!(
             client_reply("ID", &at_rcpt).unwrap().line(),
             "550 5.1.3 upstream refused ID (not delivered, no bounce will follow): 553 5.1.3 bad address"
         );
-        let odd_dot = client_reply("ID", &result("permanent", Some(557), "557 5.7.1 odd")).unwrap();
+        let odd_dot = client_reply(
+            "ID",
+            &result(OutcomeKind::Permanent, Some(557), "557 5.7.1 odd"),
+        )
+        .unwrap();
         assert!(odd_dot.line().starts_with("554 5.7.1 "), "{odd_dot:?}");
         // The relay's own REQUIRETLS refusal is worded as the relay's.
         let requiretls = AttemptResult {
-            phase: Some("ehlo"),
+            phase: Some(Phase::Ehlo),
             ..result(
-                "permanent",
+                OutcomeKind::Permanent,
                 Some(550),
                 super::super::extensions::REQUIRETLS_REFUSED,
             )
@@ -546,18 +553,27 @@ mod tests {
             "{line}"
         );
         // No enhanced code, or one of the wrong class: 5.0.0.
-        let bare = client_reply("ID", &result("permanent", Some(550), "550 nope")).unwrap();
+        let bare =
+            client_reply("ID", &result(OutcomeKind::Permanent, Some(550), "550 nope")).unwrap();
         assert!(bare.line().starts_with("550 5.0.0 "), "{bare:?}");
         let accepted = client_reply(
             "ID",
-            &result("accepted", Some(250), "250 2.0.0 Ok: queued as X"),
+            &result(
+                OutcomeKind::Accepted,
+                Some(250),
+                "250 2.0.0 Ok: queued as X",
+            ),
         );
         assert_eq!(
             accepted.unwrap().line(),
             "250 2.0.0 OK delivered as ID; upstream: 250 2.0.0 Ok: queued as X"
         );
-        assert!(client_reply("ID", &result("transient", Some(451), "451 later")).is_none());
-        assert!(client_reply("ID", &result("unknown", None, "timeout")).is_none());
+        assert!(client_reply(
+            "ID",
+            &result(OutcomeKind::Transient, Some(451), "451 later")
+        )
+        .is_none());
+        assert!(client_reply("ID", &result(OutcomeKind::Unknown, None, "timeout")).is_none());
         // A stored answer replays: it parses back as the same reply.
         let line = bare.line();
         assert_eq!(Reply::from_line(&line).unwrap(), bare);

@@ -9,57 +9,9 @@
 
 use std::fmt;
 
-/// The step of the SMTP conversation an attempt had reached.
-///
-/// `Dot` starts with the first body byte and ends with the reply to the final `CRLF.CRLF`: the
-/// client writes the body and reads that reply in one call, so a failure while writing the body
-/// cannot be told from one after the dot, and either is UNKNOWN (the upstream may have accepted
-/// the message), never a failure. There is therefore no separate body phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Phase {
-    Connect,
-    Greeting,
-    Ehlo,
-    StartTls,
-    Auth,
-    Mail,
-    Rcpt,
-    Data,
-    Dot,
-}
+pub(crate) use crate::store::{OutcomeKind, Phase};
 
 impl Phase {
-    pub(crate) const ALL: [Phase; 9] = [
-        Phase::Connect,
-        Phase::Greeting,
-        Phase::Ehlo,
-        Phase::StartTls,
-        Phase::Auth,
-        Phase::Mail,
-        Phase::Rcpt,
-        Phase::Data,
-        Phase::Dot,
-    ];
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Phase::Connect => "connect",
-            Phase::Greeting => "greeting",
-            Phase::Ehlo => "ehlo",
-            Phase::StartTls => "starttls",
-            Phase::Auth => "auth",
-            Phase::Mail => "mail",
-            Phase::Rcpt => "rcpt",
-            Phase::Data => "data",
-            Phase::Dot => "dot",
-        }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn parse(s: &str) -> Option<Phase> {
-        Phase::ALL.into_iter().find(|p| p.as_str() == s)
-    }
-
     /// Phases where the upstream judges the session or the account rather than this message
     /// (no recipient has been named yet).
     fn is_session_level(self) -> bool {
@@ -67,12 +19,6 @@ impl Phase {
             self,
             Phase::Connect | Phase::Greeting | Phase::Ehlo | Phase::StartTls | Phase::Auth
         )
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -109,43 +55,6 @@ pub(crate) enum Outcome {
     /// The final dot was sent and no usable answer came. `reason` is either the unusable reply
     /// line (starting with its code) or a description of the transport failure.
     Unknown { phase: Phase, reason: String },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OutcomeKind {
-    Accepted,
-    Transient,
-    Permanent,
-    Unknown,
-}
-
-impl OutcomeKind {
-    pub(crate) const ALL: [OutcomeKind; 4] = [
-        OutcomeKind::Accepted,
-        OutcomeKind::Transient,
-        OutcomeKind::Permanent,
-        OutcomeKind::Unknown,
-    ];
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            OutcomeKind::Accepted => "accepted",
-            OutcomeKind::Transient => "transient",
-            OutcomeKind::Permanent => "permanent",
-            OutcomeKind::Unknown => "unknown",
-        }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        OutcomeKind::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
-impl fmt::Display for OutcomeKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 impl Outcome {

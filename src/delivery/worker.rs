@@ -22,7 +22,7 @@ use super::upstream::{
 };
 use crate::mail::new_queue_id;
 use crate::shutdown::Stop;
-use crate::store::{AttemptResult, Claimed, Settle, Store};
+use crate::store::{AttemptResult, Claimed, Phase, Settle, Store};
 
 mod immediate_send;
 use immediate_send::answer_for_waiting_client;
@@ -483,8 +483,8 @@ impl Worker {
                 self.shared.settings.metrics.delivered_after(since_accepted);
             }
             self.shared.settings.metrics.attempt(
-                result.outcome,
-                result.phase,
+                result.outcome.as_str(),
+                result.phase.map(Phase::as_str),
                 decision.next.label(),
                 latency,
             );
@@ -497,7 +497,7 @@ impl Worker {
                 attempt,
                 outcome = %result.outcome,
                 class = %class.as_str(),
-                phase = %result.phase.unwrap_or("-"),
+                phase = %result.phase.map_or("-", Phase::as_str),
                 code = result.code.unwrap_or(0),
                 reply = %result.reply,
                 decision = %decision.next.label(),
@@ -680,7 +680,7 @@ impl Worker {
                     delay_ms,
                     from,
                     to,
-                    phase = %result.and_then(|r| r.phase).unwrap_or("-"),
+                    phase = %result.and_then(|r| r.phase).map_or("-", Phase::as_str),
                     code = result.and_then(|r| r.code).unwrap_or(0),
                     enhanced = %enhanced,
                     reply = %upstream_reply,

@@ -2,23 +2,7 @@
 
 use super::fingerprint::Hasher;
 use crate::mail::{is_valid_key, Envelope, Fingerprint, MAX_KEY_CHARS};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KeySource {
-    Header,
-    MessageId,
-    Content,
-}
-
-impl KeySource {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            KeySource::Header => "header",
-            KeySource::MessageId => "message-id",
-            KeySource::Content => "content",
-        }
-    }
-}
+pub(crate) use crate::store::KeySource;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct IdemKey {

@@ -508,7 +508,7 @@ impl Intake {
             id: facts.id.to_string(),
             scope: origin.scope.clone(),
             key: facts.key.map(|k| k.value.clone()),
-            key_source: facts.key.map_or("none", |k| k.source.as_str()),
+            key_source: facts.key.map(|k| k.source),
             fingerprint: facts.fingerprint,
             envelope: sub.envelope.clone(),
             size: content.as_ref().map_or(sub.message.len(), Vec::len),

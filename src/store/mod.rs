@@ -5,6 +5,7 @@
 //! `webhook` (SQL and decoding both dialects share), then one directory per dialect. Only
 //! this file names the modules together; they never name it back.
 
+mod attempt;
 mod backend;
 pub(crate) mod listing;
 mod migrate;
@@ -22,6 +23,7 @@ pub(crate) mod webhook;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use attempt::{OutcomeKind, Phase};
 pub use backend::{IntakeStore, OperatorStore, QueueStore, ReadStore, Store, WebhookStore};
 pub use listing::{Cursor, ListFilter, Page, StateFilter};
 pub use record::*;

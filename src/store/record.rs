@@ -4,6 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::attempt::{OutcomeKind, Phase};
 use crate::mail::Envelope;
 use crate::mail::Fingerprint;
 
@@ -78,13 +79,43 @@ impl State {
     }
 }
 
+/// Where a record's key came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySource {
+    /// The client's `X-Bird-Idempotency-Key` header.
+    Header,
+    /// Derived from the message's Message-ID.
+    MessageId,
+    /// Derived from the message's content.
+    Content,
+    /// A notice (DSN) the relay queued itself, keyed after the record it is about.
+    Dsn,
+}
+
+impl KeySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeySource::Header => "header",
+            KeySource::MessageId => "message-id",
+            KeySource::Content => "content",
+            KeySource::Dsn => "dsn",
+        }
+    }
+
+    /// As stored: a record without a key says `none`.
+    pub(crate) fn stored(source: Option<KeySource>) -> &'static str {
+        source.map_or("none", KeySource::as_str)
+    }
+}
+
 /// A record to insert. `key` is `None` for `missing_key = "pass"` submissions.
 #[derive(Debug, Clone)]
 pub struct NewRecord {
     pub id: String,
     pub scope: String,
     pub key: Option<String>,
-    pub key_source: &'static str,
+    /// Where the key came from; `None` for a record without one.
+    pub key_source: Option<KeySource>,
     pub fingerprint: Fingerprint,
     pub envelope: Envelope,
     /// Bytes to deliver (relay lines included); kept only for queued records.
@@ -246,8 +277,8 @@ pub struct Claimed {
 /// The outcome of one attempt, as written to the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptResult {
-    pub outcome: &'static str,
-    pub phase: Option<&'static str>,
+    pub outcome: OutcomeKind,
+    pub phase: Option<Phase>,
     pub code: Option<u16>,
     pub reply: String,
 }
@@ -473,7 +504,7 @@ pub(crate) fn report_damage(id: &str, reason: &str) -> String {
 
 /// The upstream's id for the message, kept with an accepted attempt (from its reply).
 pub(crate) fn accepted_upstream_id(result: &AttemptResult) -> Option<String> {
-    (result.outcome == "accepted")
+    (result.outcome == OutcomeKind::Accepted)
         .then(|| super::upstream_id::parse(&result.reply))
         .flatten()
 }
@@ -600,7 +631,7 @@ pub(crate) fn test_record(id: &str, key: &str) -> NewRecord {
         id: id.into(),
         scope: "s".into(),
         key: Some(key.into()),
-        key_source: "header",
+        key_source: Some(KeySource::Header),
         fingerprint: Fingerprint::from_bytes([7; 32]),
         envelope: Envelope {
             mail_from: "a@example.com".into(),

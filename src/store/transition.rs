@@ -273,6 +273,7 @@ pub(crate) fn confirmation_reason(id: &str, state: State) -> String {
 mod tests {
     use super::*;
     use crate::store::record::test_record;
+    use crate::store::OutcomeKind;
 
     #[test]
     fn only_an_unresolved_record_is_resolved_and_its_reply_says_by_whom() {
@@ -434,7 +435,7 @@ mod tests {
     #[test]
     fn settle_writes_by_outcome() {
         let accepted = AttemptResult {
-            outcome: "accepted",
+            outcome: OutcomeKind::Accepted,
             phase: None,
             code: Some(250),
             reply: "250 2.0.0 Ok: queued as ABC123".into(),

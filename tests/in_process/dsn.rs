@@ -15,7 +15,7 @@ use common::{eventually, relay_for, wait_state, TestRelay};
 use idemrelay::mail::requests::RecipientRequests;
 use idemrelay::mail::{BodyType, DeliveryRequests, Envelope, Fingerprint};
 use idemrelay::sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
-use idemrelay::store::{NewRecord, Retention, State};
+use idemrelay::store::{KeySource, NewRecord, Retention, State};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -42,7 +42,7 @@ async fn queue(relay: &TestRelay, key: &str, rcpts: &[&str], requests: DeliveryR
         id: id.clone(),
         scope: "default".into(),
         key: Some(key.into()),
-        key_source: "header",
+        key_source: Some(KeySource::Header),
         fingerprint: Fingerprint::from_bytes(*seed.as_bytes()),
         envelope: Envelope {
             mail_from: "sender@example.com".into(),

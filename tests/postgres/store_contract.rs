@@ -12,8 +12,8 @@ use common::backend;
 use idemrelay::mail::Fingerprint;
 use idemrelay::mail::{BodyType, Envelope};
 use idemrelay::store::{
-    self, AttemptResult, EventKind, Insert, NewRecord, Retention, Settle, State, Store,
-    UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,
+    self, AttemptResult, EventKind, Insert, KeySource, NewRecord, OutcomeKind, Phase, Retention,
+    Settle, State, Store, UpstreamEvent, WebhookApplied, WebhookOutcome, WebhookReceipt,
 };
 
 const RETENTION: Retention = Retention {
@@ -35,7 +35,7 @@ fn record(id: &str, key: &str, fp: u8) -> NewRecord {
         id: id.into(),
         scope: "s".into(),
         key: Some(key.into()),
-        key_source: "header",
+        key_source: Some(KeySource::Header),
         fingerprint: Fingerprint::from_bytes([fp; 32]),
         envelope: Envelope {
             mail_from: "a@example.com".into(),
@@ -124,8 +124,8 @@ macro_rules! on_both_backends {
 
 fn accepted() -> AttemptResult {
     AttemptResult {
-        outcome: "accepted",
-        phase: Some("dot"),
+        outcome: OutcomeKind::Accepted,
+        phase: Some(Phase::Dot),
         code: Some(250),
         reply: "250 ok".into(),
     }
@@ -441,8 +441,8 @@ async fn a_requeue_needs_confirmation_whenever_the_ledger_holds_an_unknown(backe
         assert_eq!(job.id, "plain");
         assert!(a.begin_attempt("plain", job.token, 1).await.unwrap());
         let permanent = AttemptResult {
-            outcome: "permanent",
-            phase: Some("rcpt"),
+            outcome: OutcomeKind::Permanent,
+            phase: Some(Phase::Rcpt),
             code: Some(550),
             reply: "550 no".into(),
         };
@@ -484,8 +484,8 @@ async fn a_requeued_record_never_hands_out_a_token_a_stale_holder_has(backend: B
             .expect("taken over");
         assert!(b.begin_attempt("m1", next.token, 1).await.unwrap());
         let refused = AttemptResult {
-            outcome: "permanent",
-            phase: Some("rcpt"),
+            outcome: OutcomeKind::Permanent,
+            phase: Some(Phase::Rcpt),
             code: Some(550),
             reply: "550 5.1.1 no such user".into(),
         };
@@ -572,13 +572,16 @@ async fn parked_records_and_keys_inside_the_upstream_window_are_kept(backend: Ba
             dsn: None,
         };
         // Claims take a scope's jobs in insertion order.
-        for (id, outcome, settle) in [("parked", "unknown", parked), ("sent", "accepted", sent)] {
+        for (id, outcome, settle) in [
+            ("parked", OutcomeKind::Unknown, parked),
+            ("sent", OutcomeKind::Accepted, sent),
+        ] {
             let job = a.claim("w", LONG_LEASE).await.unwrap().unwrap();
             assert_eq!(job.id, id, "{name}");
             assert!(a.begin_attempt(id, job.token, 1).await.unwrap());
             let result = AttemptResult {
                 outcome,
-                phase: Some("dot"),
+                phase: Some(Phase::Dot),
                 code: None,
                 reply: "r".into(),
             };
@@ -721,8 +724,8 @@ async fn attempt_once(store: &Arc<dyn Store>, id: &str, result: AttemptResult, s
 async fn unresolved_record(store: &Arc<dyn Store>, id: &str, key: &str) {
     store.insert(&record(id, key, 1), RETENTION).await.unwrap();
     let unknown = AttemptResult {
-        outcome: "unknown",
-        phase: Some("dot"),
+        outcome: OutcomeKind::Unknown,
+        phase: Some(Phase::Dot),
         code: None,
         reply: "connection lost after the final dot".into(),
     };
@@ -1029,8 +1032,8 @@ async fn an_event_resolves_only_the_record_it_names_and_not_before_it(backend: B
         two.message_id = Some("shared@example.com".into());
         a.insert(&two, RETENTION).await.unwrap();
         let unknown = AttemptResult {
-            outcome: "unknown",
-            phase: Some("dot"),
+            outcome: OutcomeKind::Unknown,
+            phase: Some(Phase::Dot),
             code: None,
             reply: "connection lost after the final dot".into(),
         };
@@ -1195,8 +1198,8 @@ async fn listings_filter_page_and_say_when_more_follow(backend: Backend) {
         }
         assert!(a.begin_attempt(&r4.id, job.token, 1).await.unwrap());
         let transient = AttemptResult {
-            outcome: "transient",
-            phase: Some("connect"),
+            outcome: OutcomeKind::Transient,
+            phase: Some(Phase::Connect),
             code: None,
             reply: "connection refused".into(),
         };
@@ -1414,8 +1417,8 @@ async fn operator_actions_are_recorded_with_the_change_they_made(backend: Backen
         // The held one fails once and waits an hour; a flush makes it due now.
         assert!(a.begin_attempt(held, job.token, 1).await.unwrap());
         let transient = AttemptResult {
-            outcome: "transient",
-            phase: Some("connect"),
+            outcome: OutcomeKind::Transient,
+            phase: Some(Phase::Connect),
             code: None,
             reply: "connection refused".into(),
         };

@@ -3,13 +3,13 @@
 //! (same key, a new queue id) queues nothing more.
 
 use super::{instances, record, Backend, LONG_LEASE, RETENTION};
-use idemrelay::store::{AttemptResult, NewRecord, Settle};
+use idemrelay::store::{AttemptResult, KeySource, NewRecord, OutcomeKind, Phase, Settle};
 use std::time::Duration;
 
 fn deferred() -> AttemptResult {
     AttemptResult {
-        outcome: "transient",
-        phase: Some("rcpt"),
+        outcome: OutcomeKind::Transient,
+        phase: Some(Phase::Rcpt),
         code: Some(451),
         reply: "451 4.2.1 busy".into(),
     }
@@ -20,7 +20,7 @@ fn notice(id: &str) -> NewRecord {
     let mut n = record(id, "dsn-delayed-m1", 7);
     n.envelope.mail_from = String::new();
     n.envelope.rcpt_to = vec!["a@example.com".into()];
-    n.key_source = "dsn";
+    n.key_source = Some(KeySource::Dsn);
     n.dsn_of = Some("m1".into());
     n
 }

@@ -22,7 +22,7 @@ use crate::delivery::outcome::Outcome;
 use crate::delivery::retry::{Next, RetryPolicy};
 use crate::mail::requests::Ret;
 use crate::mail::DeliveryRequests;
-use crate::store::{Claimed, NewRecord};
+use crate::store::{Claimed, KeySource, NewRecord};
 
 /// The recipients a notice of `action` reports on, in envelope order.
 pub(crate) fn notified(job: &Claimed, action: Action) -> Vec<String> {
@@ -220,7 +220,7 @@ pub(super) fn record(job: &Claimed, key: String, id: String, report: Vec<u8>) ->
         upstream_key: Some(key.clone()),
         part: 1,
         key: Some(key),
-        key_source: "dsn",
+        key_source: Some(KeySource::Dsn),
         envelope,
         size: content.len(),
         content: Some(content),

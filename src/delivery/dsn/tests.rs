@@ -2,6 +2,7 @@
 
 use super::notice::dsn_for;
 use super::*;
+use crate::store::KeySource;
 use mail_parser::{MessageParser, MimeHeaders};
 
 const ORIGINAL: &[u8] = b"From: Alice <alice@example.com>\r\n\
@@ -509,7 +510,7 @@ fn a_failed_record_queues_its_notice_keyed_from_the_record() {
     assert_eq!(dsn.scope, "team-a");
     assert_eq!(dsn.key.as_deref(), Some(key.as_str()));
     assert_eq!(dsn.upstream_key.as_deref(), Some(key.as_str()));
-    assert_eq!(dsn.key_source, "dsn");
+    assert_eq!(dsn.key_source, Some(KeySource::Dsn));
     assert_eq!(dsn.dsn_of.as_deref(), Some("01HZX"));
     assert_eq!(dsn.state, crate::store::State::Queued);
     assert_eq!(dsn.envelope.mail_from, "");

@@ -33,7 +33,7 @@ use super::webhook;
 use super::PostgresStore;
 use crate::store::backend::IntakeStore;
 use crate::store::record::{
-    body_checksum, utc_day, Existing, Insert, NewRecord, State, StoreError,
+    body_checksum, utc_day, Existing, Insert, KeySource, NewRecord, State, StoreError,
 };
 use crate::store::retention::Retention;
 use crate::store::rows;
@@ -434,7 +434,7 @@ async fn insert_all(
     .bind(text(|r| &r.id))
     .bind(text(|r| &r.scope))
     .bind(maybe(|r| r.key.as_deref()))
-    .bind(text(|r| r.key_source))
+    .bind(text(|r| KeySource::stored(r.key_source)))
     .bind(bytes(|r| r.fingerprint.as_bytes().to_vec()))
     .bind(text(|r| &r.envelope.mail_from))
     .bind(
@@ -583,7 +583,7 @@ pub(super) fn bind_new_record<'q>(
         .bind(&record.id)
         .bind(&record.scope)
         .bind(&record.key)
-        .bind(record.key_source)
+        .bind(KeySource::stored(record.key_source))
         .bind(&record.fingerprint.as_bytes()[..])
         .bind(&record.envelope.mail_from)
         .bind(record.envelope.rcpt_to.join("\n"))

@@ -12,6 +12,7 @@ use sqlx::Row;
 use super::group_commit::FencedWrite;
 use super::webhook;
 use super::PostgresStore;
+use crate::store::attempt::Phase;
 use crate::store::backend::QueueStore;
 use crate::store::record::{
     retention_ms, AttemptResult, Claimed, Pause, Settle, StoreError, FORGET_PROCESS_AFTER,
@@ -323,8 +324,8 @@ fn settle_writes<'q>(
         .bind(token)
         .bind(now)
         .bind(attempt.map(|(n, _)| i64::from(n)))
-        .bind(attempt.map(|(_, r)| r.outcome))
-        .bind(attempt.and_then(|(_, r)| r.phase))
+        .bind(attempt.map(|(_, r)| r.outcome.as_str()))
+        .bind(attempt.and_then(|(_, r)| r.phase.map(Phase::as_str)))
         .bind(attempt.and_then(|(_, r)| r.code.map(i64::from)))
         .bind(attempt.map(|(_, r)| r.reply.as_str()))
         .bind(settled.upstream_id.as_deref());

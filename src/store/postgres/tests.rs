@@ -322,8 +322,8 @@ async fn a_delivery_write_that_fails_in_a_batch_does_not_fail_the_others() {
         dsn: None,
     };
     let accepted = AttemptResult {
-        outcome: "accepted",
-        phase: Some("dot"),
+        outcome: OutcomeKind::Accepted,
+        phase: Some(Phase::Dot),
         code: Some(250),
         reply: "250 ok".into(),
     };

@@ -13,7 +13,7 @@ use super::webhook;
 use super::SqliteStore;
 use crate::store::backend::IntakeStore;
 use crate::store::record::{
-    body_checksum, now_ms, utc_day, Existing, Insert, NewRecord, State, StoreError,
+    body_checksum, now_ms, utc_day, Existing, Insert, KeySource, NewRecord, State, StoreError,
 };
 use crate::store::retention::Retention;
 use crate::store::rows;
@@ -117,7 +117,7 @@ pub(super) fn insert_message(
             record.id,
             record.scope,
             record.key,
-            record.key_source,
+            KeySource::stored(record.key_source),
             &record.fingerprint.as_bytes()[..],
             record.envelope.mail_from,
             record.envelope.rcpt_to.join("\n"),

@@ -12,6 +12,7 @@ use sqlx::Row;
 use super::spool::{Spool, SpoolReader, WithSpool};
 use super::webhook;
 use super::SqliteStore;
+use crate::store::attempt::Phase;
 use crate::store::backend::QueueStore;
 use crate::store::record::{
     now_ms, retention_ms, AttemptResult, Claimed, Pause, Settle, StoreError, FORGET_PROCESS_AFTER,
@@ -377,8 +378,8 @@ pub(super) fn settle(
         )?
         .execute(params![
             now,
-            result.outcome,
-            result.phase,
+            result.outcome.as_str(),
+            result.phase.map(Phase::as_str),
             result.code.map(i64::from),
             result.reply,
             settled.upstream_id,

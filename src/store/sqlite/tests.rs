@@ -387,8 +387,8 @@ async fn deliver(store: &SqliteStore, id: &str) {
     let n = job.attempts + 1;
     assert!(store.begin_attempt(id, job.token, n).await.unwrap());
     let accepted = AttemptResult {
-        outcome: "accepted",
-        phase: Some("dot"),
+        outcome: OutcomeKind::Accepted,
+        phase: Some(Phase::Dot),
         code: Some(250),
         reply: "250 ok".into(),
     };
@@ -403,14 +403,14 @@ async fn deliver(store: &SqliteStore, id: &str) {
 }
 
 /// Claims `id` and settles one attempt with `outcome` into `settle`.
-async fn attempt(store: &SqliteStore, id: &str, outcome: &'static str, settle: Settle) {
+async fn attempt(store: &SqliteStore, id: &str, outcome: OutcomeKind, settle: Settle) {
     let job = store.claim("w", LEASE).await.unwrap().unwrap();
     assert_eq!(job.id, id);
     let n = job.attempts + 1;
     assert!(store.begin_attempt(id, job.token, n).await.unwrap());
     let result = AttemptResult {
         outcome,
-        phase: Some("rcpt"),
+        phase: Some(Phase::Rcpt),
         code: Some(550),
         reply: "550 no".into(),
     };
@@ -430,7 +430,7 @@ async fn store_requeue_of_failed_keeps_the_ledger_and_continues_numbering() {
         upstream_reply: "550 no".into(),
         dsn: None,
     };
-    attempt(&store, "m1", "permanent", failed).await;
+    attempt(&store, "m1", OutcomeKind::Permanent, failed).await;
     let listed = store.list(Some(State::Failed), 10, None).await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].attempts, 1);
@@ -472,7 +472,7 @@ async fn store_requeue_of_unresolved_needs_confirmation() {
     let unresolved = Settle::Unresolved {
         upstream_reply: "unknown".into(),
     };
-    attempt(&store, "m1", "unknown", unresolved).await;
+    attempt(&store, "m1", OutcomeKind::Unknown, unresolved).await;
     assert_eq!(
         store.requeue("m1", false, &op()).await.unwrap(),
         Requeue::NeedsConfirmation(State::Unresolved)
@@ -574,7 +574,7 @@ async fn relay_health_tells_the_run_of_failures_since_the_last_delivery() {
     let tick = || tokio::time::sleep(Duration::from_millis(5));
 
     store.insert(&record("m1", "k1"), retention).await.unwrap();
-    attempt(&store, "m1", "transient", retry()).await;
+    attempt(&store, "m1", OutcomeKind::Transient, retry()).await;
     let first = store.attempts("m1").await.unwrap()[0].clone();
     let health = store.relay_health().await.unwrap();
     assert_eq!(health.newest_failure, Some(("m1".into(), first.clone())));
@@ -585,7 +585,7 @@ async fn relay_health_tells_the_run_of_failures_since_the_last_delivery() {
     attempt(
         &store,
         "m1",
-        "accepted",
+        OutcomeKind::Accepted,
         Settle::Delivered {
             upstream_reply: "250 ok".into(),
             dsn: None,
@@ -600,9 +600,9 @@ async fn relay_health_tells_the_run_of_failures_since_the_last_delivery() {
 
     tick().await;
     store.insert(&record("m2", "k2"), retention).await.unwrap();
-    attempt(&store, "m2", "transient", retry()).await;
+    attempt(&store, "m2", OutcomeKind::Transient, retry()).await;
     tick().await;
-    attempt(&store, "m2", "unknown", retry()).await;
+    attempt(&store, "m2", OutcomeKind::Unknown, retry()).await;
     let ledger = store.attempts("m2").await.unwrap();
     let health = store.relay_health().await.unwrap();
     assert_eq!(
@@ -631,7 +631,7 @@ async fn a_delivered_settle_queues_its_notice_once_under_its_key() {
     let retention = Retention::flat(Duration::from_secs(3600));
     let notice = |id: &str, of: &str| NewRecord {
         dsn_of: Some(of.into()),
-        key_source: "dsn",
+        key_source: Some(KeySource::Dsn),
         fingerprint: crate::mail::Fingerprint::from_bytes([9; 32]),
         ..record(id, "dsn-relayed-1")
     };
@@ -643,7 +643,7 @@ async fn a_delivered_settle_queues_its_notice_once_under_its_key() {
             upstream_reply: "250 ok".into(),
             dsn: Some(Box::new(notice(&format!("D-{id}"), id))),
         };
-        attempt(&store, id, "accepted", delivered).await;
+        attempt(&store, id, OutcomeKind::Accepted, delivered).await;
     }
     let m1 = store.message("m1").await.unwrap().unwrap();
     assert_eq!(m1.state, State::Delivered);

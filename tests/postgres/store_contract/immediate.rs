@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use idemrelay::store::{AttemptResult, Settle, State};
+use idemrelay::store::{AttemptResult, OutcomeKind, Phase, Settle, State};
 
 use super::{accepted, instances, record, Backend, LONG_LEASE, RETENTION};
 
 fn refused() -> AttemptResult {
     AttemptResult {
-        outcome: "permanent",
-        phase: Some("dot"),
+        outcome: OutcomeKind::Permanent,
+        phase: Some(Phase::Dot),
         code: Some(554),
         reply: "554 5.7.1 no".into(),
     }
