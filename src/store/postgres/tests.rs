@@ -53,11 +53,22 @@ async fn fresh_test_schema(test: &str, prefix: &str) -> Option<(PgConnection, St
     Some((admin, schema, url))
 }
 
+/// Ends a test of `fresh_test_schema`: the store is dropped, not closed (closing its pool waits
+/// for every connection, and the intake's writers keep theirs until the store is dropped),
+/// then its schema goes.
+async fn drop_test_schema(store: PostgresStore, mut admin: PgConnection, schema: &str) {
+    drop(store);
+    admin
+        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+        .await
+        .unwrap();
+}
+
 /// A level the session set itself is not changed by a later reload of the server's
 /// configuration; one it only inherited is.
 #[tokio::test]
 async fn every_connection_sets_its_commit_level_itself() {
-    let Some((mut admin, schema, url)) = fresh_test_schema(
+    let Some((admin, schema, url)) = fresh_test_schema(
         "every_connection_sets_its_commit_level_itself",
         "t_commit_level",
     )
@@ -81,11 +92,7 @@ async fn every_connection_sets_its_commit_level_itself() {
         held.push(conn);
     }
     drop(held);
-    store.pool.close().await;
-    admin
-        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
-        .await
-        .unwrap();
+    drop_test_schema(store, admin, &schema).await;
 }
 
 /// A store made by the schema before delivery requests (migrations up to 14) upgrades:
@@ -93,7 +100,7 @@ async fn every_connection_sets_its_commit_level_itself() {
 /// claimed with no requests.
 #[tokio::test]
 async fn a_store_from_before_delivery_requests_upgrades_and_keeps_its_queue() {
-    let Some((mut admin, schema, url)) = fresh_test_schema(
+    let Some((admin, schema, url)) = fresh_test_schema(
         "a_store_from_before_delivery_requests_upgrades",
         "t_requests_upgrade",
     )
@@ -127,11 +134,7 @@ async fn a_store_from_before_delivery_requests_upgrades_and_keeps_its_queue() {
         .expect("the old job");
     assert_eq!(claimed.id, "old");
     assert!(claimed.requests.is_empty());
-    store.pool.close().await;
-    admin
-        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
-        .await
-        .unwrap();
+    drop_test_schema(store, admin, &schema).await;
 }
 
 /// A store made by the release before the lean intake schema (migrations up to 15), with
@@ -139,7 +142,7 @@ async fn a_store_from_before_delivery_requests_upgrades_and_keeps_its_queue() {
 /// filters and the key lookup without a scope find the same records as before.
 #[tokio::test]
 async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
-    let Some((mut admin, schema, url)) =
+    let Some((admin, schema, url)) =
         fresh_test_schema("a_store_from_before_the_lean_intake", "t_lean_upgrade").await
     else {
         return;
@@ -184,11 +187,7 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
         .await
         .unwrap();
     crate::store::test_checks::assert_one_record_per_state_is_findable(&store).await;
-    store.pool.close().await;
-    admin
-        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
-        .await
-        .unwrap();
+    drop_test_schema(store, admin, &schema).await;
 }
 
 /// The retention purge bounds the replayed records by the `(state, accepted_at)` index, as on
@@ -196,7 +195,7 @@ async fn a_store_from_before_the_lean_intake_keeps_every_record_findable() {
 /// record took 0.9 s and 200,000 buffers on a million-record store.
 #[tokio::test]
 async fn the_purge_reads_only_expired_records() {
-    let Some((mut admin, schema, url)) =
+    let Some((admin, schema, url)) =
         fresh_test_schema("the_purge_reads_only_expired_records", "t_purge_plan").await
     else {
         return;
@@ -228,18 +227,14 @@ async fn the_purge_reads_only_expired_records() {
         "{plan:#?}"
     );
     drop(conn);
-    store.pool.close().await;
-    admin
-        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
-        .await
-        .unwrap();
+    drop_test_schema(store, admin, &schema).await;
 }
 
 /// The relay's connections never JIT-compile a plan: the retention purge on a million-record
 /// store spent 240 ms of CPU compiling a statement that runs in 0.3 ms.
 #[tokio::test]
 async fn connections_do_not_compile_plans() {
-    let Some((mut admin, schema, url)) =
+    let Some((admin, schema, url)) =
         fresh_test_schema("connections_do_not_compile_plans", "t_jit").await
     else {
         return;
@@ -252,11 +247,7 @@ async fn connections_do_not_compile_plans() {
         .await
         .unwrap();
     assert_eq!(jit, "off");
-    store.pool.close().await;
-    admin
-        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
-        .await
-        .unwrap();
+    drop_test_schema(store, admin, &schema).await;
 }
 
 /// Claims, intents and plain outcomes of several workers are written in one transaction; one
@@ -264,7 +255,7 @@ async fn connections_do_not_compile_plans() {
 /// again, and so are the others: they do not fail with it.
 #[tokio::test]
 async fn a_delivery_write_that_fails_in_a_batch_does_not_fail_the_others() {
-    let Some((mut admin, schema, url)) = fresh_test_schema(
+    let Some((admin, schema, url)) = fresh_test_schema(
         "a_delivery_write_that_fails_in_a_batch_does_not_fail_the_others",
         "t_ledger_batch",
     )
@@ -338,11 +329,5 @@ async fn a_delivery_write_that_fails_in_a_batch_does_not_fail_the_others() {
             State::Delivered
         );
     }
-    // Dropped rather than closed: closing waits for every connection, and the intake's
-    // writers keep theirs until the store is dropped.
-    drop(store);
-    admin
-        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
-        .await
-        .unwrap();
+    drop_test_schema(store, admin, &schema).await;
 }
