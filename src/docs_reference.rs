@@ -34,7 +34,7 @@ pub fn metrics_exposition() -> String {
 }
 
 /// Every reply constructor of [`Reply`], called with placeholders for its arguments, by name.
-/// The page takes each one's "when" from its doc comment in `src/reply.rs`, and the test fails
+/// The page takes each one's "when" from its doc comment in `crates/model/src/reply.rs`, and the test fails
 /// when a constructor there is missing here.
 pub fn reply_catalogue() -> Vec<(&'static str, Reply)> {
     macro_rules! entries {

@@ -9,6 +9,7 @@ use argon2::{Argon2, PasswordHash, PasswordHasher as _};
 
 use super::verify;
 use crate::secret::SecretUrl;
+pub use idemrelay_model::Authenticated;
 
 /// Longest user name; SMTP AUTH names are short, and a bound keeps them loggable.
 pub const MAX_NAME_LEN: usize = 64;
@@ -65,43 +66,6 @@ impl std::fmt::Debug for User {
 #[derive(Debug, Clone, Default)]
 pub struct Users {
     pub(super) users: BTreeMap<String, User>,
-}
-
-/// A user whose password checked out; what the session needs for the rest of the connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Authenticated {
-    pub name: String,
-    pub scope: String,
-    pub allowed_senders: Vec<String>,
-}
-
-impl Authenticated {
-    /// MAIL FROM check: the null sender is allowed only if allowed_senders is empty.
-    ///
-    /// `address` is the reverse-path without angle brackets (`""` is the null sender).
-    /// Case is folded for ASCII only: a non-ASCII address must match byte for byte, so
-    /// Unicode case mapping can never widen what a pattern admits.
-    pub(crate) fn may_send_as(&self, address: &str) -> bool {
-        if self.allowed_senders.is_empty() {
-            return true;
-        }
-        let address = address
-            .strip_prefix('<')
-            .and_then(|a| a.strip_suffix('>'))
-            .unwrap_or(address);
-        if address.is_empty() {
-            return false;
-        }
-        // The domain follows the last '@': a quoted local part may contain '@' itself.
-        let domain = address.rsplit_once('@').map(|(_, domain)| domain);
-        self.allowed_senders
-            .iter()
-            .any(|pattern| match (pattern.strip_prefix('@'), domain) {
-                (Some(pattern_domain), Some(domain)) => pattern_domain.eq_ignore_ascii_case(domain),
-                (Some(_), None) => false,
-                (None, _) => pattern.eq_ignore_ascii_case(address),
-            })
-    }
 }
 
 impl Users {

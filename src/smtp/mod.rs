@@ -1,12 +1,9 @@
-//! The SMTP side: framing, the PROXY header and the session machine (pure) and the thin
-//! server; the reply lines are `crate::reply`.
+//! The SMTP side: the protocol (framing, the PROXY header, the session machine) is the
+//! `idemrelay_smtp` crate, pure and without tokio; here are the thin server that owns the
+//! sockets, the connection limits and TLS.
 
-pub mod address;
-pub mod framing;
+pub use idemrelay_smtp::{address, framing, mail_rcpt, proxy_header, sasl, session};
+
 pub(crate) mod limits;
-pub(crate) mod mail_rcpt;
-pub(crate) mod proxy_header;
-pub(crate) mod sasl;
 pub mod server;
-pub mod session;
 pub mod tls;

@@ -6,7 +6,7 @@
 //!
 //! Without the `failpoints` feature this file compiles to nothing: the relay binary under test
 //! (`CARGO_BIN_EXE_idemrelay`, built with the test's features) must carry the crash points of
-//! `src/failpoint.rs`.
+//! `crates/model/src/failpoint.rs`.
 //!
 //! Relay processes deliver to an in-process `idemrelay sink` (which deduplicates by key within
 //! its window, like the real upstream) while client tasks submit a few thousand messages and

@@ -1,6 +1,6 @@
 //! Hostile clients over real sockets (docs/guides/tls-auth-relay.md, "Limits"): each defence gets the bytes an
 //! attacker or a broken client would send, and the test checks the exact reply (against the
-//! constants in `src/reply.rs`), what happens to the connection afterwards (closed when
+//! constants in `crates/model/src/reply.rs`), what happens to the connection afterwards (closed when
 //! the contract says so; otherwise the same session still answers NOOP and can still submit a
 //! valid message), and that nothing was stored.
 

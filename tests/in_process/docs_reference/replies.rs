@@ -3,9 +3,9 @@
 //!
 //! The lines come from the reply constructors themselves (`idemrelay::docs_reference::reply_catalogue`,
 //! which calls each with placeholders such as `<hostname>`); "when" is each constructor's doc
-//! comment in `src/reply.rs`, read from the source since doc comments do not exist at run
+//! comment in `crates/model/src/reply.rs`, read from the source since doc comments do not exist at run
 //! time. The checks below keep that honest: every constructor of `Reply` is in the catalogue
-//! and has a doc comment, and no reply is built outside `src/reply.rs` except the ones listed
+//! and has a doc comment, and no reply is built outside `crates/model/src/reply.rs` except the ones listed
 //! in [`BUILT_ELSEWHERE`] (a reply built inline elsewhere would be missing from the page).
 
 use std::collections::BTreeSet;
@@ -15,11 +15,11 @@ use idemrelay::reply::Reply;
 
 use super::{cell, check, code, page_head};
 
-const REPLY_SOURCE: &str = include_str!("../../../src/reply.rs");
+const REPLY_SOURCE: &str = include_str!("../../../crates/model/src/reply.rs");
 
-/// Replies built outside `src/reply.rs`, on purpose: (file, what it builds, when).
+/// Replies built outside `crates/model/src/reply.rs`, on purpose: (file, what it builds, when).
 const BUILT_ELSEWHERE: &[(&str, &str, &str)] = &[(
-    "src/smtp/session/auth.rs",
+    "crates/smtp/src/session/auth.rs",
     "334 <base64 challenge>",
     "During AUTH LOGIN (and AUTH PLAIN without an initial response): the server's challenge, \
          answered by the client with the next base64 line.",
@@ -65,8 +65,8 @@ fn constructors() -> Vec<(String, String)> {
     out
 }
 
-/// `src/**.rs` files (the test upstream, `src/sink`, aside: it is not the relay) that build a
-/// reply with `Reply::new` or `Reply::multi`.
+/// `src/**.rs` and `crates/**.rs` files (the test upstream, `src/sink`, aside: it is not the
+/// relay) that build a reply with `Reply::new` or `Reply::multi`.
 fn files_building_replies(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -79,7 +79,7 @@ fn files_building_replies(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
             if relative != "src/sink" {
                 files_building_replies(&path, root, out);
             }
-        } else if relative.ends_with(".rs") && relative != "src/reply.rs" {
+        } else if relative.ends_with(".rs") && relative != "crates/model/src/reply.rs" {
             let text = std::fs::read_to_string(&path).unwrap();
             if text.contains("Reply::new(") || text.contains("Reply::multi(") {
                 out.insert(relative);
@@ -106,7 +106,10 @@ fn enhanced_code(reply: &Reply) -> (String, String) {
 
 pub fn render() -> String {
     let docs = constructors();
-    let mut out = page_head("SMTP replies", "the reply constructors in `src/reply.rs`");
+    let mut out = page_head(
+        "SMTP replies",
+        "the reply constructors in `crates/model/src/reply.rs`",
+    );
     out.push('\n');
     out.push_str(&format!(
         "Every reply the relay sends to an SMTP client, in the order of a session: connection, \
@@ -179,6 +182,7 @@ fn every_reply_is_in_the_catalogue_with_a_when() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut found = BTreeSet::new();
     files_building_replies(&root.join("src"), root, &mut found);
+    files_building_replies(&root.join("crates"), root, &mut found);
     let allowed: BTreeSet<String> = BUILT_ELSEWHERE
         .iter()
         .map(|(f, _, _)| f.to_string())
@@ -192,6 +196,6 @@ fn every_reply_is_in_the_catalogue_with_a_when() {
     let unlisted: Vec<_> = found.difference(&allowed).collect();
     assert!(
         unlisted.is_empty(),
-        "replies built outside src/reply.rs: {unlisted:?}; add a constructor there (and to reply_catalogue() in src/docs_reference.rs) or list them in BUILT_ELSEWHERE"
+        "replies built outside crates/model/src/reply.rs: {unlisted:?}; add a constructor there (and to reply_catalogue() in src/docs_reference.rs) or list them in BUILT_ELSEWHERE"
     );
 }

@@ -8,14 +8,14 @@ use serde::{Deserialize, Serialize};
 pub mod requests;
 pub use requests::DeliveryRequests;
 
-pub(crate) const KEY_HEADER: &str = "X-Bird-Idempotency-Key";
-pub(crate) const MAX_KEY_CHARS: usize = 255;
+pub const KEY_HEADER: &str = "X-Bird-Idempotency-Key";
+pub const MAX_KEY_CHARS: usize = 255;
 
 /// 1-255 characters, none of them invisible: control characters, format characters (Unicode
 /// category Cf: bidi overrides, zero-width spaces and joiners, the BOM) and the line and
 /// paragraph separators (Zl, Zp). Those let two keys that differ look the same to a person
 /// reading a log or the admin API, or reorder what is shown around them.
-pub(crate) fn is_valid_key(key: &str) -> bool {
+pub fn is_valid_key(key: &str) -> bool {
     let count = key.chars().count();
     (1..=MAX_KEY_CHARS).contains(&count) && !key.chars().any(is_invisible)
 }
@@ -32,7 +32,8 @@ fn is_invisible(c: char) -> bool {
 }
 
 /// What to do with a message that carries no key header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum MissingKey {
     /// Derive a deterministic key (docs/concepts/contract.md "What the relay answers at the end of DATA") and add it to the stored message.
@@ -51,7 +52,7 @@ pub enum BodyType {
 }
 
 impl BodyType {
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             BodyType::SevenBit => "7BIT",
             BodyType::EightBitMime => "8BITMIME",
@@ -77,7 +78,7 @@ fn folded(domain: &str) -> impl Iterator<Item = char> + '_ {
     domain.chars().flat_map(char::to_lowercase)
 }
 
-pub(crate) fn same_mailbox(a: &str, b: &str) -> bool {
+pub fn same_mailbox(a: &str, b: &str) -> bool {
     match (split_mailbox(a), split_mailbox(b)) {
         ((la, Some(da)), (lb, Some(db))) => la == lb && (da == db || folded(da).eq(folded(db))),
         _ => a == b,
@@ -89,7 +90,7 @@ pub(crate) fn same_mailbox(a: &str, b: &str) -> bool {
 /// the first: the envelope is then the same whatever order a client sends them in, so a retry
 /// that reorders them is the same request (the fingerprint and a derived key cover the
 /// recipients' spellings).
-pub(crate) fn merge_same_mailbox(rcpts: &mut [String], rcpt: &str) -> bool {
+pub fn merge_same_mailbox(rcpts: &mut [String], rcpt: &str) -> bool {
     let Some(kept) = rcpts.iter_mut().find(|r| same_mailbox(r, rcpt)) else {
         return false;
     };
@@ -103,7 +104,7 @@ pub(crate) fn merge_same_mailbox(rcpts: &mut [String], rcpt: &str) -> bool {
 /// `merge_same_mailbox` keeps. For a list without two spellings of one mailbox, that is the
 /// list sorted and de-duplicated exactly, as before the domain's case counted: fingerprints and
 /// derived keys of records stored earlier are unchanged.
-pub(crate) fn recipient_set(rcpts: &[String]) -> Vec<&str> {
+pub fn recipient_set(rcpts: &[String]) -> Vec<&str> {
     let mut by_mailbox: Vec<_> = rcpts
         .iter()
         .map(|r| {
@@ -142,15 +143,15 @@ impl Fingerprint {
         Fingerprint(bytes)
     }
 
-    pub(crate) fn from_slice(bytes: &[u8]) -> Option<Self> {
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
         bytes.try_into().ok().map(Fingerprint)
     }
 
-    pub(crate) fn as_bytes(&self) -> &[u8; 32] {
+    pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
 
-    pub(crate) fn to_hex(self) -> String {
+    pub fn to_hex(self) -> String {
         blake3::Hash::from_bytes(self.0).to_hex().to_string()
     }
 }
@@ -172,7 +173,7 @@ pub struct Submission {
 
 /// A record's queue id: the time in hex, then 52 random bits. Ids sort by acceptance time,
 /// which the store's listings rely on (`store::listing`) to bound a time range by an id range.
-pub(crate) fn new_queue_id(now_ms: i64) -> String {
+pub fn new_queue_id(now_ms: i64) -> String {
     format!("{:011X}{:013X}", now_ms, fastrand::u64(..1 << 52))
 }
 

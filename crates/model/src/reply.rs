@@ -16,7 +16,7 @@ pub struct Reply {
 
 /// The limits EHLO advertises (SIZE, and LIMITS' MAILMAX and RCPTMAX).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct EhloLimits {
+pub struct EhloLimits {
     pub max_size: usize,
     pub max_transactions: usize,
     pub max_recipients: usize,
@@ -26,19 +26,19 @@ pub(crate) struct EhloLimits {
 pub const REPLAY_SUFFIX: &str = " (idempotent replay)";
 
 impl Reply {
-    pub(crate) fn new(code: u16, text: impl Into<String>) -> Self {
+    pub fn new(code: u16, text: impl Into<String>) -> Self {
         Reply {
             code,
             lines: vec![text.into()],
         }
     }
 
-    pub(crate) fn multi(code: u16, lines: Vec<String>) -> Self {
+    pub fn multi(code: u16, lines: Vec<String>) -> Self {
         Reply { code, lines }
     }
 
     /// Parses a single stored reply line such as `250 2.0.0 OK queued as X`.
-    pub(crate) fn from_line(line: &str) -> Option<Self> {
+    pub fn from_line(line: &str) -> Option<Self> {
         let (code, text) = line.split_once(' ')?;
         let code: u16 = code.parse().ok()?;
         if !(200..600).contains(&code) {
@@ -53,12 +53,12 @@ impl Reply {
         format!("{} {}", self.code, self.lines.join(" "))
     }
 
-    pub(crate) fn is_positive(&self) -> bool {
+    pub fn is_positive(&self) -> bool {
         (200..400).contains(&self.code)
     }
 
     /// The stored original reply, answered again to a retry.
-    pub(crate) fn replayed(&self) -> Self {
+    pub fn replayed(&self) -> Self {
         let mut lines = self.lines.clone();
         if let Some(last) = lines.last_mut() {
             last.push_str(REPLAY_SUFFIX);
@@ -66,7 +66,7 @@ impl Reply {
         Reply::multi(self.code, lines)
     }
 
-    pub(crate) fn write_to(&self, out: &mut Vec<u8>) {
+    pub fn write_to(&self, out: &mut Vec<u8>) {
         let last = self.lines.len().saturating_sub(1);
         for (i, line) in self.lines.iter().enumerate() {
             let sep = if i == last { ' ' } else { '-' };
@@ -86,7 +86,7 @@ impl Reply {
     // --- connection level -------------------------------------------------------------
 
     /// The greeting, when a session starts (after `greet_delay` / `submission_greet_delay`).
-    pub(crate) fn greeting(hostname: &str) -> Self {
+    pub fn greeting(hostname: &str) -> Self {
         Reply::new(220, format!("{hostname} ESMTP idemrelay ready"))
     }
 
@@ -94,7 +94,7 @@ impl Reply {
     /// LIMITS is RFC 9422's, MAILMAX `max_transactions` and RCPTMAX
     /// `max_recipients`; STARTTLS, REQUIRETLS and AUTH are added where the session offers
     /// them).
-    pub(crate) fn ehlo(hostname: &str, client: &str, limits: &EhloLimits) -> Self {
+    pub fn ehlo(hostname: &str, client: &str, limits: &EhloLimits) -> Self {
         let EhloLimits {
             max_size,
             max_transactions,
@@ -118,7 +118,7 @@ impl Reply {
     }
 
     /// The answer to HELO.
-    pub(crate) fn helo(hostname: &str, client: &str) -> Self {
+    pub fn helo(hostname: &str, client: &str) -> Self {
         Reply::new(250, format!("{hostname} greets {client}"))
     }
 
@@ -129,7 +129,7 @@ impl Reply {
 
     /// The relay is stopping (SIGTERM): idle sessions at once, a session inside a message after
     /// `shutdown_grace`, and new connections; the connection is closed.
-    pub(crate) fn shutting_down() -> Self {
+    pub fn shutting_down() -> Self {
         Reply::new(421, "4.3.0 idemrelay is shutting down; try again later")
     }
 
@@ -145,7 +145,7 @@ impl Reply {
 
     /// A new connection while the store is not writable (see `store_probe_interval`); the
     /// connection is closed.
-    pub(crate) fn store_unavailable_at_connect() -> Self {
+    pub fn store_unavailable_at_connect() -> Self {
         Reply::new(
             421,
             "4.3.2 idempotency store unavailable; try again later (E01033 IdempotencyUnavailable)",
@@ -185,17 +185,17 @@ impl Reply {
     }
 
     /// The answer to DATA: the client sends the message.
-    pub(crate) fn start_data() -> Self {
+    pub fn start_data() -> Self {
         Reply::new(354, "Start mail input; end with <CRLF>.<CRLF>")
     }
 
     /// A BDAT chunk that is not the last was received (the number is the chunk's size).
-    pub(crate) fn chunk_ok(size: usize) -> Self {
+    pub fn chunk_ok(size: usize) -> Self {
         Reply::new(250, format!("2.0.0 {size} octets received"))
     }
 
     /// The answer to VRFY: the relay does not say whether an address exists.
-    pub(crate) fn cannot_vrfy() -> Self {
+    pub fn cannot_vrfy() -> Self {
         Reply::new(
             252,
             "2.5.0 Cannot VRFY user; send the message and delivery will be attempted",
@@ -203,7 +203,7 @@ impl Reply {
     }
 
     /// The answer to HELP.
-    pub(crate) fn help() -> Self {
+    pub fn help() -> Self {
         Reply::new(
             214,
             "2.0.0 Commands: EHLO HELO MAIL RCPT DATA BDAT RSET NOOP QUIT VRFY HELP",
@@ -222,13 +222,13 @@ impl Reply {
 
     /// A known command the relay does not do (e.g. ETRN), STARTTLS on a listener without it, or
     /// AUTH where no users are configured.
-    pub(crate) fn not_implemented(command: &str) -> Self {
+    pub fn not_implemented(command: &str) -> Self {
         Reply::new(502, format!("5.5.1 {command} not implemented"))
     }
 
     /// A command with a syntax error; the text shows the command's usage (e.g. `EHLO domain`, `BDAT
     /// chunk-size [LAST]`) or names the invalid parameter.
-    pub(crate) fn syntax(usage: &str) -> Self {
+    pub fn syntax(usage: &str) -> Self {
         Reply::new(501, format!("5.5.4 Syntax: {usage}"))
     }
 
@@ -248,7 +248,7 @@ impl Reply {
     }
 
     /// HELO/EHLO with a name that is neither a domain name nor an address literal.
-    pub(crate) fn bad_helo_name() -> Self {
+    pub fn bad_helo_name() -> Self {
         Reply::new(
             501,
             "5.5.2 HELO/EHLO needs a domain name or address literal",
@@ -256,7 +256,7 @@ impl Reply {
     }
 
     /// A MAIL FROM parameter given twice.
-    pub(crate) fn duplicate_parameter(param: &str) -> Self {
+    pub fn duplicate_parameter(param: &str) -> Self {
         Reply::new(501, format!("5.5.4 Duplicate parameter {param}"))
     }
 
@@ -270,12 +270,12 @@ impl Reply {
 
     /// At the end of DATA: a header section over 256 KiB or 1,000 fields (checked before parsing);
     /// nothing is stored.
-    pub(crate) fn header_section_too_large() -> Self {
+    pub fn header_section_too_large() -> Self {
         Reply::new(550, "5.6.0 Header section too large; message not accepted")
     }
 
     /// A MAIL FROM or RCPT TO parameter the relay does not support.
-    pub(crate) fn unsupported_parameter(param: &str) -> Self {
+    pub fn unsupported_parameter(param: &str) -> Self {
         Reply::new(555, format!("5.5.4 Parameter {param} not supported"))
     }
 
@@ -290,17 +290,17 @@ impl Reply {
     }
 
     /// A second MAIL FROM inside a transaction.
-    pub(crate) fn nested_mail() -> Self {
+    pub fn nested_mail() -> Self {
         Reply::new(503, "5.5.1 Sender already specified")
     }
 
     /// DATA or BDAT in a transaction without an accepted recipient.
-    pub(crate) fn no_valid_recipients() -> Self {
+    pub fn no_valid_recipients() -> Self {
         Reply::new(554, "5.5.1 No valid recipients")
     }
 
     /// DATA after BDAT (or the reverse) in one transaction.
-    pub(crate) fn mixed_data_bdat() -> Self {
+    pub fn mixed_data_bdat() -> Self {
         Reply::new(
             503,
             "5.5.1 DATA and BDAT cannot be mixed in one transaction",
@@ -308,18 +308,18 @@ impl Reply {
     }
 
     /// The answer to STARTTLS: the TLS handshake follows.
-    pub(crate) fn ready_for_tls() -> Self {
+    pub fn ready_for_tls() -> Self {
         Reply::new(220, "2.0.0 Ready to start TLS")
     }
 
     /// STARTTLS on a connection that already uses TLS.
-    pub(crate) fn tls_already_active() -> Self {
+    pub fn tls_already_active() -> Self {
         Reply::new(503, "5.5.1 TLS already active")
     }
 
     /// MAIL FROM with REQUIRETLS on a session that is not under TLS (RFC 8689: the relay offers
     /// REQUIRETLS only after STARTTLS or on implicit TLS).
-    pub(crate) fn requiretls_needs_tls() -> Self {
+    pub fn requiretls_needs_tls() -> Self {
         Reply::new(
             530,
             "5.7.10 REQUIRETLS needs a TLS session; send STARTTLS first",
@@ -337,12 +337,12 @@ impl Reply {
     }
 
     /// MAIL before STARTTLS on a STARTTLS submission listener (`submission_listen`).
-    pub(crate) fn starttls_first() -> Self {
+    pub fn starttls_first() -> Self {
         Reply::new(530, "5.7.0 Must issue a STARTTLS command first")
     }
 
     /// AUTH before STARTTLS on a STARTTLS submission listener.
-    pub(crate) fn encryption_required_for_auth() -> Self {
+    pub fn encryption_required_for_auth() -> Self {
         Reply::new(
             538,
             "5.7.11 Encryption required for requested authentication mechanism",
@@ -350,7 +350,7 @@ impl Reply {
     }
 
     /// AUTH succeeded.
-    pub(crate) fn auth_ok() -> Self {
+    pub fn auth_ok() -> Self {
         Reply::new(235, "2.7.0 Authentication successful")
     }
 
@@ -361,7 +361,7 @@ impl Reply {
 
     /// A connection reached `max_auth_failures` failed AUTHs, or AUTH from a client locked out
     /// (`max_auth_failures_per_user`, `max_auth_failures_per_ip`); the connection is closed.
-    pub(crate) fn too_many_auth_failures() -> Self {
+    pub fn too_many_auth_failures() -> Self {
         Reply::new(
             421,
             "4.7.0 Too many authentication failures; closing connection",
@@ -369,17 +369,17 @@ impl Reply {
     }
 
     /// A second AUTH after one succeeded.
-    pub(crate) fn already_authenticated() -> Self {
+    pub fn already_authenticated() -> Self {
         Reply::new(503, "5.5.1 Already authenticated")
     }
 
     /// AUTH between MAIL FROM and the end of the message.
-    pub(crate) fn auth_during_transaction() -> Self {
+    pub fn auth_during_transaction() -> Self {
         Reply::new(503, "5.5.1 AUTH not allowed during a mail transaction")
     }
 
     /// AUTH with a mechanism other than PLAIN or LOGIN.
-    pub(crate) fn unsupported_mechanism() -> Self {
+    pub fn unsupported_mechanism() -> Self {
         Reply::new(
             504,
             "5.5.4 Unrecognized authentication mechanism (PLAIN, LOGIN)",
@@ -387,17 +387,17 @@ impl Reply {
     }
 
     /// An AUTH response that is not valid base64 or not a valid PLAIN/LOGIN response.
-    pub(crate) fn bad_sasl_response() -> Self {
+    pub fn bad_sasl_response() -> Self {
         Reply::new(501, "5.5.2 Cannot decode the authentication response")
     }
 
     /// The client cancelled AUTH (`*`).
-    pub(crate) fn auth_cancelled() -> Self {
+    pub fn auth_cancelled() -> Self {
         Reply::new(501, "5.7.0 Authentication cancelled")
     }
 
     /// MAIL FROM with a sender the AUTH user's entry in `users_file` does not allow.
-    pub(crate) fn sender_not_allowed() -> Self {
+    pub fn sender_not_allowed() -> Self {
         Reply::new(550, "5.7.1 Sender address not allowed for this user")
     }
 
@@ -465,7 +465,7 @@ impl Reply {
     }
 
     /// A header section whose key readers would disagree about (docs/concepts/contract.md "What the relay answers at the end of DATA"): any key the relay recorded might not be the one the upstream dedupes on.
-    pub(crate) fn key_in_malformed_header_section() -> Self {
+    pub fn key_in_malformed_header_section() -> Self {
         Reply::new(
             554,
             "5.6.0 X-Bird-Idempotency-Key is in a malformed header section (a line that is not a \
@@ -476,7 +476,7 @@ impl Reply {
 
     /// At the end of DATA: a message without a From: header field; stored under its key as a
     /// rejection, so a retry gets the same reply.
-    pub(crate) fn no_from_header() -> Self {
+    pub fn no_from_header() -> Self {
         Reply::new(
             550,
             "5.6.0 Message has no From: header field (RFC 5322 3.6); message not accepted",
@@ -491,7 +491,7 @@ impl Reply {
 
     /// At the end of DATA: the key was used before for a different request (E01005); with a note
     /// when the key was derived from a reused Message-ID. Nothing is stored.
-    pub(crate) fn key_reuse(derived_from_message_id: bool) -> Self {
+    pub fn key_reuse(derived_from_message_id: bool) -> Self {
         let mut text = String::from(
             "5.6.0 X-Bird-Idempotency-Key already used for a different message (E01005 IdempotencyKeyReuse); use a new key",
         );
@@ -503,7 +503,7 @@ impl Reply {
 
     /// At the end of DATA: another session is committing a message with the same key and did not
     /// finish within `in_progress_wait` (E01004).
-    pub(crate) fn key_in_progress() -> Self {
+    pub fn key_in_progress() -> Self {
         Reply::new(
             451,
             "4.3.0 a message with this X-Bird-Idempotency-Key is still being processed (E01004 RequestInProgress); retry later",
@@ -521,7 +521,7 @@ impl Reply {
     }
 
     /// At the end of DATA: a message without a key header while `missing_key = "reject"`.
-    pub(crate) fn key_required() -> Self {
+    pub fn key_required() -> Self {
         Reply::new(
             554,
             "5.6.0 X-Bird-Idempotency-Key header required on this relay; message not accepted",
@@ -530,7 +530,7 @@ impl Reply {
 
     /// At the end of DATA: the store could not be written within `store_busy_timeout` (E01033);
     /// nothing was recorded.
-    pub(crate) fn store_unavailable() -> Self {
+    pub fn store_unavailable() -> Self {
         Reply::new(
             451,
             "4.3.0 idempotency store unavailable; message not accepted, retry later (E01033 IdempotencyUnavailable)",
@@ -540,7 +540,7 @@ impl Reply {
     /// At the end of DATA in the before-queue mode: the upstream accepted the message while the
     /// client waited (`upstream` is its reply, made one printable line). The record is
     /// delivered and keeps this line: a retry of the same request replays it.
-    pub(crate) fn delivered_before_queue(id: &str, upstream: &str) -> Self {
+    pub fn delivered_before_queue(id: &str, upstream: &str) -> Self {
         Reply::new(
             250,
             format!("2.0.0 OK delivered as {id}; upstream: {upstream}"),
@@ -551,7 +551,7 @@ impl Reply {
     /// (a 5xx at MAIL, RCPT, DATA or the final dot) while the client waited. Its code and
     /// enhanced code (`5.0.0` when it gave none), then its reply as one printable line. The
     /// record is failed without a bounce and keeps this line: a retry replays it.
-    pub(crate) fn refused_before_queue(code: u16, enh: &str, id: &str, up: &str) -> Self {
+    pub fn refused_before_queue(code: u16, enh: &str, id: &str, up: &str) -> Self {
         Reply::new(
             code,
             format!("{enh} upstream refused {id} (not delivered, no bounce will follow): {up}"),
@@ -561,7 +561,7 @@ impl Reply {
     /// At the end of DATA in the before-queue mode: the message asked for REQUIRETLS and the
     /// upstream cannot honour it (no verified TLS, or no REQUIRETLS offered), so the relay did not
     /// send it (RFC 8689). The record is failed without a bounce and keeps this line.
-    pub(crate) fn requiretls_refused_before_queue(id: &str) -> Self {
+    pub fn requiretls_refused_before_queue(id: &str) -> Self {
         Reply::new(
             550,
             format!("5.7.30 {id} not sent: REQUIRETLS was asked and the upstream does not offer it over verified TLS (no bounce will follow)"),
@@ -571,7 +571,7 @@ impl Reply {
     /// At the end of DATA in the before-queue mode: the upstream answered but the store did not
     /// confirm recording it in time, or could not be read back. The message is recorded; a retry of
     /// the same request replays what was recorded and sends nothing again.
-    pub(crate) fn verdict_not_recorded(id: &str) -> Self {
+    pub fn verdict_not_recorded(id: &str) -> Self {
         Reply::new(
             451,
             format!("4.3.0 {id} is recorded but the upstream's answer is not yet; retry the same message to learn it"),

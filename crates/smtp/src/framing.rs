@@ -95,7 +95,7 @@ impl BodyReceiver {
         }
     }
 
-    pub(crate) fn fault(&self) -> Option<BodyFault> {
+    pub fn fault(&self) -> Option<BodyFault> {
         self.fault
     }
 

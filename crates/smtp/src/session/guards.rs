@@ -3,8 +3,8 @@
 
 use smtp_proto::Error as ProtoError;
 
-use crate::reply::Reply;
-use crate::smtp::mail_rcpt::LineError;
+use crate::mail_rcpt::LineError;
+use idemrelay_model::reply::Reply;
 
 pub(super) fn has_control_chars(s: &str) -> bool {
     s.chars().any(|c| c.is_control())

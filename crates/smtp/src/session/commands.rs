@@ -7,8 +7,8 @@ use smtp_proto::Request;
 
 use super::guards::{control_in_arguments, overflowing_number, proto_error_reply};
 use super::{Answer, Output, Session};
-use crate::reply::{EhloLimits, Reply};
-use crate::smtp::address;
+use crate::address;
+use idemrelay_model::reply::{EhloLimits, Reply};
 
 impl Session {
     /// Answers one complete command line (CRLF included).

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::*;
-use crate::auth::Authenticated;
+use idemrelay_model::Authenticated;
 
 fn session() -> Session {
     Session::new(

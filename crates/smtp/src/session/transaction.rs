@@ -3,14 +3,14 @@
 
 use super::guards::{has_control_chars, line_error_reply};
 use super::{Answer, Mode, Output, Progress, Session, Transaction};
-use crate::mail::requests::RecipientRequests;
-use crate::mail::{
+use crate::address;
+use crate::framing::{BodyFault, BodyLimits, BodyReceiver, BodyStatus};
+use crate::mail_rcpt::{self, ParamError, Verb};
+use idemrelay_model::mail::requests::RecipientRequests;
+use idemrelay_model::mail::{
     merge_same_mailbox, same_mailbox, BodyType, DeliveryRequests, Envelope, Submission,
 };
-use crate::reply::Reply;
-use crate::smtp::address;
-use crate::smtp::framing::{BodyFault, BodyLimits, BodyReceiver, BodyStatus};
-use crate::smtp::mail_rcpt::{self, ParamError, Verb};
+use idemrelay_model::reply::Reply;
 
 impl Session {
     pub(super) fn mail(&mut self, args: &[u8], out: &mut Vec<Output>) -> Answer {

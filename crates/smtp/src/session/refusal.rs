@@ -1,13 +1,13 @@
 //! Why the relay turned a client or a command away: one class per reply, for the refusal
 //! counters and the log line every refused or cut session gets.
 
-use crate::reply::Reply;
+use idemrelay_model::reply::Reply;
 
 /// Why the relay turned a client or one of its commands away, for the refusal counters and
 /// the log line every refused or cut session gets. Syntax errors are not refusals: a client
 /// that cannot speak SMTP shows up as `too many errors` (limits) once it persists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RefusalReason {
+pub enum RefusalReason {
     /// The store cannot be written (421 4.3.2 at connect, 451 4.3.0 at the dot).
     Store,
     /// The connection caps (421 4.7.0 too many connections).
@@ -27,14 +27,14 @@ pub(crate) enum RefusalReason {
 
 impl RefusalReason {
     /// Refusals that happen before a session starts (the connection counter's label values).
-    pub(crate) const AT_CONNECT: [RefusalReason; 4] = [
+    pub const AT_CONNECT: [RefusalReason; 4] = [
         RefusalReason::Store,
         RefusalReason::Caps,
         RefusalReason::Policy,
         RefusalReason::Shutdown,
     ];
     /// Refusals of commands inside a session, or of the session itself.
-    pub(crate) const IN_SESSION: [RefusalReason; 6] = [
+    pub const IN_SESSION: [RefusalReason; 6] = [
         RefusalReason::Store,
         RefusalReason::Policy,
         RefusalReason::Smuggling,
@@ -43,7 +43,7 @@ impl RefusalReason {
         RefusalReason::Shutdown,
     ];
 
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             RefusalReason::Store => "store",
             RefusalReason::Caps => "caps",
@@ -58,7 +58,7 @@ impl RefusalReason {
     /// The refusal a reply stands for, or None for an ordinary answer (or a syntax error).
     /// Compared with the reply constructors themselves, so a reworded reply cannot fall out
     /// of its class.
-    pub(crate) fn of(reply: &Reply) -> Option<RefusalReason> {
+    pub fn of(reply: &Reply) -> Option<RefusalReason> {
         let classes: [(fn() -> Reply, RefusalReason); 22] = [
             (Reply::store_unavailable_at_connect, RefusalReason::Store),
             (Reply::store_unavailable, RefusalReason::Store),

@@ -11,7 +11,7 @@
 /// Longest text between `<` and `>`: a path is at most 256 octets including the brackets.
 pub const MAX_PATH_INNER: usize = 254;
 /// Longest domain (RFC 5321 §4.5.3.1.2).
-pub(crate) const MAX_DOMAIN: usize = 255;
+pub const MAX_DOMAIN: usize = 255;
 
 /// The mailbox of a reverse-path (MAIL FROM), or `Some("")` for the null path `<>`.
 /// `inner` is the text between the brackets; `utf8` is true under SMTPUTF8.
@@ -91,7 +91,7 @@ fn is_atext(c: char, utf8: bool) -> bool {
 /// Domain = sub-domain *("." sub-domain); sub-domain = Let-dig [Ldh-str], or a U-label under
 /// SMTPUTF8 (non-ASCII characters counted as letters; IDNA2008's finer rules are the
 /// upstream's to apply).
-pub(crate) fn is_domain(text: &str, utf8: bool) -> bool {
+pub fn is_domain(text: &str, utf8: bool) -> bool {
     let let_dig = |c: char| c.is_ascii_alphanumeric() || (utf8 && !c.is_ascii());
     let ldh = |c: char| let_dig(c) || c == '-';
     text.len() <= MAX_DOMAIN
@@ -104,7 +104,7 @@ pub(crate) fn is_domain(text: &str, utf8: bool) -> bool {
 
 /// address-literal = "[" ( IPv4-address-literal / IPv6-address-literal /
 /// General-address-literal ) "]"
-pub(crate) fn is_address_literal(text: &str) -> bool {
+pub fn is_address_literal(text: &str) -> bool {
     let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) else {
         return false;
     };
@@ -180,7 +180,7 @@ fn is_ipv6(text: &str) -> bool {
 /// HELO/EHLO argument: a Domain or an address literal (RFC 5321 §4.1.1.1), ASCII only, with
 /// one tolerance: underscores in labels, which Windows and container host names carry and
 /// many real clients send. Nothing else is repaired.
-pub(crate) fn is_helo_name(text: &str) -> bool {
+pub fn is_helo_name(text: &str) -> bool {
     if text.starts_with('[') {
         return is_address_literal(text);
     }

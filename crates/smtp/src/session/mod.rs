@@ -22,11 +22,11 @@ use std::sync::Arc;
 
 use super::framing::{next_piece, BodyReceiver, BodyStatus, Piece};
 use super::sasl::{Presented, SaslExchange};
-use crate::auth::Authenticated;
-use crate::mail::{BodyType, Submission};
-use crate::reply::Reply;
+use idemrelay_model::mail::{BodyType, Submission};
+use idemrelay_model::reply::Reply;
+use idemrelay_model::Authenticated;
 
-pub(crate) use refusal::RefusalReason;
+pub use refusal::RefusalReason;
 
 /// What a session enforces; built once per listener.
 #[derive(Debug, Clone)]
@@ -133,7 +133,7 @@ struct Transaction {
     rcpt_to: Vec<String>,
     /// RET, ENVID and REQUIRETLS from MAIL; NOTIFY and ORCPT by recipient (under the
     /// spelling `rcpt_to` keeps).
-    requests: crate::mail::DeliveryRequests,
+    requests: idemrelay_model::mail::DeliveryRequests,
     /// The message so far, once a BDAT chunk has been accepted.
     bdat: Option<BodyReceiver>,
 }
@@ -175,18 +175,18 @@ impl Session {
     }
 
     /// A session on an implicit-TLS connection.
-    pub(crate) fn new_tls(config: Arc<SessionConfig>, may_submit: bool) -> Self {
+    pub fn new_tls(config: Arc<SessionConfig>, may_submit: bool) -> Self {
         let mut session = Session::new(config, may_submit);
         session.tls = true;
         session
     }
 
     /// The name the client gave in HELO/EHLO, for log lines.
-    pub(crate) fn helo(&self) -> Option<&str> {
+    pub fn helo(&self) -> Option<&str> {
         self.helo.as_ref().map(|(name, _)| name.as_str())
     }
 
-    pub(crate) fn greeting(&self) -> Reply {
+    pub fn greeting(&self) -> Reply {
         Reply::greeting(&self.config.hostname)
     }
 
@@ -195,7 +195,7 @@ impl Session {
     }
 
     /// True while a message is being received or committed: shutdown lets these finish.
-    pub(crate) fn in_message(&self) -> bool {
+    pub fn in_message(&self) -> bool {
         matches!(
             self.mode,
             Mode::Data(_) | Mode::BdatChunk { .. } | Mode::AwaitingIntake
@@ -228,7 +228,7 @@ impl Session {
 
     /// The server is stopping: idle sessions are told so now, sessions inside a message get to
     /// finish it and are told at their next command.
-    pub(crate) fn begin_shutdown(&mut self) -> Vec<Output> {
+    pub fn begin_shutdown(&mut self) -> Vec<Output> {
         let mut out = Vec::new();
         self.shutting_down = true;
         if !self.is_closed() && !self.in_message() {
@@ -238,7 +238,7 @@ impl Session {
     }
 
     /// Ends the session with this reply (a deadline or rate limit enforced by the server).
-    pub(crate) fn close_now(&mut self, reply: Reply) -> Vec<Output> {
+    pub fn close_now(&mut self, reply: Reply) -> Vec<Output> {
         let mut out = Vec::new();
         if !self.is_closed() {
             self.close_with(&mut out, reply);
@@ -247,7 +247,7 @@ impl Session {
     }
 
     /// The client was silent for too long.
-    pub(crate) fn timed_out(&mut self) -> Vec<Output> {
+    pub fn timed_out(&mut self) -> Vec<Output> {
         let mut out = Vec::new();
         if !self.is_closed() {
             self.close_with(&mut out, Reply::timeout());

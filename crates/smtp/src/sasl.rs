@@ -1,7 +1,7 @@
 //! SASL PLAIN (RFC 4616) and LOGIN (draft-murchison-sasl-login) as a pure state machine.
 //!
 //! The session feeds it the `AUTH` arguments and each continuation line and sends whatever
-//! [`SaslStep`] asks for; checking the credentials is `crate::auth`'s job.
+//! [`SaslStep`] asks for; checking the credentials is the relay's job (its `auth` module).
 
 use base64::alphabet;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
@@ -9,7 +9,7 @@ use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
 
 /// Decoded responses larger than this are refused before anything else looks at them.
-pub(crate) const MAX_DECODED_LEN: usize = 1024;
+pub const MAX_DECODED_LEN: usize = 1024;
 
 /// Base64 of `Username:`, the first LOGIN challenge.
 const LOGIN_USERNAME_CHALLENGE: &str = "VXNlcm5hbWU6";
@@ -44,7 +44,7 @@ impl std::fmt::Debug for Presented {
 
 /// What the session does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SaslStep {
+pub enum SaslStep {
     /// Send `334 <challenge base64>` (challenge may be empty: "334 ") and wait for the next line.
     Challenge(String),
     Done(Presented),
@@ -57,7 +57,7 @@ pub(crate) enum SaslStep {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mechanism {
+pub enum Mechanism {
     Plain,
     Login,
 }
@@ -65,7 +65,7 @@ pub(crate) enum Mechanism {
 impl Mechanism {
     #[cfg(test)]
     /// Case-insensitive, as RFC 4422 mechanism names are.
-    pub(crate) fn parse(name: &str) -> Option<Self> {
+    pub fn parse(name: &str) -> Option<Self> {
         if name.eq_ignore_ascii_case("PLAIN") {
             Some(Mechanism::Plain)
         } else if name.eq_ignore_ascii_case("LOGIN") {
@@ -77,7 +77,7 @@ impl Mechanism {
 
     #[cfg(test)]
     /// The name as advertised in EHLO.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Mechanism::Plain => "PLAIN",
             Mechanism::Login => "LOGIN",
@@ -98,7 +98,7 @@ enum State {
 
 /// A SASL exchange in progress.
 #[derive(Debug)]
-pub(crate) struct SaslExchange {
+pub struct SaslExchange {
     #[cfg_attr(not(test), allow(dead_code))]
     mechanism: Mechanism,
     state: State,
@@ -109,7 +109,7 @@ impl SaslExchange {
     ///
     /// An initial response of "*" is read as a cancel: RFC 4954 only defines "*" for
     /// continuation lines, but a client sending it means nothing else.
-    pub(crate) fn start(mechanism: Mechanism, initial: Option<&str>) -> (SaslExchange, SaslStep) {
+    pub fn start(mechanism: Mechanism, initial: Option<&str>) -> (SaslExchange, SaslStep) {
         let state = match mechanism {
             Mechanism::Plain => State::PlainResponse,
             Mechanism::Login => State::LoginUser,
@@ -129,7 +129,7 @@ impl SaslExchange {
     }
 
     /// The client's next line (without CRLF).
-    pub(crate) fn next(&mut self, line: &str) -> SaslStep {
+    pub fn next(&mut self, line: &str) -> SaslStep {
         let line = line.trim_matches([' ', '\t']);
         let state = std::mem::replace(&mut self.state, State::Finished);
         match state {
@@ -158,13 +158,13 @@ impl SaslExchange {
     }
 
     #[cfg(test)]
-    pub(crate) fn mechanism(&self) -> Mechanism {
+    pub fn mechanism(&self) -> Mechanism {
         self.mechanism
     }
 
     #[cfg(test)]
     /// True once the exchange produced its final step.
-    pub(crate) fn is_finished(&self) -> bool {
+    pub fn is_finished(&self) -> bool {
         self.state == State::Finished
     }
 }

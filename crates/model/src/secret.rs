@@ -18,7 +18,7 @@ impl SecretUrl {
     }
 
     /// The URL with its password replaced by `********`; a URL without one is shown as written.
-    pub(crate) fn redacted(&self) -> String {
+    pub fn redacted(&self) -> String {
         let text = &self.0;
         match url::Url::parse(text) {
             Ok(mut url) if url.password().is_some() => match url.set_password(Some("********")) {

@@ -4,10 +4,10 @@
 use smtp_proto::{AUTH_LOGIN, AUTH_PLAIN};
 
 use super::{Answer, Mode, Output, Progress, Session};
-use crate::auth::Authenticated;
-use crate::reply::Reply;
-use crate::smtp::framing::{next_piece, Piece};
-use crate::smtp::sasl::{Mechanism as SaslMechanism, SaslExchange, SaslStep};
+use crate::framing::{next_piece, Piece};
+use crate::sasl::{Mechanism as SaslMechanism, SaslExchange, SaslStep};
+use idemrelay_model::reply::Reply;
+use idemrelay_model::Authenticated;
 
 impl Session {
     /// The TLS handshake after STARTTLS succeeded: RFC 3207 says forget everything learnt
@@ -48,7 +48,7 @@ impl Session {
         out
     }
 
-    pub(crate) fn authenticated(&self) -> Option<&Authenticated> {
+    pub fn authenticated(&self) -> Option<&Authenticated> {
         self.user.as_ref()
     }
 

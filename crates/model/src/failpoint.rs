@@ -13,7 +13,9 @@
 //! - `delivery.after_intent`: the attempt's intent is in the ledger, nothing sent upstream;
 //! - `delivery.after_upstream_ok`: the upstream answered 250, the outcome is not written.
 
-/// A named crash point; nothing at all without the `failpoints` feature.
+/// A named crash point; nothing at all without the `failpoints` feature. The feature is the
+/// calling crate's: each crate that places points forwards its `failpoints` to this one's.
+#[macro_export]
 macro_rules! failpoint {
     ($name:literal) => {{
         #[cfg(feature = "failpoints")]

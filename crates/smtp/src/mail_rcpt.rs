@@ -6,11 +6,13 @@
 //! `<postmaster>` an empty recipient, invalid mailboxes pass through): these two commands are
 //! read here instead, so the path is kept exactly as sent and judged by `address`.
 
-use crate::mail::requests::{check_envid, parse_notify, parse_orcpt, parse_ret, BadValue};
+use idemrelay_model::mail::requests::{
+    check_envid, parse_notify, parse_orcpt, parse_ret, BadValue,
+};
 
 /// A MAIL or RCPT line split into its path and parameters, nothing judged yet but the shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PathCommand<'a> {
+pub struct PathCommand<'a> {
     /// The text between `<` and `>`, as sent.
     pub path: &'a str,
     /// `keyword[=value]` parameters in order; keywords are unique (case-insensitively).
@@ -18,13 +20,13 @@ pub(crate) struct PathCommand<'a> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Param<'a> {
+pub struct Param<'a> {
     pub keyword: &'a str,
     pub value: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum LineError {
+pub enum LineError {
     /// Not `FROM:<...>` / `TO:<...>` followed by parameters.
     Syntax,
     /// Bytes that are not UTF-8: no address can be read from them.
@@ -37,7 +39,7 @@ pub(crate) enum LineError {
 
 /// Which command a line is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verb {
+pub enum Verb {
     Mail,
     Rcpt,
 }
@@ -52,7 +54,7 @@ impl Verb {
 }
 
 /// Parses a MAIL or RCPT line (CRLF removed). `args` is what follows the verb.
-pub(crate) fn parse(verb: Verb, args: &[u8]) -> Result<PathCommand<'_>, LineError> {
+pub fn parse(verb: Verb, args: &[u8]) -> Result<PathCommand<'_>, LineError> {
     let args = std::str::from_utf8(args).map_err(|_| LineError::NotUtf8)?;
     let rest = args.strip_prefix(' ').ok_or(LineError::Syntax)?;
     let prefix = verb.prefix();
@@ -147,7 +149,7 @@ fn is_value(text: &str) -> bool {
 
 /// The MAIL parameters the relay implements.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct MailParams {
+pub struct MailParams {
     /// SIZE as sent (all digits; may exceed any integer type).
     pub size: Option<String>,
     pub eight_bit: bool,
@@ -162,13 +164,13 @@ pub(crate) struct MailParams {
 
 /// The RCPT parameters the relay implements (RFC 3461 §4.1, §4.2), values as sent, validated.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct RcptParams {
+pub struct RcptParams {
     pub notify: Option<String>,
     pub orcpt: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ParamError {
+pub enum ParamError {
     /// A known parameter with a value it cannot have (501), by keyword.
     Invalid(&'static str),
     /// A DSN or REQUIRETLS parameter with a value it cannot have (501); the text is the
@@ -205,7 +207,7 @@ fn checked(
 
 /// Reads MAIL's parameters: SIZE (RFC 1870), BODY=7BIT/8BITMIME (RFC 6152), SMTPUTF8, RET and
 /// ENVID (RFC 3461) and REQUIRETLS (RFC 8689).
-pub(crate) fn mail_params(params: &[Param<'_>]) -> Result<MailParams, ParamError> {
+pub fn mail_params(params: &[Param<'_>]) -> Result<MailParams, ParamError> {
     let mut out = MailParams::default();
     for p in params {
         let keyword = p.keyword.to_ascii_uppercase();
@@ -236,7 +238,7 @@ pub(crate) fn mail_params(params: &[Param<'_>]) -> Result<MailParams, ParamError
 
 /// Reads RCPT's parameters: NOTIFY and ORCPT (RFC 3461). Every value is checked before an
 /// unknown parameter is named, so a malformed value is a syntax error wherever it stands.
-pub(crate) fn rcpt_params(params: &[Param<'_>]) -> Result<RcptParams, ParamError> {
+pub fn rcpt_params(params: &[Param<'_>]) -> Result<RcptParams, ParamError> {
     let mut out = RcptParams::default();
     let mut unsupported = None;
     for p in params {
@@ -269,7 +271,7 @@ pub(crate) fn rcpt_params(params: &[Param<'_>]) -> Result<RcptParams, ParamError
 
 /// Whether a SIZE value (all digits) exceeds `max`; a number too large for any integer type
 /// exceeds every limit.
-pub(crate) fn size_exceeds(size: &str, max: usize) -> bool {
+pub fn size_exceeds(size: &str, max: usize) -> bool {
     size.parse::<usize>().map_or(true, |n| n > max)
 }
 

@@ -12,7 +12,7 @@ use ppp::v2;
 
 /// Longest v1 line, CRLF included (the spec's worst case, `PROXY UNKNOWN` with two IPv6
 /// addresses and ports).
-pub(crate) const V1_MAX: usize = 107;
+pub const V1_MAX: usize = 107;
 const V1_PREFIX: &[u8] = b"PROXY ";
 
 /// The fixed part of a v2 header: signature, version/command, family/protocol, length.
@@ -21,14 +21,14 @@ const V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
 /// Longest v2 header accepted, fixed part included. The length field allows 64 KiB; the
 /// addresses take at most 216 bytes (AF_UNIX) and what HAProxy adds as TLVs (ALPN, authority,
 /// unique id, TLS details) fits easily, so anything larger is refused instead of buffered.
-pub(crate) const V2_MAX: usize = 2048;
+pub const V2_MAX: usize = 2048;
 
 /// The most bytes `frame` ever needs to see.
-pub(crate) const MAX_HEADER: usize = V2_MAX;
+pub const MAX_HEADER: usize = V2_MAX;
 
 /// Why a connection that had to start with a header is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub enum Refusal {
     /// The first bytes are neither `PROXY ` nor the v2 signature.
     Missing,
     /// No CRLF within the first 107 bytes of a v1 line.
@@ -56,7 +56,7 @@ impl fmt::Display for Refusal {
 
 /// Where the header ends in the bytes seen so far.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Framing {
+pub enum Framing {
     /// The header is the first this many bytes.
     Complete(usize),
     /// Every byte seen so far belongs to the header, and it goes on.
@@ -66,7 +66,7 @@ pub(crate) enum Framing {
 
 /// Finds the end of the header at the front of `start`: a v1 line ends at its LF, a v2
 /// header is its fixed part plus its length field. Never asks for more than `MAX_HEADER`.
-pub(crate) fn frame(start: &[u8]) -> Framing {
+pub fn frame(start: &[u8]) -> Framing {
     if starts_as(start, V2_SIGNATURE) {
         if start.len() < V2_FIXED {
             return Framing::Incomplete;
@@ -101,7 +101,7 @@ fn starts_as(bytes: &[u8], marker: &[u8]) -> bool {
 /// or IPv6; `None` when the connection's own address stands (v1 `UNKNOWN`, v2 `LOCAL`, and
 /// the v2 families and protocols a TCP listener has no use for: the spec has receivers fall
 /// back to the real endpoints for those). TLVs are ignored.
-pub(crate) fn parse(header: &[u8]) -> Result<Option<SocketAddr>, Refusal> {
+pub fn parse(header: &[u8]) -> Result<Option<SocketAddr>, Refusal> {
     let malformed = |why: String| Refusal::Malformed(why);
     if header.starts_with(V2_SIGNATURE) {
         let parsed = v2::Header::try_from(header).map_err(|e| malformed(e.to_string()))?;
@@ -135,7 +135,7 @@ pub(crate) fn parse(header: &[u8]) -> Result<Option<SocketAddr>, Refusal> {
 /// True when a client's first bytes look like a PROXY header (v1's `PROXY` or the start of
 /// the v2 signature, whose NUL on its third line no SMTP client sends): for connections that
 /// were not to send one. No SMTP command starts this way, so nothing legitimate is caught.
-pub(crate) fn looks_like_header(first: &[u8]) -> bool {
+pub fn looks_like_header(first: &[u8]) -> bool {
     first.starts_with(b"PROXY") || first.starts_with(&V2_SIGNATURE[..5])
 }
 
