@@ -5,6 +5,7 @@ FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
+COPY crates ./crates
 COPY migrations ./migrations
 COPY benches ./benches
 # The commit `--version` reports: the build context has no .git (docker build --build-arg

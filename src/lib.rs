@@ -8,6 +8,7 @@ extern crate idemrelay_model;
 
 // The lower crates under the names the relay's modules and tests use for them.
 pub use idemrelay_model::{failpoint, mail, reply, secret};
+pub use idemrelay_store as store;
 
 pub mod admin;
 pub mod allocator;
@@ -31,5 +32,4 @@ pub mod sendmail;
 pub mod shutdown;
 pub mod sink;
 pub mod smtp;
-pub mod store;
 pub mod webhook;

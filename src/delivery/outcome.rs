@@ -11,17 +11,6 @@ use std::fmt;
 
 pub(crate) use crate::store::{OutcomeKind, Phase};
 
-impl Phase {
-    /// Phases where the upstream judges the session or the account rather than this message
-    /// (no recipient has been named yet).
-    fn is_session_level(self) -> bool {
-        matches!(
-            self,
-            Phase::Connect | Phase::Greeting | Phase::Ehlo | Phase::StartTls | Phase::Auth
-        )
-    }
-}
-
 /// How a phase failed, as seen by the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Failure {
@@ -397,25 +386,6 @@ mod tests {
             code,
             text: text.to_string(),
         }
-    }
-
-    #[test]
-    fn phase_and_kind_names_round_trip() {
-        for p in Phase::ALL {
-            assert_eq!(Phase::parse(p.as_str()), Some(p));
-            assert_eq!(p.to_string(), p.as_str());
-        }
-        for k in OutcomeKind::ALL {
-            assert_eq!(OutcomeKind::parse(k.as_str()), Some(k));
-        }
-        assert_eq!(Phase::parse("DOT"), None);
-        assert_eq!(Phase::parse(""), None);
-        assert_eq!(OutcomeKind::parse("failed"), None);
-        let names: Vec<_> = Phase::ALL.iter().map(|p| p.as_str()).collect();
-        assert_eq!(
-            names,
-            ["connect", "greeting", "ehlo", "starttls", "auth", "mail", "rcpt", "data", "dot"]
-        );
     }
 
     #[test]

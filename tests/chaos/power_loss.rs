@@ -39,7 +39,7 @@ const LAZYFS_ENV: &str = "IDEMRELAY_LAZYFS";
 const MESSAGES: usize = 500;
 const CUTS: usize = 10;
 const CLIENTS: usize = 8;
-/// Bodies from this size on go to the spool (`SPOOL_MIN` in src/store/sqlite/spool.rs).
+/// Bodies from this size on go to the spool (`SPOOL_MIN` in crates/store/src/sqlite/spool.rs).
 const SPOOL_MIN: usize = 32 * 1024;
 /// Waiting for the clients to get this many 250s before the next cut.
 const PROGRESS_LIMIT: Duration = Duration::from_secs(90);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The SQLite writes of N deliveries, as the relay's writer issues them (claim, intent, final
-outcome: src/store/sqlite/queue.rs), one commit each, on a copy of a store; prints WAL frames
+outcome: crates/store/src/sqlite/queue.rs), one commit each, on a copy of a store; prints WAL frames
 (page writes), bytes read by the process and pages read per delivered message.
 usage: sqlite_deliveries.py STORE.db N [cache_kib]
 Run under `valgrind --tool=callgrind` for instruction counts (load-independent); the store

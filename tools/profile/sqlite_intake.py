@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The SQLite writes of N intakes as the relay's writer issues them (the message INSERT, whose
-triggers add the job, turn and daily count: src/store/sqlite/intake.rs), BATCH per commit (the
+triggers add the job, turn and daily count: crates/store/src/sqlite/intake.rs), BATCH per commit (the
 group commit at C=50 takes about ten), keys random as an app's would be; prints WAL frames
 (page writes) and pages read per message. Checkpoints are off while it runs.
 usage: sqlite_intake.py STORE.db N [BATCH] [cache_kib]"""
