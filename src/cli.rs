@@ -54,7 +54,8 @@ pub(crate) enum Command {
     CheckConfig,
     /// Run the test upstream (`idemrelay sink`): an SMTP server with idempotent replay,
     /// fault injection and an HTTP API, for integration tests and demos.
-    Sink(Box<crate::sink::SinkArgs>),
+    #[cfg(feature = "sink")]
+    Sink(Box<idemrelay_sink::SinkArgs>),
     /// Idempotency keys.
     Key {
         #[command(subcommand)]
@@ -347,12 +348,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sendmail { args } => {
             std::process::exit(crate::sendmail::main("idemrelay sendmail", args).into())
         }
+        #[cfg(feature = "sink")]
         Command::Sink(args) => {
             let config = args.into_config()?;
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?
-                .block_on(crate::sink::run(config))
+                .block_on(idemrelay_sink::run(config))
         }
     }
 }

@@ -8,6 +8,9 @@ extern crate idemrelay_model;
 
 // The lower crates under the names the relay's modules and tests use for them.
 pub use idemrelay_model::{failpoint, mail, reply, secret};
+pub(crate) use idemrelay_serve::http_serve;
+#[cfg(feature = "sink")]
+pub use idemrelay_sink as sink;
 pub use idemrelay_store as store;
 
 pub mod admin;
@@ -22,7 +25,6 @@ pub mod delivery;
 #[doc(hidden)]
 pub mod docs_reference;
 pub(crate) mod hostname;
-pub(crate) mod http_serve;
 pub(crate) mod human_duration;
 pub mod intake;
 pub(crate) mod log_budget;
@@ -30,6 +32,5 @@ pub mod log_format;
 pub mod metrics;
 pub mod sendmail;
 pub mod shutdown;
-pub mod sink;
 pub mod smtp;
 pub mod webhook;

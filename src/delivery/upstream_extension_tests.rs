@@ -4,7 +4,7 @@
 use super::*;
 use crate::mail::requests::RecipientRequests;
 use crate::mail::DeliveryRequests;
-use crate::sink::{Sink, SinkConfig, SinkHandle};
+use idemrelay_sink::{Sink, SinkConfig, SinkHandle};
 
 const MESSAGE: &[u8] = b"Subject: t\r\nX-Bird-Idempotency-Key: ext-1\r\n\r\nbody\r\n";
 

@@ -658,8 +658,8 @@ async fn json_logs_have_one_event_per_submission_and_no_secrets() {
 async fn json_logs_have_one_event_per_attempt_and_no_secrets() {
     const TOKEN: &str = "token-not-logged-0123456789";
     let sink = common::start_sink().await;
-    sink.set_faults(vec![idemrelay::sink::FaultRule::reply(
-        idemrelay::sink::FaultStage::Rcpt,
+    sink.set_faults(vec![idemrelay_sink::FaultRule::reply(
+        idemrelay_sink::FaultStage::Rcpt,
         550,
         "5.1.1 no such user",
     )
@@ -806,7 +806,7 @@ fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
 async fn one_grep_for_the_id_finds_a_messages_whole_life() {
     let sink = common::start_sink().await;
     // Down at first: the first attempts meet a refused connection.
-    sink.pause(idemrelay::sink::Down::Refuse).await.unwrap();
+    sink.pause(idemrelay_sink::Down::Refuse).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("relay.toml");
     std::fs::write(
@@ -875,15 +875,15 @@ dot = "3s"
     .await;
     // Back, with one 4xx for a and a 5xx for b.
     sink.set_faults(vec![
-        idemrelay::sink::FaultRule::reply(
-            idemrelay::sink::FaultStage::Rcpt,
+        idemrelay_sink::FaultRule::reply(
+            idemrelay_sink::FaultStage::Rcpt,
             451,
             "4.2.1 mailbox busy, try later",
         )
         .with_rcpt("rcpt@")
         .with_times(1),
-        idemrelay::sink::FaultRule::reply(
-            idemrelay::sink::FaultStage::Rcpt,
+        idemrelay_sink::FaultRule::reply(
+            idemrelay_sink::FaultStage::Rcpt,
             550,
             "5.1.1 no such user",
         )

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::process::{idemrelay, serve_args, RelayProcess};
 use common::{message, Client};
-use idemrelay::sink::{DotDecision, FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
+use idemrelay_sink::{DotDecision, FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use sqlx::{Row, SqlitePool};
 
 /// Upper bound for any one wait in these tests.

@@ -338,7 +338,7 @@ fn the_logfmt_reader_is_strict() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_line_is_logfmt_and_every_message_ends_with_its_status() {
     use common::Client;
-    use idemrelay::sink::{FaultRule, FaultStage};
+    use idemrelay_sink::{FaultRule, FaultStage};
 
     let sink = common::start_sink().await;
     sink.set_faults(vec![

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::process::{idemrelay, store_url};
 use common::{message, relay_for, start_sink, wait_state, TestRelay};
-use idemrelay::sink::{FaultRule, FaultStage};
 use idemrelay::store::State;
+use idemrelay_sink::{FaultRule, FaultStage};
 
 /// How long a state the relay reaches by itself may take to show: generous, because CI runs the
 /// whole suite at once on two cores and each poll here starts an `idemrelay queue` process.

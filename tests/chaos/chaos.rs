@@ -54,11 +54,11 @@ use std::time::{Duration, Instant};
 use common::backend::{self, WriteLock};
 use common::dot_stuff;
 use common::process::RelayProcess;
-use idemrelay::sink::{
+use idemrelay::store::{self, AttemptRow, State, Store};
+use idemrelay_sink::{
     AttemptOutcome, DotDecision, FaultRule, FaultStage, RetryPolicy, Sink, SinkConfig, SinkHandle,
     WebhookAttempt, WebhookConfig, WebhookFault,
 };
-use idemrelay::store::{self, AttemptRow, State, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
@@ -1174,7 +1174,7 @@ async fn check_webhooks(
 ) -> HookCounts {
     let stats = sink.stats();
     let posts = sink.webhooks();
-    let messages: BTreeMap<String, idemrelay::sink::ReceivedMessage> = sink
+    let messages: BTreeMap<String, idemrelay_sink::ReceivedMessage> = sink
         .messages()
         .into_iter()
         .map(|m| (m.id.clone(), m))
@@ -1794,7 +1794,7 @@ async fn run(scenario: Scenario) {
     }
 
     // Per unit: bytes forwarded, raw transactions explained by the ledger, window kept.
-    let mut by_key: BTreeMap<&str, Vec<&idemrelay::sink::Transaction>> = BTreeMap::new();
+    let mut by_key: BTreeMap<&str, Vec<&idemrelay_sink::Transaction>> = BTreeMap::new();
     for t in &transactions {
         if let Some(k) = &t.key {
             by_key.entry(k.as_str()).or_default().push(t);

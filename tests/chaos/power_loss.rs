@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idemrelay::sink::SinkHandle;
 use idemrelay::store::{self, State};
+use idemrelay_sink::SinkHandle;
 use tokio::sync::Semaphore;
 
 use super::common::process::{self, RelayProcess};

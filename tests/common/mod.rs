@@ -382,17 +382,17 @@ pub fn fast_delivery(settings: &mut Settings, upstream: SocketAddr) {
 }
 
 /// An in-process `idemrelay sink` on 127.0.0.1:0.
-pub async fn start_sink() -> idemrelay::sink::SinkHandle {
-    idemrelay::sink::Sink::start(idemrelay::sink::SinkConfig::default())
+pub async fn start_sink() -> idemrelay_sink::SinkHandle {
+    idemrelay_sink::Sink::start(idemrelay_sink::SinkConfig::default())
         .await
         .expect("sink")
 }
 
 /// A sink whose upstream defers every recipient (`451 4.3.0`) until its faults are cleared.
-pub async fn start_deferring_sink() -> idemrelay::sink::SinkHandle {
+pub async fn start_deferring_sink() -> idemrelay_sink::SinkHandle {
     let sink = start_sink().await;
-    sink.set_faults(vec![idemrelay::sink::FaultRule::reply(
-        idemrelay::sink::FaultStage::Rcpt,
+    sink.set_faults(vec![idemrelay_sink::FaultRule::reply(
+        idemrelay_sink::FaultStage::Rcpt,
         451,
         "4.3.0 try again later",
     )])
@@ -402,7 +402,7 @@ pub async fn start_deferring_sink() -> idemrelay::sink::SinkHandle {
 
 /// A relay delivering to `sink` with `fast_delivery` settings, then `tune`.
 pub async fn relay_for(
-    sink: &idemrelay::sink::SinkHandle,
+    sink: &idemrelay_sink::SinkHandle,
     tune: impl FnOnce(&mut Settings),
 ) -> TestRelay {
     let addr = sink.smtp_addr();
@@ -415,10 +415,10 @@ pub async fn relay_for(
 
 /// A sink whose every final reply comes later than the relay waits, and a relay with a short
 /// upstream window: each attempt ends UNKNOWN, and a message is soon parked `unresolved`.
-pub async fn relay_whose_attempts_end_unknown() -> (idemrelay::sink::SinkHandle, TestRelay) {
+pub async fn relay_whose_attempts_end_unknown() -> (idemrelay_sink::SinkHandle, TestRelay) {
     let sink = start_sink().await;
-    sink.set_faults(vec![idemrelay::sink::FaultRule::delay(
-        idemrelay::sink::FaultStage::Dot,
+    sink.set_faults(vec![idemrelay_sink::FaultRule::delay(
+        idemrelay_sink::FaultStage::Dot,
         HELD_DOT_REPLY,
     )])
     .unwrap();

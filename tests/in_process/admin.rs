@@ -14,8 +14,8 @@ use common::backend::{self, WriteLock};
 use common::http::{get, post_json, request, sample};
 use common::{message, relay_for, start_sink, wait_state, Client, TestRelay};
 use idemrelay::config::Secret;
-use idemrelay::sink::{FaultRule, FaultStage};
 use idemrelay::store::State;
+use idemrelay_sink::{FaultRule, FaultStage};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -901,7 +901,7 @@ async fn a_waiting_record_says_why_over_http_and_is_flushed() {
     // An upstream that greets with 421: a failure of the upstream itself (a message deferred
     // at RCPT is its own problem and would not open the breaker).
     let sink = start_sink().await;
-    sink.pause(idemrelay::sink::Down::Greet421).await.unwrap();
+    sink.pause(idemrelay_sink::Down::Greet421).await.unwrap();
     // One failure opens the breaker for an hour.
     let relay = relay_for(&sink, |s| {
         s.delivery.breaker_threshold = 1;

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::{eventually, message, relay_for, start_sink, wait_state, Answer, Client, TestRelay};
 use idemrelay::config::Settings;
-use idemrelay::sink::{DotDecision, FaultRule, FaultStage, SinkHandle};
 use idemrelay::store::State;
+use idemrelay_sink::{DotDecision, FaultRule, FaultStage, SinkHandle};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -442,7 +442,7 @@ async fn a_user_marked_before_queue_hears_the_verdict_on_an_ordinary_listener() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_breaker_answers_queued_at_once_without_an_attempt() {
     let sink = start_sink().await;
-    sink.pause(idemrelay::sink::Down::Greet421).await.unwrap();
+    sink.pause(idemrelay_sink::Down::Greet421).await.unwrap();
     let (relay, waiting) = relay_waiting(&sink, Duration::from_secs(10), |s| {
         s.delivery.breaker_threshold = 1;
         s.delivery.breaker_cooldown = Duration::from_secs(2);

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::http::{get, sample};
 use common::{eventually, message, relay_for, start_sink, Client, TestRelay};
-use idemrelay::sink::{Down, FaultRule, FaultStage};
 use idemrelay::store::{AttemptRow, State};
+use idemrelay_sink::{Down, FaultRule, FaultStage};
 
 const LIMIT: Duration = Duration::from_secs(20);
 

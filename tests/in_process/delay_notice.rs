@@ -9,7 +9,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{eventually, message, relay_for, Client, TestRelay};
-use idemrelay::sink::{FaultRule, FaultStage, Sink, SinkHandle};
+use idemrelay_sink::{FaultRule, FaultStage, Sink, SinkHandle};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -38,7 +38,7 @@ fn deferring(sink: &SinkHandle, rcpts: &[&str]) {
 }
 
 /// What the upstream received from the null sender: the relay's notices.
-fn notices(sink: &SinkHandle) -> Vec<idemrelay::sink::ReceivedMessage> {
+fn notices(sink: &SinkHandle) -> Vec<idemrelay_sink::ReceivedMessage> {
     sink.messages()
         .into_iter()
         .filter(|m| m.mail_from.is_empty())

@@ -6,8 +6,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::{eventually, message, relay_for, start_sink, submit, wait_state, Client};
-use idemrelay::sink::{Down, FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use idemrelay::store::State;
+use idemrelay_sink::{Down, FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 
 const LIMIT: Duration = Duration::from_secs(20);
 

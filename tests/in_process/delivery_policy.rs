@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::{eventually, message, relay_for, start_sink, Client, TestRelay};
-use idemrelay::sink::{Down, FaultRule, FaultStage, SinkHandle};
 use idemrelay::store::{AttemptRow, State};
+use idemrelay_sink::{Down, FaultRule, FaultStage, SinkHandle};
 
 const LIMIT: Duration = Duration::from_secs(20);
 

@@ -10,7 +10,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{eventually, fast_delivery, message, submit, TestRelay};
 use idemrelay::app::Relay;
-use idemrelay::sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use idemrelay::smtp::server::ListenerKind;
 use idemrelay::store::{
     self, Action, ActionRow, AttemptResult, AttemptRow, Claimed, DailyCounts, Existing, Flush,
@@ -18,6 +17,7 @@ use idemrelay::store::{
     QueueStore, ReadStore, Requeue, Resolution, Resolve, Retention, Settle, State, Store,
     StoreError, StoredMessage, WebhookStore,
 };
+use idemrelay_sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 
 async fn wait_terminal(relay: &TestRelay, id: &str, limit: Duration) -> State {
     eventually(limit, "a terminal state", || async {

@@ -14,8 +14,8 @@ use std::time::Duration;
 use common::{eventually, relay_for, wait_state, TestRelay};
 use idemrelay::mail::requests::RecipientRequests;
 use idemrelay::mail::{BodyType, DeliveryRequests, Envelope, Fingerprint};
-use idemrelay::sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use idemrelay::store::{KeySource, NewRecord, Retention, State};
+use idemrelay_sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -89,7 +89,7 @@ fn refusing(sink: &SinkHandle) {
 }
 
 /// The notices the sink received (null sender), after a moment for any late one.
-async fn notices(sink: &SinkHandle) -> Vec<idemrelay::sink::ReceivedMessage> {
+async fn notices(sink: &SinkHandle) -> Vec<idemrelay_sink::ReceivedMessage> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     sink.messages()
         .into_iter()

@@ -317,7 +317,7 @@ async fn a_request_head_beyond_16_kib_is_refused_on_each_listener() {
 /// API, which shares the listeners' serving) is answered, not cut with the idle ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_shutdown_a_request_in_flight_is_answered() {
-    let sink = idemrelay::sink::Sink::start(idemrelay::sink::SinkConfig {
+    let sink = idemrelay_sink::Sink::start(idemrelay_sink::SinkConfig {
         api: Some("127.0.0.1:0".parse().unwrap()),
         ..Default::default()
     })

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idemrelay::sink::{
+use idemrelay_sink::{
     AttemptOutcome, DotDecision, Down, EventType, FaultRule, FaultStage, RetryPolicy, Sink,
     SinkConfig, SinkHandle, WebhookAttempt, WebhookConfig,
 };

@@ -11,9 +11,9 @@ use common::backend::WriteLock;
 use common::http::{get, sample, send, Body, HttpResponse};
 use common::{message, relay_for, start_sink, wait_state, TestRelay};
 use idemrelay::config::{Secret, Settings, WebhookFields, WebhookSource, WebhookTypes};
-use idemrelay::sink::FaultRule;
 use idemrelay::store::State;
 use idemrelay::webhook::signature::sign;
+use idemrelay_sink::FaultRule;
 use serde_json::json;
 
 /// The current secret and the one being rotated out: both must be taken.
@@ -702,8 +702,8 @@ fn which(program: &str) -> Option<std::path::PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sinks_own_webhooks_resolve_an_unresolved_record() {
     use idemrelay::app::Relay;
-    use idemrelay::sink::{SinkConfig, WebhookConfig};
     use idemrelay::smtp::server::ListenerKind;
+    use idemrelay_sink::{SinkConfig, WebhookConfig};
     use tokio::net::TcpListener;
 
     // The webhook listener is bound first: the sink needs its address, the relay the sink's.
@@ -711,7 +711,7 @@ async fn the_sinks_own_webhooks_resolve_an_unresolved_record() {
     let url = format!("http://{}/webhooks/upstream", hooks.local_addr().unwrap());
     let mut webhook = WebhookConfig::new(url.parse().unwrap(), vec![SECRET.parse().unwrap()]);
     webhook.delivery_delay = Duration::from_millis(100);
-    let sink = idemrelay::sink::Sink::start(SinkConfig {
+    let sink = idemrelay_sink::Sink::start(SinkConfig {
         webhook: Some(webhook),
         ..SinkConfig::default()
     })

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use common::process::RelayProcess;
 use common::{backend, message, Client};
-use idemrelay::sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use idemrelay::store::{self, State};
+use idemrelay_sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use sqlx::Connection;
 
 const CLIENTS: usize = 6;

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use common::backend;
 use common::process::RelayProcess;
 use common::{message, Client};
-use idemrelay::sink::{DotDecision, FaultRule, FaultStage, Sink, SinkConfig};
 use idemrelay::store::{self, State};
+use idemrelay_sink::{DotDecision, FaultRule, FaultStage, Sink, SinkConfig};
 use tokio::sync::Semaphore;
 
 const KEYS: usize = 150;

@@ -10,5 +10,6 @@ mod authenticated;
 pub mod mail;
 pub mod reply;
 pub mod secret;
+pub mod timestamp;
 
 pub use authenticated::Authenticated;

@@ -453,7 +453,7 @@ async fn postfix_splits_a_keyed_message_into_two_parts_and_nothing_bounces() {
 /// store is `relay.db` in the returned directory.
 async fn postfix_before_relay(
     postconf: &Path,
-    sink: &idemrelay::sink::SinkHandle,
+    sink: &idemrelay_sink::SinkHandle,
 ) -> (tempfile::TempDir, RelayProcess, Postfix) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("relay.db");
@@ -478,7 +478,7 @@ async fn postfix_dsn_requests_reach_a_dsn_upstream_unchanged() {
     let Some(postconf) = postfix_or_skip(NAME) else {
         return;
     };
-    let sink = idemrelay::sink::Sink::start(idemrelay::sink::SinkConfig {
+    let sink = idemrelay_sink::Sink::start(idemrelay_sink::SinkConfig {
         dsn: true,
         ..Default::default()
     })

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use idemrelay::sink::{FaultRule, FaultStage};
+use idemrelay_sink::{FaultRule, FaultStage};
 
 use super::common::process::{idemrelay, store_url, RelayProcess, BIN};
 use super::{queue_json, start_relay, stored_row, text};

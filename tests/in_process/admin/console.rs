@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
 use idemrelay::config::Secret;
-use idemrelay::sink::{FaultRule, SinkConfig, SinkHandle};
 use idemrelay::store::State;
+use idemrelay_sink::{FaultRule, SinkConfig, SinkHandle};
 
 use crate::common::http::{send, Body, HttpResponse};
 use crate::common::{
@@ -26,7 +26,7 @@ const OK_KEY: &str = "console-ok";
 const UNRESOLVED_KEY: &str = "console-unresolved";
 
 async fn sink_with_api() -> SinkHandle {
-    idemrelay::sink::Sink::start(SinkConfig {
+    idemrelay_sink::Sink::start(SinkConfig {
         api: Some("127.0.0.1:0".parse().unwrap()),
         ..SinkConfig::default()
     })
@@ -959,7 +959,7 @@ async fn an_upstream_outage_shows_the_last_error_its_age_and_the_deferred_in_a_r
     // connection the relay kept open from the delivery above is refused too).
     let (code, words) = OUTAGE_REPLY.split_at(3);
     sink.set_faults(vec![FaultRule::reply(
-        idemrelay::sink::FaultStage::Mail,
+        idemrelay_sink::FaultStage::Mail,
         code.parse().unwrap(),
         words.trim(),
     )])

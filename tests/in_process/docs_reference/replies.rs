@@ -65,7 +65,7 @@ fn constructors() -> Vec<(String, String)> {
     out
 }
 
-/// `src/**.rs` and `crates/**.rs` files (the test upstream, `src/sink`, aside: it is not the
+/// `src/**.rs` and `crates/**.rs` files (the test upstream, `crates/sink`, aside: it is not the
 /// relay) that build a reply with `Reply::new` or `Reply::multi`.
 fn files_building_replies(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -76,7 +76,7 @@ fn files_building_replies(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
             .to_string_lossy()
             .replace('\\', "/");
         if path.is_dir() {
-            if relative != "src/sink" {
+            if relative != "crates/sink" {
                 files_building_replies(&path, root, out);
             }
         } else if relative.ends_with(".rs") && relative != "crates/model/src/reply.rs" {

@@ -23,9 +23,9 @@ use super::faults::{Context, FaultAction, FaultStage};
 use super::key::read_key;
 use super::life::{shutting_down, went_down, Down, Life};
 use super::state::{Control, DotHandover, Shared};
-use crate::reply::Reply;
-use crate::smtp::framing::{next_piece, BodyLimits, BodyReceiver, BodyStatus, Piece};
-use crate::smtp::sasl::{Mechanism as SaslMechanism, SaslExchange, SaslStep};
+use idemrelay_model::reply::Reply;
+use idemrelay_smtp::framing::{next_piece, BodyLimits, BodyReceiver, BodyStatus, Piece};
+use idemrelay_smtp::sasl::{Mechanism as SaslMechanism, SaslExchange, SaslStep};
 
 /// Longest command line, CRLF included (RFC 5321 allows 512; AUTH responses need more).
 const MAX_COMMAND_LINE: usize = 2048;

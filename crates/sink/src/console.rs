@@ -19,7 +19,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::search::{Content, MessageFilter, Rendered};
 use super::state::{DotDecision, Shared};
-use crate::admin::view::time_ms;
+use idemrelay_model::timestamp::time_ms;
 
 /// Newest rows shown per table; the JSON API has them all.
 const SHOWN: usize = 200;

@@ -138,7 +138,7 @@ use state::Shared;
 
 /// Run the test upstream: an SMTP server with idempotency replay, fault injection and an HTTP API
 #[derive(Clone, clap::Args)]
-pub(crate) struct SinkArgs {
+pub struct SinkArgs {
     /// SMTP listen address
     #[arg(long, env = "IDEMRELAY_SINK_LISTEN", default_value = "127.0.0.1:2526")]
     pub listen: SocketAddr,
@@ -324,7 +324,7 @@ fn parse_fault(s: &str) -> Result<FaultRule, String> {
 }
 
 impl SinkArgs {
-    pub(crate) fn into_config(self) -> anyhow::Result<SinkConfig> {
+    pub fn into_config(self) -> anyhow::Result<SinkConfig> {
         let tls = match (self.tls_cert, self.tls_key) {
             (Some(cert), Some(key)) => Some((cert, key)),
             (None, None) => None,
@@ -416,10 +416,10 @@ fn validate(config: &SinkConfig) -> anyhow::Result<()> {
 
 /// The sink API's limits: a test tool, but one that may be reachable from a network, held to the
 /// relay's defaults. Its clients are scripts and a browser, a few connections at a time.
-fn api_limits() -> crate::http_serve::HttpLimits {
-    crate::http_serve::HttpLimits {
+fn api_limits() -> idemrelay_serve::http_serve::HttpLimits {
+    idemrelay_serve::http_serve::HttpLimits {
         header_timeout: Duration::from_secs(10),
-        max_connections: crate::http_serve::connection_cap(128),
+        max_connections: idemrelay_serve::http_serve::connection_cap(128),
         shutdown_grace: Duration::from_secs(5),
     }
 }
@@ -475,7 +475,15 @@ impl Sink {
                 .layer(axum::middleware::from_fn(same_site::only));
             tasks.push(tokio::spawn(async move {
                 let stop = async move { life::shutting_down(&mut life).await };
-                crate::http_serve::serve("sink", listener, None, router, api_limits(), stop).await;
+                idemrelay_serve::http_serve::serve(
+                    "sink",
+                    listener,
+                    None,
+                    router,
+                    api_limits(),
+                    stop,
+                )
+                .await;
             }));
         }
         tracing::info!(%smtp_addr, api = ?api_addr, "sink started");
@@ -626,7 +634,7 @@ impl SinkHandle {
 }
 
 /// `idemrelay sink`: runs until SIGTERM or SIGINT.
-pub(crate) async fn run(config: SinkConfig) -> anyhow::Result<()> {
+pub async fn run(config: SinkConfig) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

@@ -20,8 +20,8 @@ use super::ledger::{fingerprint, KeyStats, ReplayLedger, Verdict};
 use super::life::{unix_ms, Down, Life};
 use super::webhook::{self, Accepted};
 use super::webhook_sender::{AttemptLog, AttemptOutcome, Sender, WebhookAttempt, WebhookStats};
-use crate::reply::Reply;
-use crate::smtp::framing::BodyFault;
+use idemrelay_model::reply::Reply;
+use idemrelay_smtp::framing::BodyFault;
 
 /// A message the sink accepted (once per operation: replays are not messages).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::path::Path;
 use tokio_rustls::TlsAcceptor;
 
 pub(crate) fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
-    Ok(TlsAcceptor::from(crate::smtp::tls::server_config(
+    Ok(TlsAcceptor::from(idemrelay_serve::tls::server_config(
         cert, key,
     )?))
 }

@@ -16,7 +16,7 @@ use super::faults::FaultRule;
 use super::life::Down;
 use super::search::{query_params, Content, MessageFilter};
 use super::state::{ReceivedMessage, Shared, Transaction};
-use crate::admin::view::time_ms;
+use idemrelay_model::timestamp::time_ms;
 
 /// The JSON API. Other views of the same state (an HTML page, say) are routers of their own,
 /// merged next to this one in `Sink::start`, which also sets the fallback (`not_found`).

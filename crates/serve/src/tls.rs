@@ -12,7 +12,7 @@ use rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
 /// Builds a rustls server configuration (ring provider) from a PEM chain and key.
-pub(crate) fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig>> {
+pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig>> {
     let certs = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .with_context(|| format!("reading TLS certificates from {}", cert.display()))?;
@@ -32,7 +32,7 @@ pub(crate) fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<Serve
     Ok(Arc::new(config))
 }
 
-pub(crate) struct TlsCerts {
+pub struct TlsCerts {
     cert: PathBuf,
     key: PathBuf,
     current: RwLock<Loaded>,
@@ -48,7 +48,7 @@ fn modified(path: &Path) -> Option<SystemTime> {
 }
 
 impl TlsCerts {
-    pub(crate) fn load(cert: &Path, key: &Path) -> anyhow::Result<TlsCerts> {
+    pub fn load(cert: &Path, key: &Path) -> anyhow::Result<TlsCerts> {
         Ok(TlsCerts {
             current: RwLock::new(Loaded {
                 config: server_config(cert, key)?,
@@ -60,13 +60,13 @@ impl TlsCerts {
     }
 
     /// An acceptor for one handshake, with the configuration current now.
-    pub(crate) fn acceptor(&self) -> TlsAcceptor {
+    pub fn acceptor(&self) -> TlsAcceptor {
         TlsAcceptor::from(self.current.read().expect("tls config").config.clone())
     }
 
     /// Reloads when forced (SIGHUP) or when either file changed. A pair that does not load
     /// (say, the key is being rewritten) keeps the old configuration in service.
-    pub(crate) fn reload(&self, force: bool) -> anyhow::Result<bool> {
+    pub fn reload(&self, force: bool) -> anyhow::Result<bool> {
         let stamp = (modified(&self.cert), modified(&self.key));
         if !force && self.current.read().expect("tls config").stamp == stamp {
             return Ok(false);
@@ -79,11 +79,11 @@ impl TlsCerts {
 
 /// How long a generated certificate is valid: under the 398 days that browsers and TLS
 /// libraries accept for a server certificate, and long enough for a test or a demo setup.
-pub(crate) const SELF_SIGNED_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+pub const SELF_SIGNED_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The names a generated certificate carries unless told otherwise: what clients on this host
 /// connect to (msmtp checks an IP address against the IP SANs, not against `localhost`).
-pub(crate) fn default_certificate_names(host_name: &str) -> Vec<String> {
+pub fn default_certificate_names(host_name: &str) -> Vec<String> {
     let mut names: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
     if !names.iter().any(|n| n.eq_ignore_ascii_case(host_name)) {
         names.push(host_name.to_string());
@@ -94,7 +94,7 @@ pub(crate) fn default_certificate_names(host_name: &str) -> Vec<String> {
 /// The certificate's fields: `names` as SANs (IP addresses as IP SANs), the first as its common
 /// name, a server-authentication certificate valid from an hour before `now` (clocks differ)
 /// for [`SELF_SIGNED_VALIDITY`].
-pub(crate) fn self_signed_params(
+pub fn self_signed_params(
     names: &[String],
     now: SystemTime,
 ) -> anyhow::Result<rcgen::CertificateParams> {

@@ -38,13 +38,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::smtp::tls::TlsCerts;
+use crate::tls::TlsCerts;
 
 /// The largest request head taken. The longest legitimate head is a console request with its
 /// session cookie or a webhook with its signature header (at most 1024 characters): a few KiB.
 /// hyper's floor for this buffer is 8 KiB; its default, about 400 KiB per connection, is what
 /// let idle connections grow the process by hundreds of megabytes.
-pub(crate) const MAX_HEAD_BYTES: usize = 16 * 1024;
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 /// A TLS client gets this long to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,7 +55,7 @@ const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\nc
 
 /// One listener's limits.
 #[derive(Debug, Clone)]
-pub(crate) struct HttpLimits {
+pub struct HttpLimits {
     /// From connecting, or from the previous response, to a complete request head.
     pub header_timeout: Duration,
     /// Connections open at once (after `connection_cap`).
@@ -69,7 +69,7 @@ pub(crate) struct HttpLimits {
 /// and webhooks), so together they hold at most half the descriptors, however many clients
 /// connect; the other half stays for SMTP sessions, upstream connections and the store. The
 /// descriptor limit is per process: without this, idle HTTP connections starve SMTP's accept.
-pub(crate) fn connection_cap(configured: usize) -> usize {
+pub fn connection_cap(configured: usize) -> usize {
     cap_within(configured, open_files_limit())
 }
 
@@ -100,7 +100,7 @@ fn open_files_limit() -> Option<u64> {
 /// Serves `router` on `listener` (TLS on every connection with `tls`) until `stop` completes,
 /// then closes as described in the module's comment and returns once every connection is gone.
 /// `name` tells the listeners apart in the log.
-pub(crate) async fn serve(
+pub async fn serve(
     name: &'static str,
     listener: TcpListener,
     tls: Option<Arc<TlsCerts>>,
