@@ -611,7 +611,7 @@ async fn purge_loop(
 
 /// Every label value the relay's metrics can take, from the types that produce them.
 pub(crate) fn relay_label_values() -> crate::metrics::LabelValues {
-    use crate::delivery::{breaker::BreakerState, outcome, retry::Next, upstream::ReplyClass};
+    use crate::delivery::{outcome, retry::Next, upstream::ReplyClass};
     use crate::intake::SubmissionResult;
     use crate::smtp::session::RefusalReason;
     crate::metrics::LabelValues {
@@ -624,7 +624,6 @@ pub(crate) fn relay_label_values() -> crate::metrics::LabelValues {
             .map(RefusalReason::as_str)
             .to_vec(),
         upstream_reply_classes: ReplyClass::ALL.map(ReplyClass::as_str).to_vec(),
-        breaker_states: BreakerState::ALL.map(BreakerState::as_str).to_vec(),
         attempt_endings: outcome::attempt_endings(),
     }
 }

@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::store::{QueueStats, State, WebhookOutcome};
+use idemrelay_model::breaker::BreakerState;
 
 type Labels = Vec<(&'static str, &'static str)>;
 /// Labels whose values come from data (scope names), bounded by the code that sets them.
@@ -122,9 +123,6 @@ pub(crate) struct LabelValues {
     pub command_refusals: Vec<&'static str>,
     /// `upstream_replies_total{class}`.
     pub upstream_reply_classes: Vec<&'static str>,
-    /// `circuit_breaker_state{state}` and `circuit_breaker_transitions_total{to}`; the first is
-    /// the state at start.
-    pub breaker_states: Vec<&'static str>,
     /// `delivery_attempts_total{outcome, phase}`: the pairs an attempt can end in.
     pub attempt_endings: Vec<(&'static str, &'static str)>,
 }
@@ -198,9 +196,8 @@ pub(crate) struct Metrics {
     damaged: Gauge,
     breaker: Family<Labels, Gauge>,
     breaker_transitions: Family<Labels, Counter>,
-    /// The breaker's state as the workers last saw it, for `/readyz`.
-    breaker_now: Mutex<&'static str>,
-    breaker_states: Vec<&'static str>,
+    /// The breaker's state as the workers last saw it, for `/readyz` and the admin pages.
+    breaker_now: Mutex<BreakerState>,
     connections_open: Gauge,
     delivery_paused: Family<Labels, Gauge>,
     store_writable: Gauge,
@@ -426,8 +423,8 @@ impl Metrics {
         for class in &labels.upstream_reply_classes {
             let _ = upstream_replies.get_or_create(&label("class", class));
         }
-        for state in &labels.breaker_states {
-            let _ = breaker_transitions.get_or_create(&label("to", state));
+        for state in BreakerState::ALL {
+            let _ = breaker_transitions.get_or_create(&label("to", state.as_str()));
         }
         for &(outcome, phase) in &labels.attempt_endings {
             let _ = attempts.get_or_create(&vec![("outcome", outcome), ("phase", phase)]);
@@ -454,8 +451,7 @@ impl Metrics {
             damaged,
             breaker,
             breaker_transitions,
-            breaker_now: Mutex::new(labels.breaker_states.first().copied().unwrap_or("")),
-            breaker_states: labels.breaker_states.clone(),
+            breaker_now: Mutex::new(BreakerState::default()),
             connections_open,
             delivery_paused,
             store_writable,
@@ -473,9 +469,7 @@ impl Metrics {
             unmatched_events,
             heartbeat: Mutex::new(None),
         };
-        if let Some(&start) = labels.breaker_states.first() {
-            metrics.breaker_state(start);
-        }
+        metrics.breaker_state(BreakerState::default());
         metrics
     }
 
@@ -539,26 +533,25 @@ impl Metrics {
         self.webhook_bounces.inc_by(u64::from(outcome.bounced));
     }
 
-    /// `state` is a `BreakerState::as_str()`.
-    pub(crate) fn breaker_state(&self, state: &'static str) {
-        for &s in &self.breaker_states {
+    pub(crate) fn breaker_state(&self, state: BreakerState) {
+        for s in BreakerState::ALL {
             self.breaker
-                .get_or_create(&label("state", s))
+                .get_or_create(&label("state", s.as_str()))
                 .set(i64::from(s == state));
         }
         *self.breaker_now.lock().expect("breaker state lock") = state;
     }
 
     /// The breaker entered `to` (the state gauge follows through `breaker_state`).
-    pub(crate) fn breaker_transition(&self, to: &'static str) {
+    pub(crate) fn breaker_transition(&self, to: BreakerState) {
         self.breaker_transitions
-            .get_or_create(&label("to", to))
+            .get_or_create(&label("to", to.as_str()))
             .inc();
         self.breaker_state(to);
     }
 
     /// The breaker's state as the delivery workers last saw it.
-    pub(crate) fn breaker_now(&self) -> &'static str {
+    pub(crate) fn breaker_now(&self) -> BreakerState {
         *self.breaker_now.lock().expect("breaker state lock")
     }
 
@@ -697,272 +690,4 @@ fn state_label(state: State) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::delivery::breaker::BreakerState;
-    use crate::delivery::upstream::ReplyClass;
-    use crate::intake::SubmissionResult;
-    use crate::smtp::session::RefusalReason;
-
-    /// The value of the sample `name{labels}` in a text exposition.
-    fn sample(text: &str, series: &str) -> Option<f64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-    }
-
-    fn stats() -> QueueStats {
-        QueueStats {
-            by_state: vec![(State::Queued, 3), (State::Failed, 1)],
-            oldest_queued_at_ms: Some(10_000),
-            damaged: 1,
-            unmatched_events: 4,
-            queued_by_scope: Vec::new(),
-        }
-    }
-
-    fn snapshot(stats: QueueStats) -> Snapshot {
-        Snapshot {
-            stats: Some(stats),
-            now_ms: 12_500,
-            connections_open: 7,
-            paused: Some(PauseReason::Account),
-            store_writable: true,
-        }
-    }
-
-    #[test]
-    fn counters_gauges_and_histograms_are_exposed() {
-        let m = Metrics::new(&crate::app::relay_label_values());
-        m.submission(SubmissionResult::Accepted.label());
-        m.submission(SubmissionResult::Accepted.label());
-        m.submission(SubmissionResult::InProgress.label());
-        m.attempt(
-            "permanent",
-            Some("rcpt"),
-            "failed",
-            Duration::from_millis(30),
-        );
-        m.intake_commit(Duration::from_millis(2));
-        m.breaker_transition(BreakerState::Open.as_str());
-        m.connection_refused(RefusalReason::Store.as_str());
-        m.command_refused(RefusalReason::Smuggling.as_str());
-        m.upstream_reply(ReplyClass::Connect.as_str());
-        m.delivered_after(Duration::from_secs(3));
-        let text = m.render(&snapshot(stats()), Format::OpenMetrics);
-        let v = |series: &str| sample(&text, series).unwrap_or_else(|| panic!("{series}\n{text}"));
-        assert_eq!(v("idemrelay_submissions_total{result=\"accepted\"}"), 2.0);
-        assert_eq!(
-            v("idemrelay_submissions_total{result=\"in_progress\"}"),
-            1.0
-        );
-        assert_eq!(v("idemrelay_submissions_total{result=\"conflict\"}"), 0.0);
-        assert_eq!(
-            v("idemrelay_delivery_attempts_total{outcome=\"permanent\",phase=\"rcpt\"}"),
-            1.0
-        );
-        // Every possible pair is there from the start.
-        assert_eq!(
-            v("idemrelay_delivery_attempts_total{outcome=\"transient\",phase=\"connect\"}"),
-            0.0
-        );
-        assert_eq!(
-            v("idemrelay_delivery_attempts_total{outcome=\"unknown\",phase=\"dot\"}"),
-            0.0
-        );
-        assert_eq!(
-            sample(
-                &text,
-                "idemrelay_delivery_attempts_total{outcome=\"accepted\",phase=\"rcpt\"}"
-            ),
-            None
-        );
-        assert_eq!(
-            v("idemrelay_delivery_decisions_total{decision=\"failed\"}"),
-            1.0
-        );
-        assert_eq!(
-            v("idemrelay_delivery_decisions_total{decision=\"delivered\"}"),
-            0.0
-        );
-        assert_eq!(
-            v("idemrelay_upstream_attempt_duration_seconds_bucket{le=\"0.05\",outcome=\"permanent\"}"),
-            1.0
-        );
-        assert_eq!(v("idemrelay_intake_commit_duration_seconds_count"), 1.0);
-        assert_eq!(v("idemrelay_queue_depth{state=\"queued\"}"), 3.0);
-        assert_eq!(v("idemrelay_oldest_queued_age_seconds"), 2.5);
-        assert_eq!(v("idemrelay_damaged_records"), 1.0);
-        assert_eq!(v("idemrelay_upstream_events_unmatched"), 4.0);
-        assert_eq!(
-            v("idemrelay_webhook_rejected_total{reason=\"too_large\"}"),
-            0.0
-        );
-        assert_eq!(v("idemrelay_circuit_breaker_state{state=\"open\"}"), 1.0);
-        assert_eq!(v("idemrelay_circuit_breaker_state{state=\"closed\"}"), 0.0);
-        assert_eq!(
-            v("idemrelay_circuit_breaker_transitions_total{to=\"open\"}"),
-            1.0
-        );
-        assert_eq!(
-            v("idemrelay_circuit_breaker_transitions_total{to=\"closed\"}"),
-            0.0
-        );
-        assert_eq!(m.breaker_now(), BreakerState::Open.as_str());
-        assert_eq!(v("idemrelay_connections_open"), 7.0);
-        assert_eq!(v("idemrelay_delivery_paused{reason=\"account\"}"), 1.0);
-        assert_eq!(v("idemrelay_delivery_paused{reason=\"operator\"}"), 0.0);
-        assert_eq!(v("idemrelay_store_writable"), 1.0);
-        assert_eq!(
-            v("idemrelay_smtp_connections_refused_total{reason=\"store\"}"),
-            1.0
-        );
-        assert_eq!(
-            v("idemrelay_smtp_connections_refused_total{reason=\"caps\"}"),
-            0.0
-        );
-        assert_eq!(
-            v("idemrelay_smtp_commands_refused_total{reason=\"smuggling\"}"),
-            1.0
-        );
-        assert_eq!(
-            v("idemrelay_smtp_commands_refused_total{reason=\"auth\"}"),
-            0.0
-        );
-        assert_eq!(
-            v("idemrelay_upstream_replies_total{class=\"connect\"}"),
-            1.0
-        );
-        assert_eq!(v("idemrelay_upstream_replies_total{class=\"5xx\"}"), 0.0);
-        assert_eq!(
-            v("idemrelay_delivery_latency_seconds_bucket{le=\"5.0\"}"),
-            1.0
-        );
-        assert_eq!(
-            v("idemrelay_delivery_latency_seconds_bucket{le=\"2.5\"}"),
-            0.0
-        );
-        let build = format!(
-            "idemrelay_build_info{{version=\"{}\",commit=\"{}\"}}",
-            crate::build_info::VERSION,
-            crate::build_info::GIT_COMMIT
-        );
-        assert_eq!(v(&build), 1.0);
-        assert_eq!(v("idemrelay_queued_by_scope{scope=\"other\"}"), 0.0);
-        assert!(text.ends_with("# EOF\n"), "{text}");
-    }
-
-    #[test]
-    fn queued_by_scope_keeps_the_largest_scopes_and_sums_the_rest() {
-        let m = Metrics::new(&crate::app::relay_label_values());
-        let mut s = stats();
-        s.queued_by_scope = (0..TOP_SCOPES as u64 + 3)
-            .map(|i| (format!("scope{i:02}"), i + 1))
-            .chain([("other".to_string(), 100)])
-            .collect();
-        let text = m.render(&snapshot(s.clone()), Format::OpenMetrics);
-        let series = text
-            .lines()
-            .filter(|l| l.starts_with("idemrelay_queued_by_scope{"))
-            .count();
-        assert_eq!(series, TOP_SCOPES + 1, "{text}");
-        // The three smallest (1, 2, 3) and the scope called "other" (100) are summed.
-        assert_eq!(
-            sample(&text, "idemrelay_queued_by_scope{scope=\"other\"}"),
-            Some(106.0)
-        );
-        assert_eq!(
-            sample(&text, "idemrelay_queued_by_scope{scope=\"scope12\"}"),
-            Some(13.0)
-        );
-        assert_eq!(
-            sample(&text, "idemrelay_queued_by_scope{scope=\"scope00\"}"),
-            None
-        );
-        // A scope that empties leaves the exposition at the next scrape.
-        s.queued_by_scope = vec![("only".to_string(), 2)];
-        let text = m.render(&snapshot(s), Format::OpenMetrics);
-        assert_eq!(
-            sample(&text, "idemrelay_queued_by_scope{scope=\"scope12\"}"),
-            None
-        );
-        assert_eq!(
-            sample(&text, "idemrelay_queued_by_scope{scope=\"only\"}"),
-            Some(2.0)
-        );
-        // Without fresh store counts the last ones stand.
-        let unread = Snapshot {
-            stats: None,
-            store_writable: false,
-            ..snapshot(stats())
-        };
-        let text = m.render(&unread, Format::OpenMetrics);
-        assert_eq!(
-            sample(&text, "idemrelay_queued_by_scope{scope=\"only\"}"),
-            Some(2.0)
-        );
-        assert_eq!(sample(&text, "idemrelay_store_writable"), Some(0.0));
-    }
-
-    #[test]
-    fn the_text_format_names_counters_by_their_samples_and_has_no_eof() {
-        let m = Metrics::new(&crate::app::relay_label_values());
-        let om = m.render(&snapshot(stats()), Format::OpenMetrics);
-        let text = m.render(&snapshot(stats()), Format::Text004);
-        assert!(!text.contains("# EOF"), "{text}");
-        assert!(!text.contains("# UNIT"), "{text}");
-        assert!(text.contains("# TYPE idemrelay_submissions_total counter\n"));
-        assert!(text.contains("# HELP idemrelay_submissions_total Submissions"));
-        assert!(text.contains("# TYPE idemrelay_queue_depth gauge\n"));
-        assert!(text.contains("# TYPE idemrelay_intake_commit_duration_seconds histogram\n"));
-        // The samples are the same lines in both formats.
-        let samples = |t: &str| -> Vec<String> {
-            t.lines()
-                .filter(|l| !l.starts_with('#'))
-                .map(String::from)
-                .collect()
-        };
-        assert_eq!(samples(&om), samples(&text));
-        // What the conversion relies on: only types 0.0.4 knows, no exemplars (` # {`), no
-        // `_created`, and HELP texts that need no escaping in either format.
-        for line in om.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let kind = rest.rsplit(' ').next().unwrap();
-                assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
-            }
-            if line.starts_with("# HELP ") {
-                assert!(!line.contains('\\') && !line.contains('"'), "{line}");
-            }
-            assert!(
-                !line.contains(" # {") && !line.contains("_created"),
-                "{line}"
-            );
-        }
-    }
-
-    #[test]
-    fn accept_headers_choose_the_format() {
-        use Format::*;
-        let table: &[(Option<&str>, Format)] = &[
-            (None, Text004),
-            (Some("*/*"), Text004),
-            (Some("text/plain; version=0.0.4"), Text004),
-            (Some("text/plain"), Text004),
-            (Some("application/openmetrics-text; version=1.0.0"), OpenMetrics),
-            // Prometheus 2.x's own header: OpenMetrics first.
-            (
-                Some("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
-                OpenMetrics,
-            ),
-            (
-                Some("application/openmetrics-text;q=0.2, text/plain;version=0.0.4;q=0.9"),
-                Text004,
-            ),
-            (Some("text/plain;q=0"), Text004),
-            (Some("application/openmetrics-text;q=0"), Text004),
-            (Some("TEXT/PLAIN; Version=0.0.4"), Text004),
-        ];
-        for (accept, want) in table {
-            assert_eq!(Format::negotiate(*accept), *want, "{accept:?}");
-        }
-    }
-}
+mod tests;

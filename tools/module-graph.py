@@ -22,10 +22,50 @@ def module_of(rel):
     return tuple(parts)
 
 
+RAW_OPEN = re.compile(r'r(#*)"')
+# `r"` opens a raw string unless a word ends just before it (`br"` does: b is a prefix).
+WORD_BEFORE_RAW = re.compile(r"[A-Za-ac-z0-9_]")
+CHAR_LITERAL = re.compile(r"'(?:\\.[^']*|[^'\\])'")
+
+
 def strip(text):
-    text = re.sub(r"//[^\n]*", "", text)
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    """The code without comments and with every string and char literal emptied, read in one
+    pass from the start: a `//` inside a string (a URL) is not a comment, and a quote inside a
+    comment opens no string."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif text.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif c == "r" and RAW_OPEN.match(text, i) and not WORD_BEFORE_RAW.match(text, max(i - 1, 0), i):
+            hashes = RAW_OPEN.match(text, i).group(1)
+            end = text.find('"' + hashes, i + 2 + len(hashes))
+            out.append('""')
+            i = n if end < 0 else end + 1 + len(hashes)
+        elif c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            out.append('""')
+            i += 1
+        elif c == "'" and CHAR_LITERAL.match(text, i):
+            # A char literal ('a', '\n', '\u{1F600}'); a lifetime ('a) has no closing quote.
+            i = CHAR_LITERAL.match(text, i).end()
+            out.append("' '")
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 def without_tests(text):

@@ -16,7 +16,6 @@ use super::ops::{self, OpError, OpResult};
 use super::state::{error, AdminState};
 use super::waiting::RelayFacts;
 use super::wire::{ListQuery, OPERATOR_HEADER};
-use crate::delivery::breaker::BreakerState;
 use crate::store::{Operator, Resolution};
 
 fn respond(result: OpResult) -> Response {
@@ -32,11 +31,7 @@ fn bad_request(code: &'static str, message: impl Into<String>) -> Response {
 
 /// Pause and breaker, as the running relay knows them.
 async fn relay_facts(state: &AdminState) -> Result<RelayFacts, OpError> {
-    ops::relay_facts(
-        state.store.as_ref(),
-        BreakerState::parse(state.metrics.breaker_now()),
-    )
-    .await
+    ops::relay_facts(state.store.as_ref(), Some(state.metrics.breaker_now())).await
 }
 
 pub(crate) async fn show(State(state): State<Arc<AdminState>>, Path(id): Path<String>) -> Response {

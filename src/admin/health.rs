@@ -74,7 +74,9 @@ pub(crate) async fn readyz(State(state): State<Arc<AdminState>>, headers: Header
     // An open breaker is the relay protecting the upstream while it keeps accepting mail:
     // like a pause it is shown, not made a reason to be taken out of rotation (another
     // instance would meet the same upstream).
-    let breaker = state.wedged_after.map(|_| state.metrics.breaker_now());
+    let breaker = state
+        .wedged_after
+        .map(|_| state.metrics.breaker_now().as_str());
     let body = serde_json::json!({
         "ready": ready,
         "status": word,

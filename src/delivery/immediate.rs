@@ -429,19 +429,6 @@ impl BeforeQueue {
                 })
     }
 
-    /// Runs intake for a client that waits for the upstream's verdict, and answers it.
-    pub(crate) async fn submit(
-        &self,
-        intake: &crate::intake::Intake,
-        origin: &crate::intake::Origin,
-        sub: &crate::mail::Submission,
-    ) -> Reply {
-        match intake.submit_waiting(origin, sub).await {
-            (queued, _, Some(waiter)) => self.answer(queued, waiter).await,
-            (reply, _, None) => reply,
-        }
-    }
-
     /// The answer for a record intake has just committed (its `queued` reply, and the
     /// client's slot): the upstream's verdict when it comes within the bound, else `queued`.
     pub(crate) async fn answer(&self, queued: Reply, waiter: Waiter) -> Reply {

@@ -29,10 +29,11 @@ pub(crate) enum Failure {
 pub(crate) enum Outcome {
     /// 250 after the final dot; `reply` is the full line, e.g. `"250 2.0.0 OK id=1"`.
     Accepted { reply: String },
-    /// Definitely not accepted; retry with backoff.
+    /// Definitely not accepted; retry with backoff. `reply` is the reply line, or the
+    /// wording of the failure when none came (`heard` says which).
     Transient {
         phase: Phase,
-        code: Option<u16>,
+        heard: Heard,
         reply: String,
     },
     /// Failed; the sender gets a DSN.
@@ -44,6 +45,35 @@ pub(crate) enum Outcome {
     /// The final dot was sent and no usable answer came. `reason` is either the unusable reply
     /// line (starting with its code) or a description of the transport failure.
     Unknown { phase: Phase, reason: String },
+}
+
+/// What came back from a phase that failed before the dot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// A reply, with this code.
+    Reply(u16),
+    /// No reply: the phase ended this way.
+    Nothing(Silence),
+}
+
+/// How a phase ended without a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Silence {
+    Timeout,
+    ConnectionLost,
+    /// The TLS handshake failed (STARTTLS, or implicit TLS in the connect phase).
+    Tls,
+    /// Anything else the client reports (a refused or unreachable connection).
+    Other,
+}
+
+impl Heard {
+    pub(crate) fn code(self) -> Option<u16> {
+        match self {
+            Heard::Reply(code) => Some(code),
+            Heard::Nothing(_) => None,
+        }
+    }
 }
 
 impl Outcome {
@@ -71,7 +101,7 @@ impl Outcome {
     pub(crate) fn code(&self) -> Option<u16> {
         match self {
             Outcome::Accepted { reply } => Some(leading_code(reply).unwrap_or(250)),
-            Outcome::Transient { code, .. } => *code,
+            Outcome::Transient { heard, .. } => heard.code(),
             Outcome::Permanent { code, .. } => Some(*code),
             Outcome::Unknown { reason, .. } => leading_code(reason),
         }
@@ -177,7 +207,7 @@ pub(crate) fn after_dot(code: u16, text: &str) -> Outcome {
         250 => Outcome::Accepted { reply },
         400..=499 => Outcome::Transient {
             phase: Phase::Dot,
-            code: Some(code),
+            heard: Heard::Reply(code),
             reply,
         },
         500..=599 => Outcome::Permanent {
@@ -207,7 +237,7 @@ pub(crate) fn classify(phase: Phase, failure: Failure) -> Outcome {
                 500..=599 if !phase.is_session_level() => Outcome::Permanent { phase, code, reply },
                 _ => Outcome::Transient {
                     phase,
-                    code: Some(code),
+                    heard: Heard::Reply(code),
                     reply,
                 },
             }
@@ -219,10 +249,22 @@ pub(crate) fn classify(phase: Phase, failure: Failure) -> Outcome {
             } else {
                 Outcome::Transient {
                     phase,
-                    code: None,
+                    heard: Heard::Nothing(other.silence()),
                     reply: reason,
                 }
             }
+        }
+    }
+}
+
+impl Failure {
+    /// How a failure without a reply ended; a reply is not one (`classify` takes it apart).
+    fn silence(&self) -> Silence {
+        match self {
+            Failure::Timeout => Silence::Timeout,
+            Failure::ConnectionLost(_) => Silence::ConnectionLost,
+            Failure::Tls(_) => Silence::Tls,
+            Failure::Reply { .. } | Failure::Other(_) => Silence::Other,
         }
     }
 }
@@ -243,7 +285,7 @@ fn reply_of(outcome: &Outcome) -> Option<(Phase, u16, &str)> {
     match outcome {
         Outcome::Transient {
             phase,
-            code: Some(code),
+            heard: Heard::Reply(code),
             reply,
         }
         | Outcome::Permanent {
@@ -323,7 +365,7 @@ pub(crate) fn is_account_problem(outcome: &Outcome) -> bool {
 /// "too many …"), except "too many recipients", which is about one message.
 pub(crate) fn is_slow_down(outcome: &Outcome) -> bool {
     let Outcome::Transient {
-        code: Some(code),
+        heard: Heard::Reply(code),
         reply,
         ..
     } = outcome
@@ -501,7 +543,7 @@ mod tests {
             classify(Rcpt, Failure::ConnectionLost("eof".into())),
             Outcome::Transient {
                 phase: Rcpt,
-                code: None,
+                heard: Heard::Nothing(Silence::ConnectionLost),
                 reply: "connection lost: eof".into()
             }
         );

@@ -1,6 +1,6 @@
 //! How an upstream attempt ended, coarsely, as the replies counter labels it.
 
-use super::outcome::{Outcome, Phase};
+use super::outcome::{Heard, Outcome, Phase, Silence};
 
 /// How an upstream attempt ended, coarsely, for the replies counter an operator alerts on: a
 /// run of `connect` or `auth` says something different from a run of `4xx`.
@@ -53,23 +53,23 @@ impl ReplyClass {
         match outcome {
             Outcome::Accepted { .. } => ReplyClass::Positive,
             Outcome::Unknown { .. } => ReplyClass::Unknown,
-            Outcome::Permanent { phase, code, .. } => by_phase(*phase, Some(*code), ""),
-            Outcome::Transient { phase, code, reply } => by_phase(*phase, *code, reply),
+            Outcome::Permanent { phase, code, .. } => by_phase(*phase, Heard::Reply(*code)),
+            Outcome::Transient { phase, heard, .. } => by_phase(*phase, *heard),
         }
     }
 }
 
 /// A failure before the dot, by where it happened and whether a reply came.
-fn by_phase(phase: Phase, code: Option<u16>, reason: &str) -> ReplyClass {
-    match (phase, code) {
+fn by_phase(phase: Phase, heard: Heard) -> ReplyClass {
+    match (phase, heard) {
         (Phase::Auth, _) => ReplyClass::Auth,
         (Phase::StartTls, _) => ReplyClass::Tls,
-        (_, Some(500..=599)) => ReplyClass::Permanent,
-        (_, Some(_)) => ReplyClass::Transient,
-        // `classify` words these (outcome::describe); the TLS handshake of smtps:// fails in
-        // the connect phase, so the wording, not the phase, tells it apart.
-        (_, None) if reason.starts_with("TLS error") => ReplyClass::Tls,
-        (_, None) if reason == "timed out" => ReplyClass::Timeout,
-        (_, None) => ReplyClass::Connect,
+        (_, Heard::Reply(500..=599)) => ReplyClass::Permanent,
+        (_, Heard::Reply(_)) => ReplyClass::Transient,
+        // The TLS handshake of smtps:// fails in the connect phase: the silence, not the
+        // phase, tells it apart.
+        (_, Heard::Nothing(Silence::Tls)) => ReplyClass::Tls,
+        (_, Heard::Nothing(Silence::Timeout)) => ReplyClass::Timeout,
+        (_, Heard::Nothing(Silence::ConnectionLost | Silence::Other)) => ReplyClass::Connect,
     }
 }

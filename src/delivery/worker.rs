@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::breaker::{Admit, Attempted, Breaker, BreakerPolicy, BreakerState, Candidate, Why};
+use super::breaker::{
+    Admit, Attempted, Breaker, BreakerPolicy, BreakerState, Candidate, Transition, Why,
+};
 use super::decide::{
     before_attempt, breaker_input, decide, BreakerInput, Decision, JobFacts, PaceInput, Start,
     WINDOW_OVER,
@@ -570,11 +572,10 @@ impl Worker {
     /// answer (or the failure) that moved it, when an attempt did.
     fn breaker_moved(&self, breaker: &mut Breaker, now: Instant, last: Option<&str>) {
         let metrics = &self.shared.settings.metrics;
-        let from = BreakerState::parse(metrics.breaker_now()).unwrap_or(BreakerState::Closed);
-        let Some(to) = breaker.transition(now) else {
+        let Some(Transition { from, to }) = breaker.transition(now) else {
             return;
         };
-        metrics.breaker_transition(to.as_str());
+        metrics.breaker_transition(to);
         let policy = &self.shared.settings.breaker;
         let cooldown_ms = policy.cooldown.as_millis() as u64;
         let last = last.unwrap_or("-");

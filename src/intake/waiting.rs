@@ -28,6 +28,20 @@ impl Intake {
         self.submit_with(origin, sub, true).await
     }
 
+    /// Runs intake for a client that waits for the upstream's verdict, and answers it: the
+    /// upstream's verdict within the bound, else what was stored (`BeforeQueue::answer`).
+    pub(crate) async fn submit_and_wait(
+        &self,
+        before_queue: &BeforeQueue,
+        origin: &Origin,
+        sub: &Submission,
+    ) -> Reply {
+        match self.submit_waiting(origin, sub).await {
+            (queued, _, Some(waiter)) => before_queue.answer(queued, waiter).await,
+            (reply, _, None) => reply,
+        }
+    }
+
     /// A retry that found a record whose first client waits here for the upstream's verdict
     /// waits for that answer too, then replays what the record says: both hear the same.
     /// Bounded by the first client's bound and `in_progress_wait` for its write; past that,

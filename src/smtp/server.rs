@@ -630,7 +630,7 @@ impl Conversation<'_> {
                         Some(bq)
                             if bq.waits(ctx.before_queue_listener, ctx.users.as_deref(), &sub) =>
                         {
-                            bq.submit(&ctx.intake, &origin, &sub).await
+                            ctx.intake.submit_and_wait(bq, &origin, &sub).await
                         }
                         _ => ctx.intake.submit(&origin, &sub).await.0,
                     };

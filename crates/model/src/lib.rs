@@ -7,6 +7,7 @@
 pub mod failpoint;
 
 mod authenticated;
+pub mod breaker;
 pub mod mail;
 pub mod reply;
 pub mod secret;

@@ -29,7 +29,6 @@ use super::ops::{self, OpError};
 use super::state::AdminState;
 use super::waiting::{why_waiting, RecordFacts, RelayFacts, Waiting};
 use super::wire::ListQuery;
-use crate::delivery::breaker::BreakerState;
 use crate::store::{
     AttemptRow, ListFilter, Operator, Resolution, State as RecordState, StateFilter, StoreError,
     StoredMessage,
@@ -373,8 +372,7 @@ async fn overview(
                 paused: paused.as_ref(),
                 scopes: &scopes,
                 actions: &actions,
-                breaker: BreakerState::parse(state.metrics.breaker_now())
-                    .unwrap_or(BreakerState::Closed),
+                breaker: state.metrics.breaker_now(),
                 health: &health,
                 health_age_ms: health_age.as_millis() as i64,
                 hostname: state.hosts.first().map_or("", String::as_str),
@@ -467,7 +465,7 @@ fn copy(q: &ListQuery) -> ListQuery {
 async fn relay_facts(state: &AdminState) -> Result<RelayFacts, StoreError> {
     Ok(RelayFacts {
         pause: state.store.paused().await?,
-        breaker: BreakerState::parse(state.metrics.breaker_now()),
+        breaker: Some(state.metrics.breaker_now()),
     })
 }
 

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::delivery::outcome::Phase;
+use crate::delivery::outcome::{Heard, Phase};
 use crate::mail::requests::RecipientRequests;
 use crate::mail::DeliveryRequests;
 
@@ -46,7 +46,7 @@ fn notify(pairs: &[(&str, &str, Option<&str>)]) -> DeliveryRequests {
 fn deferred(reply: &str) -> Outcome {
     Outcome::Transient {
         phase: Phase::Rcpt,
-        code: Some(451),
+        heard: Heard::Reply(451),
         reply: reply.into(),
     }
 }
