@@ -210,30 +210,10 @@ pub(crate) struct DeriveArgs {
     pub smtputf8: bool,
 }
 
-/// The config file read when no `--config` (nor `IDEMRELAY_CONFIG`) names one, as Postfix
-/// reads main.cf: where a packaged relay keeps its settings, so `idemrelay queue` on that host
-/// finds that relay's admin address and token. `IDEMRELAY_DEFAULT_CONFIG` moves it (empty: none).
-pub const DEFAULT_CONFIG: &str = "/etc/idemrelay/idemrelay.toml";
-
-/// The variable that moves `DEFAULT_CONFIG` (packagers, tests).
-const DEFAULT_CONFIG_VAR: &str = "IDEMRELAY_DEFAULT_CONFIG";
-
-/// Where the settings come from when no `--config` is given: the default file, if it exists.
-fn default_config_file() -> Option<PathBuf> {
-    let path = match std::env::var_os(DEFAULT_CONFIG_VAR) {
-        Some(path) if path.is_empty() => return None,
-        Some(path) => PathBuf::from(path),
-        None => PathBuf::from(DEFAULT_CONFIG),
-    };
-    // Present but unreadable is an error Settings::load reports (naming the file), not a
-    // reason to run on built-in defaults instead.
-    std::fs::symlink_metadata(&path).is_ok().then_some(path)
-}
-
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let mut config = cli.config;
     if config.config.is_none() {
-        config.config = default_config_file();
+        config.config = crate::config::default_config_file();
     }
     match cli.command {
         Command::Serve => serve(&Settings::load(&config)?),
@@ -346,7 +326,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         // main.rs hands `idemrelay [global flags] sendmail ...` over before clap; this is
         // reached only by lines it leaves to clap (a global flag's value that is not UTF-8).
         Command::Sendmail { args } => {
-            std::process::exit(crate::sendmail::main("idemrelay sendmail", args).into())
+            let known =
+                crate::config_env::known_variables(&<Cli as clap::CommandFactory>::command());
+            std::process::exit(crate::sendmail::main("idemrelay sendmail", args, &known).into())
         }
         #[cfg(feature = "sink")]
         Command::Sink(args) => {

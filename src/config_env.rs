@@ -11,7 +11,7 @@ const READ_ELSEWHERE: &[&str] = &[
     "IDEMRELAY_UPSTREAM_PASSWORD",
     // `idemrelay sendmail --auth-user`'s password.
     "IDEMRELAY_SENDMAIL_PASSWORD",
-    // Where the config file is looked for without --config (`cli::DEFAULT_CONFIG`).
+    // Where the config file is looked for without --config (`config::DEFAULT_CONFIG`).
     "IDEMRELAY_DEFAULT_CONFIG",
     "IDEMRELAY_FAILPOINTS",
     "IDEMRELAY_FAILPOINT_SEED",

@@ -12,7 +12,8 @@ fn main() -> ExitCode {
     // Before clap: sendmail's options are not GNU-style (`-oi`, `-fuser@x`), and a link named
     // `sendmail` gets no subcommand at all.
     if let Some((prog, sendmail_args)) = idemrelay::sendmail::invocation(&args) {
-        return ExitCode::from(idemrelay::sendmail::main(&prog, sendmail_args));
+        let known = known_variables(&Cli::command());
+        return ExitCode::from(idemrelay::sendmail::main(&prog, sendmail_args, &known));
     }
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{admit_users, key_spaces, scope_upstreams};
+use super::scopes::{admit_users, key_spaces, scope_upstreams};
 use crate::auth::LiveUsers;
 use crate::intake::Intake;
 use crate::shutdown::Stop;

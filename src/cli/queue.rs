@@ -418,7 +418,7 @@ pub(crate) fn run(
                  whichever relay listens there. Name the relay: --admin http://HOST:PORT (or \
                  IDEMRELAY_ADMIN), or --config FILE whose `admin` is its listener (read by \
                  default: {}), or add --direct to work on a store",
-                super::DEFAULT_CONFIG
+                crate::config::DEFAULT_CONFIG
             );
         }
         eprintln!(

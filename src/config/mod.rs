@@ -1,8 +1,12 @@
 //! Settings: TOML file, then `IDEMRELAY_*` environment, then flags. Validation and redaction.
 
 mod before_queue;
+mod default_file;
 mod delivery;
 mod webhooks;
+
+pub(crate) use default_file::default_config_file;
+pub use default_file::DEFAULT_CONFIG;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -13,6 +13,7 @@ pub(crate) mod message;
 pub(crate) mod submit;
 pub(crate) mod sysexits;
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::io::BufRead;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -123,8 +124,10 @@ pub fn invocation(argv: &[OsString]) -> Option<(String, Vec<OsString>)> {
     None
 }
 
-/// Runs sendmail and returns its exit status.
-pub fn main(prog: &str, args: Vec<OsString>) -> u8 {
+/// Runs sendmail and returns its exit status. `known` are the environment variables the
+/// relay reads (`config_env::known_variables` of its command line), warned about when
+/// misspelt, as the other commands do.
+pub fn main(prog: &str, args: Vec<OsString>, known: &BTreeSet<String>) -> u8 {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IDEMRELAY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
@@ -134,11 +137,9 @@ pub fn main(prog: &str, args: Vec<OsString>) -> u8 {
         .fmt_fields(crate::log_format::EscapedFields)
         .try_init();
     // The other commands warn about these in main.rs, after clap, which sendmail bypasses.
-    let known =
-        crate::config_env::known_variables(&<crate::cli::Cli as clap::CommandFactory>::command());
     let names = std::env::vars_os().map(|(name, _)| name);
     for warning in
-        crate::config_env::unknown_variable_warnings(&known, &Settings::file_setting_names(), names)
+        crate::config_env::unknown_variable_warnings(known, &Settings::file_setting_names(), names)
     {
         tracing::warn!("{warning}");
     }
