@@ -10,11 +10,11 @@ mod table;
 
 use crate::app::Relay;
 use crate::config::{ConfigArgs, Settings};
-use crate::intake::fingerprint::fingerprint;
 use crate::intake::key::{derive_key, read_key_header, KeyHeader};
 use crate::intake::message::scan_headers;
 use crate::mail::{BodyType, Envelope};
 use crate::shutdown::termination_signal;
+use idemrelay_model::fingerprint::fingerprint;
 pub(crate) use queue::QueueCommand;
 use table::table;
 

@@ -68,6 +68,14 @@ impl fmt::Display for UsersChange {
 }
 
 impl LiveUsers {
+    /// Whether `name`'s submissions wait for the upstream's verdict (`before_queue = true` in
+    /// the users file in service).
+    pub(crate) fn waits_for_verdict(&self, name: &str) -> bool {
+        self.current()
+            .get(name)
+            .is_some_and(|user| user.before_queue)
+    }
+
     pub(crate) fn load(path: &Path) -> anyhow::Result<LiveUsers> {
         Ok(LiveUsers {
             current: RwLock::new(Arc::new(Users::load(path)?)),

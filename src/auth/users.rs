@@ -240,7 +240,7 @@ pub(super) fn validate_password(name: &str, password: &str) -> anyhow::Result<()
     if password.contains('\0') {
         bail!("the password must not contain NUL");
     }
-    let limit = crate::smtp::sasl::MAX_DECODED_LEN - 2 - name.len();
+    let limit = idemrelay_smtp::sasl::MAX_DECODED_LEN - 2 - name.len();
     if password.len() > limit {
         bail!("the password is too long: at most {limit} bytes for user {name:?}");
     }

@@ -408,27 +408,6 @@ impl BeforeQueue {
         self.delivering.store(true, Ordering::Relaxed);
     }
 
-    /// Whether a submission waits for the upstream's verdict: on a before-queue listener, or
-    /// from an AUTH user with `before_queue = true` in the users file in service.
-    pub(crate) fn waits(
-        &self,
-        listener: bool,
-        users: Option<&crate::auth::LiveUsers>,
-        sub: &crate::mail::Submission,
-    ) -> bool {
-        listener
-            || sub
-                .auth_user
-                .as_deref()
-                .zip(users)
-                .is_some_and(|(name, users)| {
-                    users
-                        .current()
-                        .get(name)
-                        .is_some_and(|user| user.before_queue)
-                })
-    }
-
     /// The answer for a record intake has just committed (its `queued` reply, and the
     /// client's slot): the upstream's verdict when it comes within the bound, else `queued`.
     pub(crate) async fn answer(&self, queued: Reply, waiter: Waiter) -> Reply {

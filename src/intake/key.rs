@@ -1,8 +1,8 @@
 //! Reading, validating and deriving the idempotency key (docs/concepts/contract.md "What the relay answers at the end of DATA"). Pure functions.
 
-use super::fingerprint::Hasher;
 use crate::mail::{is_valid_key, Envelope, Fingerprint, MAX_KEY_CHARS};
 pub(crate) use crate::store::KeySource;
+use idemrelay_model::fingerprint::Hasher;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct IdemKey {

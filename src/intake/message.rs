@@ -86,39 +86,6 @@ pub fn scan_headers(message: &[u8]) -> HeaderScan {
     scan
 }
 
-/// Length of the leading trace fields (`Received:`, `Return-Path:`, continuation lines
-/// included). They change from hop to hop, so the fingerprint leaves them out.
-pub(crate) fn trace_prefix_len(message: &[u8]) -> usize {
-    let mut pos = 0;
-    let mut in_trace = false;
-    while pos < message.len() {
-        let line_end = message[pos..]
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .map_or(message.len(), |i| pos + i + 2);
-        let line = &message[pos..line_end];
-        let continuation = matches!(line.first(), Some(b' ' | b'\t'));
-        let is_trace =
-            starts_with_field(line, b"received") || starts_with_field(line, b"return-path");
-        if (continuation && in_trace) || is_trace {
-            in_trace = true;
-            pos = line_end;
-        } else {
-            break;
-        }
-    }
-    pos
-}
-
-fn starts_with_field(line: &[u8], name: &[u8]) -> bool {
-    line.len() > name.len()
-        && line[..name.len()].eq_ignore_ascii_case(name)
-        && line[name.len()..]
-            .iter()
-            .find(|&&b| b != b' ' && b != b'\t')
-            == Some(&b':')
-}
-
 /// The trace line this relay adds, in RFC 5321 §4.4 form.
 pub(crate) struct ReceivedLine<'a> {
     pub helo: &'a str,
@@ -193,6 +160,7 @@ pub(crate) fn with_relay_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idemrelay_model::fingerprint::trace_prefix_len;
 
     #[test]
     fn header_section_detection() {

@@ -1,11 +1,14 @@
 //! Intake: a finished message becomes exactly one durable record, or a replay of one.
 
 pub(crate) mod fields;
-pub(crate) mod fingerprint;
+pub(crate) use idemrelay_model::fingerprint;
 pub mod key;
 pub mod message;
 pub mod parts;
 mod waiting;
+
+#[cfg(test)]
+mod fingerprint_tests;
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -626,9 +626,16 @@ impl Conversation<'_> {
                         None => self.origin.clone(),
                     };
                     let ctx = self.ctx;
+                    // The client waits for the upstream's verdict on a before-queue listener,
+                    // or as an AUTH user with `before_queue = true` in the users file in service.
                     let reply = match &ctx.before_queue {
                         Some(bq)
-                            if bq.waits(ctx.before_queue_listener, ctx.users.as_deref(), &sub) =>
+                            if ctx.before_queue_listener
+                                || sub
+                                    .auth_user
+                                    .as_deref()
+                                    .zip(ctx.users.as_deref())
+                                    .is_some_and(|(name, users)| users.waits_for_verdict(name)) =>
                         {
                             ctx.intake.submit_and_wait(bq, &origin, &sub).await
                         }

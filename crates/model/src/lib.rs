@@ -8,6 +8,7 @@ pub mod failpoint;
 
 mod authenticated;
 pub mod breaker;
+pub mod fingerprint;
 pub mod mail;
 pub mod reply;
 pub mod secret;

@@ -104,7 +104,7 @@ fn names_only_the_recipients_that_asked_with_the_fields_of_a_delay() {
         "{t}"
     );
     // Accepted plus the default deadline of 48 hours.
-    let until = super::super::rfc822_date(ACCEPTED_MS / 1000 + 48 * 3600);
+    let until = super::super::report::rfc822_date(ACCEPTED_MS / 1000 + 48 * 3600);
     assert!(t.contains(&format!("Will-Retry-Until: {until}\r\n")), "{t}");
     assert!(t.contains("Content-Type: text/rfc822-headers"), "{t}");
     assert!(!t.contains("THE BODY LINE"), "headers only: {t}");
@@ -166,7 +166,7 @@ fn its_key_is_the_records_and_apart_from_the_other_notices() {
     assert_eq!(k, delayed_dsn_key("team-a", "01HZX"));
     assert_ne!(k, delayed_dsn_key("team-a", "01HZY"));
     assert_ne!(k, delayed_dsn_key("team-b", "01HZX"));
-    assert_ne!(k, super::super::dsn_key("team-a", "01HZX"));
+    assert_ne!(k, super::super::report::dsn_key("team-a", "01HZX"));
     assert_ne!(k, super::super::notice::relayed_dsn_key("team-a", "01HZX"));
     // Two attempts build the same key: the second insert is a no-op in the store.
     let j = job(notify(&[("bob@example.org", "DELAY", None)]));

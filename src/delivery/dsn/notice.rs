@@ -9,11 +9,14 @@
 //!   duty itself.
 //! - A delay notice reports the recipients whose NOTIFY includes DELAY, once per record, when
 //!   a retry is scheduled for a message queued at least `delay_notice_after` (whatever the
-//!   upstream offers: the message has not left the relay). See [`super::delay`].
+//!   upstream offers: the message has not left the relay). Queued in the commit that
+//!   schedules the retry, under a key derived from the record with a context of its own:
+//!   every later retry settles with the same key, and the store's insert is then a no-op, so
+//!   the notice is queued once. A recipient without NOTIFY gets none (RFC 3461 §4.1 leaves
+//!   delay notices to the MTA's discretion; the relay sends them only when asked).
 //! - Never a notice to the null sender.
 
-use super::delay::delay_dsn_for;
-use super::{
+use super::report::{
     build_dsn, dsn_key, header_section, is_clean_7bit, split_crlf, Action, DsnInput, Returned,
     MAX_RETURNED,
 };
@@ -188,11 +191,11 @@ pub(crate) fn relayed_dsn_key(scope: &str, original_id: &str) -> String {
 /// with REQUIRETLS itself (RFC 8689 §5): it cannot leave in the clear either, and when the
 /// upstream cannot take it so, it fails in turn, and (sent from the null sender) ends there.
 pub(super) fn record(job: &Claimed, key: String, id: String, report: Vec<u8>) -> NewRecord {
-    use crate::intake::fingerprint::{fingerprint, message_fingerprint};
     use crate::mail::KEY_HEADER;
     use crate::mail::{BodyType, Envelope};
     use crate::reply::Reply;
     use crate::store::State;
+    use idemrelay_model::fingerprint::{fingerprint, message_fingerprint};
 
     let mut content = format!("{KEY_HEADER}: {key}\r\n").into_bytes();
     content.extend_from_slice(&report);
@@ -231,6 +234,74 @@ pub(super) fn record(job: &Claimed, key: String, id: String, report: Vec<u8>) ->
     }
 }
 
+/// The delay notice for `job`, whose attempt just ended with a retry scheduled at `now_ms`.
+/// None unless delay notices are on, the message has waited at least `delay_notice_after`,
+/// the sender is not null and some recipient asked (NOTIFY=DELAY).
+pub(crate) fn delay_dsn_for(
+    job: &Claimed,
+    outcome: &Outcome,
+    policy: &RetryPolicy,
+    reporting_mta: &str,
+    id: String,
+    now_ms: i64,
+) -> Option<NewRecord> {
+    let after = policy.delay_notice_after;
+    let waited_ms = now_ms.saturating_sub(job.accepted_at_ms);
+    let due = !after.is_zero() && u128::try_from(waited_ms).is_ok_and(|w| w >= after.as_millis());
+    if !due || job.mail_from.is_empty() {
+        return None;
+    }
+    let action = Action::Delayed {
+        will_retry_until: will_retry_until_unix(job.accepted_at_ms, policy),
+    };
+    let recipients = notified(job, action);
+    if recipients.is_empty() {
+        return None;
+    }
+    let key = delayed_dsn_key(&job.scope, &job.id);
+    let reply = outcome.reply_text();
+    let report = build_dsn(&DsnInput {
+        action,
+        returned: returned(job, action),
+        reporting_mta,
+        original_id: &job.id,
+        original_envelope_from: &job.mail_from,
+        recipients: &recipients,
+        phase: outcome.phase().map_or("dot", |p| p.as_str()),
+        remote_code: outcome.code().unwrap_or(0),
+        remote_reply: &reply,
+        arrival_unix: job.accepted_at_ms / 1000,
+        now_unix: now_ms / 1000,
+        original_message: &job.content,
+        dsn_message_id: &format!("{id}@{reporting_mta}"),
+        refused_by_relay: false,
+        requests: &job.requests,
+    });
+    Some(record(job, key, id, report))
+}
+
+/// The relay's deadline for the message (acceptance plus `[delivery] deadline`), in Unix
+/// seconds; None when it is beyond what a date can say.
+fn will_retry_until_unix(accepted_at_ms: i64, policy: &RetryPolicy) -> Option<i64> {
+    let deadline_ms = i64::try_from(policy.deadline.as_millis()).ok()?;
+    Some(accepted_at_ms.checked_add(deadline_ms)? / 1000)
+}
+
+/// The key of a delay notice: as the other notices' keys, under a context of its own, so that
+/// a record with a delay notice and then a failure notice has both.
+pub(crate) fn delayed_dsn_key(scope: &str, original_id: &str) -> String {
+    let mut h = blake3::Hasher::new_derive_key("idemrelay 2026 delayed dsn idempotency key v1");
+    for field in [scope, original_id] {
+        h.update(&(field.len() as u64).to_le_bytes());
+        h.update(field.as_bytes());
+    }
+    format!("dsn-{}", &h.finalize().to_hex()[..40])
+}
+
 #[cfg(test)]
 #[path = "notice_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "delay_tests.rs"]
+mod delay_tests;

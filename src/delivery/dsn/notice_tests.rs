@@ -205,7 +205,7 @@ fn envelope_id_and_original_recipient() {
         report.contains("\r\n\r\nFinal-Recipient: rfc822; carol@example.net\r\n"),
         "{report}"
     );
-    assert_eq!(super::super::original_envelope_id("a+0Ab"), "a+0Ab");
+    assert_eq!(super::super::report::original_envelope_id("a+0Ab"), "a+0Ab");
 }
 
 /// RFC 3464 §2.3.1 / RFC 3461 §4.2 / RFC 6533 §3: always `addr-type; address` with one space,
@@ -247,7 +247,7 @@ fn original_recipient_is_type_space_decoded_address() {
     ];
     for (orcpt, want) in table {
         assert_eq!(
-            super::super::original_recipient(orcpt).as_deref(),
+            super::super::report::original_recipient(orcpt).as_deref(),
             *want,
             "{orcpt}"
         );

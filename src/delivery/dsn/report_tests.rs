@@ -1,6 +1,6 @@
 //! The DSN's bytes and the failed record's notice.
 
-use super::notice::dsn_for;
+use super::super::notice::dsn_for;
 use super::*;
 use crate::store::KeySource;
 use mail_parser::{MessageParser, MimeHeaders};
