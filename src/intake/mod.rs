@@ -280,7 +280,7 @@ impl Intake {
     ) {
         let mut scanned = None;
         let (decision, key, waiter) = self.submit_inner(origin, sub, &mut scanned, waiting).await;
-        let Decision { reply, outcome, id } = decision;
+        let ClientAnswer { reply, outcome, id } = decision;
         // The Message-ID identifies the message to its sender's people. The decision's own
         // scan of the header section gives it; a message refused before that scan has its
         // header section read here (bounded). Parsing the headers twice per message was a
@@ -347,20 +347,20 @@ impl Intake {
         scanned: &mut Option<Option<String>>,
         waiting: bool,
     ) -> (
-        Decision,
+        ClientAnswer,
         Option<IdemKey>,
         Option<crate::delivery::immediate::Waiter>,
     ) {
         if !has_header_section(&sub.message) {
             return (
-                Decision::refused(Reply::no_header_section(), SubmissionResult::Rejected),
+                ClientAnswer::refused(Reply::no_header_section(), SubmissionResult::Rejected),
                 None,
                 None,
             );
         }
         let Some(header_len) = bounded_header_section(&sub.message) else {
             return (
-                Decision::refused(
+                ClientAnswer::refused(
                     Reply::header_section_too_large(),
                     SubmissionResult::Rejected,
                 ),
@@ -373,7 +373,7 @@ impl Intake {
         let fp = fingerprint(&origin.scope, &sub.envelope, &sub.message);
         let key = match self.resolve_key(origin, sub, &scan, &fp) {
             Resolved::Refused(reply, outcome) => {
-                return (Decision::refused(reply, outcome), None, None)
+                return (ClientAnswer::refused(reply, outcome), None, None)
             }
             Resolved::Keyed(key) => Some(key),
             Resolved::Unkeyed => None,
@@ -529,15 +529,15 @@ impl Intake {
         }
     }
 
-    async fn insert_unkeyed(&self, record: &NewRecord) -> Decision {
+    async fn insert_unkeyed(&self, record: &NewRecord) -> ClientAnswer {
         if record.state == State::Rejected {
-            return Decision::refused(Reply::no_from_header(), SubmissionResult::Rejected);
+            return ClientAnswer::refused(Reply::no_from_header(), SubmissionResult::Rejected);
         }
         let started = std::time::Instant::now();
         match self.store.insert(record, self.settings.retention).await {
             Ok(_) => {
                 self.metrics.intake_commit(started.elapsed());
-                Decision::inserted(record)
+                ClientAnswer::inserted(record)
             }
             Err(err) => unavailable(&err),
         }
@@ -558,7 +558,7 @@ impl Intake {
         })
     }
 
-    async fn insert_keyed(&self, facts: &RecordFacts<'_>, key: &IdemKey) -> Decision {
+    async fn insert_keyed(&self, facts: &RecordFacts<'_>, key: &IdemKey) -> ClientAnswer {
         let mut part = 1;
         // Before encoded words were decoded, a key spelled in them was stored as spelled. A
         // retry of such a record must replay it and another message under it is a reuse, as
@@ -602,7 +602,7 @@ impl Intake {
                         match self.store.insert(&record, self.settings.retention).await {
                             Ok(Insert::Inserted) => {
                                 self.metrics.intake_commit(started.elapsed());
-                                return Decision::inserted(&record);
+                                return ClientAnswer::inserted(&record);
                             }
                             Ok(Insert::Existing(parts)) => {
                                 match self.choose(&record, key, &parts) {
@@ -616,7 +616,7 @@ impl Intake {
                             Err(err) => return unavailable(&err),
                         }
                     }
-                    return Decision::refused(
+                    return ClientAnswer::refused(
                         Reply::key_in_progress(),
                         SubmissionResult::InProgress,
                     );
@@ -634,7 +634,7 @@ impl Intake {
             {
                 Ok(parts) if parts.is_empty() => {
                     if finished.is_err() {
-                        return Decision::refused(
+                        return ClientAnswer::refused(
                             Reply::key_in_progress(),
                             SubmissionResult::InProgress,
                         );
@@ -647,7 +647,7 @@ impl Intake {
                 Err(err) => return unavailable(&err),
             }
         }
-        Decision::refused(Reply::key_in_progress(), SubmissionResult::InProgress)
+        ClientAnswer::refused(Reply::key_in_progress(), SubmissionResult::InProgress)
     }
 
     /// The answer for a submission under a taken key, or the part number to store it as.
@@ -656,7 +656,7 @@ impl Intake {
         record: &NewRecord,
         key: &IdemKey,
         parts: &[Existing],
-    ) -> Result<Decision, u32> {
+    ) -> Result<ClientAnswer, u32> {
         match choose_part(
             &record.fingerprint,
             &record.message_fp,
@@ -664,7 +664,7 @@ impl Intake {
             parts,
         ) {
             PartChoice::Replay(existing) => Ok(replay(existing)),
-            PartChoice::Reuse => Ok(Decision::refused(
+            PartChoice::Reuse => Ok(ClientAnswer::refused(
                 Reply::key_reuse(key.source == KeySource::MessageId),
                 SubmissionResult::Conflict,
             )),
@@ -685,13 +685,13 @@ struct RecordFacts<'a> {
 }
 
 /// A retry of a stored record: its original reply, replayed.
-fn replay(existing: &Existing) -> Decision {
+fn replay(existing: &Existing) -> ClientAnswer {
     let Some(original) = Reply::from_line(&existing.reply) else {
         // What the client was first told is not known: fail closed, never a 250.
         tracing::error!(target: "idemrelay::store", id = %existing.id, "stored reply unreadable; retry refused as store unavailable");
-        return Decision::refused(Reply::store_unavailable(), SubmissionResult::Unavailable);
+        return ClientAnswer::refused(Reply::store_unavailable(), SubmissionResult::Unavailable);
     };
-    Decision {
+    ClientAnswer {
         reply: original.replayed(),
         outcome: SubmissionResult::Replayed,
         id: Some(existing.id.clone()),
@@ -699,15 +699,15 @@ fn replay(existing: &Existing) -> Decision {
 }
 
 /// The reply for a submission, what it was, and the record it refers to (if any).
-struct Decision {
+struct ClientAnswer {
     reply: Reply,
     outcome: SubmissionResult,
     id: Option<String>,
 }
 
-impl Decision {
+impl ClientAnswer {
     fn refused(reply: Reply, outcome: SubmissionResult) -> Self {
-        Decision {
+        ClientAnswer {
             reply,
             outcome,
             id: None,
@@ -721,7 +721,7 @@ impl Decision {
             (Reply::queued(&record.id), SubmissionResult::Accepted)
         };
         debug_assert_eq!(reply.line(), record.reply);
-        Decision {
+        ClientAnswer {
             reply,
             outcome,
             id: Some(record.id.clone()),
@@ -729,9 +729,9 @@ impl Decision {
     }
 }
 
-fn unavailable(err: &crate::store::StoreError) -> Decision {
+fn unavailable(err: &crate::store::StoreError) -> ClientAnswer {
     tracing::error!(target: "idemrelay::store", error = %err, "store write failed; message not accepted");
-    Decision::refused(Reply::store_unavailable(), SubmissionResult::Unavailable)
+    ClientAnswer::refused(Reply::store_unavailable(), SubmissionResult::Unavailable)
 }
 
 /// The `with` clause of the trace line (RFC 3848, RFC 6531).

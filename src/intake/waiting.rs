@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::key::IdemKey;
-use super::{replay, unavailable, Decision, Intake, Origin, SubmissionResult};
+use super::{replay, unavailable, ClientAnswer, Intake, Origin, SubmissionResult};
 use crate::delivery::immediate::{BeforeQueue, Waiter};
 use crate::mail::Submission;
 use crate::reply::Reply;
@@ -50,8 +50,8 @@ impl Intake {
         &self,
         scope: &str,
         key: Option<&IdemKey>,
-        decision: Decision,
-    ) -> Decision {
+        decision: ClientAnswer,
+    ) -> ClientAnswer {
         let (Some(before_queue), Some(key)) = (&self.before_queue, key) else {
             return decision;
         };
@@ -65,7 +65,7 @@ impl Intake {
                     .await
                     .is_err()
                 {
-                    return Decision::refused(
+                    return ClientAnswer::refused(
                         Reply::key_in_progress(),
                         SubmissionResult::InProgress,
                     );
@@ -145,7 +145,7 @@ mod tests {
             encoded: false,
             undecoded: None,
         };
-        let read_before = Decision {
+        let read_before = ClientAnswer {
             reply: Reply::queued("M1").replayed(),
             outcome: SubmissionResult::Replayed,
             id: Some("M1".into()),
@@ -153,7 +153,7 @@ mod tests {
         let heard = intake.after_verdict("s", Some(&key), read_before).await;
         assert_eq!(heard.reply, Reply::from_line(verdict).unwrap().replayed());
         // Any other replay is what the record said, without a second read.
-        let other = Decision {
+        let other = ClientAnswer {
             reply: Reply::from_line("250 2.0.0 OK delivered as M1; upstream: 250 ok")
                 .unwrap()
                 .replayed(),

@@ -114,7 +114,7 @@ pub(crate) enum Control {
     Listen(bool, oneshot::Sender<std::io::Result<()>>),
 }
 
-struct State {
+struct Inner {
     ledger: ReplayLedger,
     faults: FaultSet,
     messages: Vec<ReceivedMessage>,
@@ -176,7 +176,7 @@ pub(crate) struct Shared {
     pub version: watch::Sender<u64>,
     /// Posts events for accepted messages, with `--webhook`.
     hooks: Option<Sender>,
-    state: Mutex<State>,
+    state: Mutex<Inner>,
     /// The maildir files this sink wrote and has not removed: the only ones a reset removes
     /// (the directory may hold anyone's files; a request must never delete those).
     written: Mutex<Vec<std::path::PathBuf>>,
@@ -268,7 +268,7 @@ impl Shared {
             control,
             version: watch::Sender::new(0),
             hooks,
-            state: Mutex::new(State {
+            state: Mutex::new(Inner {
                 ledger: ReplayLedger::new(config.window),
                 faults,
                 messages: Vec::new(),
@@ -285,7 +285,7 @@ impl Shared {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
         // The state stays consistent across a panicking holder: every update is one push or
         // one counter, so a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -434,7 +434,7 @@ impl Shared {
     }
 
     fn record(
-        st: &mut State,
+        st: &mut Inner,
         sub: DotHandover,
         outcome: DotDecision,
         id: Option<String>,
@@ -510,7 +510,7 @@ impl Shared {
         self.commit(new, stored, message_id)
     }
 
-    fn finish(&self, st: MutexGuard<'_, State>, reply: Reply, how: &How) -> DotPlan {
+    fn finish(&self, st: MutexGuard<'_, Inner>, reply: Reply, how: &How) -> DotPlan {
         drop(st);
         self.changed();
         DotPlan {

@@ -86,7 +86,7 @@ impl Mechanism {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum State {
+enum Stage {
     PlainResponse,
     LoginUser,
     LoginPassword {
@@ -101,7 +101,7 @@ enum State {
 pub struct SaslExchange {
     #[cfg_attr(not(test), allow(dead_code))]
     mechanism: Mechanism,
-    state: State,
+    state: Stage,
 }
 
 impl SaslExchange {
@@ -111,8 +111,8 @@ impl SaslExchange {
     /// continuation lines, but a client sending it means nothing else.
     pub fn start(mechanism: Mechanism, initial: Option<&str>) -> (SaslExchange, SaslStep) {
         let state = match mechanism {
-            Mechanism::Plain => State::PlainResponse,
-            Mechanism::Login => State::LoginUser,
+            Mechanism::Plain => Stage::PlainResponse,
+            Mechanism::Login => Stage::LoginUser,
         };
         let mut exchange = SaslExchange { mechanism, state };
         let step = match initial {
@@ -131,22 +131,22 @@ impl SaslExchange {
     /// The client's next line (without CRLF).
     pub fn next(&mut self, line: &str) -> SaslStep {
         let line = line.trim_matches([' ', '\t']);
-        let state = std::mem::replace(&mut self.state, State::Finished);
+        let state = std::mem::replace(&mut self.state, Stage::Finished);
         match state {
-            State::Finished => SaslStep::Malformed,
+            Stage::Finished => SaslStep::Malformed,
             _ if line == "*" => SaslStep::Cancelled,
-            State::PlainResponse => match decode(line).and_then(|bytes| parse_plain(&bytes)) {
+            Stage::PlainResponse => match decode(line).and_then(|bytes| parse_plain(&bytes)) {
                 Some(presented) => SaslStep::Done(presented),
                 None => SaslStep::Malformed,
             },
-            State::LoginUser => match decode_field(line) {
+            Stage::LoginUser => match decode_field(line) {
                 Some(user) => {
-                    self.state = State::LoginPassword { user };
+                    self.state = Stage::LoginPassword { user };
                     SaslStep::Challenge(LOGIN_PASSWORD_CHALLENGE.to_string())
                 }
                 None => SaslStep::Malformed,
             },
-            State::LoginPassword { user } => match decode_field(line) {
+            Stage::LoginPassword { user } => match decode_field(line) {
                 Some(password) => SaslStep::Done(Presented {
                     authzid: None,
                     user,
@@ -165,7 +165,7 @@ impl SaslExchange {
     #[cfg(test)]
     /// True once the exchange produced its final step.
     pub fn is_finished(&self) -> bool {
-        self.state == State::Finished
+        self.state == Stage::Finished
     }
 }
 

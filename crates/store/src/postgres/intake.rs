@@ -52,19 +52,19 @@ struct Pending {
 }
 
 /// The sessions' side of the writers.
-pub(super) struct Intake {
+pub(super) struct IntakeWriters {
     queue: mpsc::Sender<Pending>,
 }
 
-impl Intake {
-    /// Starts the writers on the current runtime; they stop when the `Intake` is dropped.
-    pub(crate) fn start(pool: PgPool, hosts: Arc<Hosts>) -> Intake {
+impl IntakeWriters {
+    /// Starts the writers on the current runtime; they stop when the `IntakeWriters` is dropped.
+    pub(crate) fn start(pool: PgPool, hosts: Arc<Hosts>) -> IntakeWriters {
         let (queue, waiting) = mpsc::channel(QUEUE);
         let waiting = Arc::new(Mutex::new(waiting));
         for _ in 0..WRITERS {
             tokio::spawn(writer(pool.clone(), hosts.clone(), waiting.clone()));
         }
-        Intake { queue }
+        IntakeWriters { queue }
     }
 
     pub(crate) async fn insert(

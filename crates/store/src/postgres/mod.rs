@@ -13,7 +13,7 @@ use sqlx::{Connection, Executor};
 
 use self::group_commit::GroupCommit;
 use self::hosts::Hosts;
-use self::intake::Intake;
+use self::intake::IntakeWriters;
 use crate::migrate::{self, Embedded};
 use crate::record::{retention_ms, StoreError};
 
@@ -30,7 +30,7 @@ mod webhook;
 pub(crate) struct PostgresStore {
     pool: PgPool,
     /// The intake writers (group commit).
-    intake: Intake,
+    intake: IntakeWriters,
     /// The delivery side's writers of intents and plain outcomes (group commit).
     ledger: GroupCommit,
     /// The URL's hosts, and which one the pool connects to (`hosts.rs`).
@@ -72,7 +72,7 @@ impl PostgresStore {
             })
             .connect_with(session_options(hosts.current(), busy_timeout))
             .await?;
-        let intake = Intake::start(pool.clone(), hosts.clone());
+        let intake = IntakeWriters::start(pool.clone(), hosts.clone());
         let ledger = GroupCommit::start(pool.clone());
         Ok(PostgresStore {
             pool,
