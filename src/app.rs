@@ -1,11 +1,8 @@
 //! Wires the store, intake and listeners together and owns shutdown.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use anyhow::Context as _;
 
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -16,8 +13,7 @@ use crate::auth::throttle::{ThrottleLimits, DEFAULT_MAX_ENTRIES};
 use crate::auth::LiveUsers;
 use crate::config::Settings;
 use crate::delivery::immediate::BeforeQueue;
-use crate::delivery::upstream::UpstreamTarget;
-use crate::delivery::worker::{self, DeliverySettings};
+use crate::delivery::worker;
 use crate::intake::{Intake, IntakeSettings};
 use crate::metrics::Metrics;
 use crate::shutdown::{Shutdown, Stop};
@@ -352,35 +348,12 @@ impl Relay {
         let mut workers = Vec::new();
         match &settings.upstream {
             Some(url) => {
-                let password = std::env::var("IDEMRELAY_UPSTREAM_PASSWORD").ok();
-                let d = &settings.delivery;
-                let mut scope_targets = HashMap::new();
-                for (scope, own) in &scope_upstreams {
-                    if let Some(own) = own {
-                        let target = UpstreamTarget::parse(own, None)
-                            .with_context(|| format!("the upstream of scope {scope:?}"))?;
-                        scope_targets.insert(scope.clone(), target);
-                    }
-                }
-                let delivery = DeliverySettings {
-                    target: UpstreamTarget::parse(url.expose(), password)?,
-                    scope_targets,
-                    ca_file: d.ca_file.clone(),
-                    hostname: settings.hostname.clone(),
-                    timeouts: d.timeouts,
-                    retry: d.retry_policy(),
-                    workers: d.connections,
-                    scan_interval: d.scan_interval,
-                    rate_per_second: d.rate,
-                    burst: d.burst,
-                    breaker: d.breaker_policy(),
-                    pause_probe_interval: d.pause_probe_interval,
-                    max_per_connection: d.max_messages_per_connection,
-                    idle_close: d.idle_close,
-                    log_recipients: settings.log_recipients,
-                    metrics: metrics.clone(),
-                    before_queue: before_queue.clone(),
-                };
+                let delivery = settings.delivery_settings(
+                    url,
+                    &scope_upstreams,
+                    metrics.clone(),
+                    before_queue.clone(),
+                )?;
                 tracing::info!(upstream = %url.redacted(), "delivering upstream");
                 workers = worker::start(
                     store.clone(),
@@ -504,8 +477,7 @@ impl Relay {
 /// attempt (a third of the lease), so only a stuck worker stays silent longer than this.
 fn wedge_limit(settings: &Settings) -> Duration {
     let d = &settings.delivery;
-    let lease = d.timeouts.worst_case() + Duration::from_secs(10);
-    lease / 3 + d.scan_interval * 3 + Duration::from_secs(30)
+    d.timeouts.lease() / 3 + d.scan_interval * 3 + Duration::from_secs(30)
 }
 
 /// Probes the store so that an outage is noticed (and its end too) without waiting for a

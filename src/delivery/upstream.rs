@@ -175,6 +175,12 @@ impl PhaseTimeouts {
             + self.data
             + self.dot
     }
+
+    /// How long a worker's claim on a message lasts: the longest attempt and a margin for the
+    /// writes around it. Lease renewals come every third of it.
+    pub(crate) fn lease(&self) -> Duration {
+        self.worst_case() + Duration::from_secs(10)
+    }
 }
 
 /// What to send: the envelope and the stored bytes, exactly.

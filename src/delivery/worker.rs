@@ -88,7 +88,7 @@ pub(crate) fn start(
     hint: Arc<Notify>,
     stop: Stop,
 ) -> anyhow::Result<Vec<JoinHandle<()>>> {
-    let lease = settings.timeouts.worst_case() + Duration::from_secs(10);
+    let lease = settings.timeouts.lease();
     let shared = Arc::new(Shared {
         breaker: Mutex::new(Breaker::new(settings.breaker)),
         bucket: Mutex::new(TokenBucket::new(
