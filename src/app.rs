@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
 use crate::auth::throttle::{ThrottleLimits, DEFAULT_MAX_ENTRIES};
-use crate::auth::LiveUsers;
+use crate::auth::{AuthGate, LiveUsers};
 use crate::config::Settings;
 use crate::delivery::immediate::BeforeQueue;
 use crate::delivery::worker;
@@ -18,8 +18,7 @@ use crate::intake::{Intake, IntakeSettings};
 use crate::metrics::Metrics;
 use crate::shutdown::{Shutdown, Stop};
 use crate::smtp::server::{
-    serve, AuthThrottle, ConnectionLimits, ListenerKind, ListenerPolicy, ServerContext,
-    SessionTimeouts,
+    serve, ConnectionLimits, ListenerKind, ListenerPolicy, ServerContext, SessionTimeouts,
 };
 use crate::smtp::session::SessionConfig;
 use crate::smtp::tls::TlsCerts;
@@ -215,12 +214,16 @@ impl Relay {
             None => intake,
         });
         // Counted per (client, user name), with a looser cap per client (docs/guides/tls-auth-relay.md).
-        let auth_throttle = Arc::new(AuthThrottle::new(ThrottleLimits {
-            per_user: settings.max_auth_failures_per_user,
-            per_address: settings.max_auth_failures_per_ip,
-            window: settings.auth_failure_window,
-            max_entries: DEFAULT_MAX_ENTRIES,
-        }));
+        let auth = Arc::new(AuthGate::new(
+            ThrottleLimits {
+                per_user: settings.max_auth_failures_per_user,
+                per_address: settings.max_auth_failures_per_ip,
+                window: settings.auth_failure_window,
+                max_entries: DEFAULT_MAX_ENTRIES,
+            },
+            users.clone(),
+            settings.auth_failure_delay,
+        ));
         let limits = Arc::new(ConnectionLimits::new(
             settings.max_connections,
             settings.max_connections_per_ip,
@@ -269,8 +272,7 @@ impl Relay {
                 },
                 tls: tls.clone(),
                 users: users.clone(),
-                auth_failure_delay: settings.auth_failure_delay,
-                auth_throttle: auth_throttle.clone(),
+                auth: auth.clone(),
                 before_queue: before_queue.clone(),
                 before_queue_listener: waits,
             })

@@ -4,11 +4,13 @@
 //! `file.rs` for its exact rules. Passwords are stored only as argon2id PHC strings.
 
 mod file;
+mod gate;
 mod live;
 pub(crate) mod throttle;
 mod users;
 pub(crate) mod verify;
 
+pub(crate) use gate::{AuthGate, AuthVerdict};
 pub(crate) use live::LiveUsers;
 pub use users::{
     hash_password, Authenticated, User, Users, MAX_NAME_LEN, MAX_PATTERN_LEN, MAX_SCOPE_LEN,

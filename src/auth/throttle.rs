@@ -3,7 +3,7 @@
 //!
 //! Pure bookkeeping, no I/O and no clock of its own: every call takes `now`, so tests drive
 //! time by hand. The caller holds it behind a lock and passes the client's grouping key (the
-//! SMTP server passes `smtp::limits::client_key`: the IPv4 address, or the IPv6 /64).
+//! SMTP server passes `client_key`: the IPv4 address, or the IPv6 /64).
 //!
 //! Rules:
 //! - Each failed AUTH adds one to the count of its (client, name) pair and one to the count of
@@ -186,6 +186,18 @@ fn make_room<K: Hash + Eq>(table: &mut HashMap<K, Count>, now: Instant, limits: 
             true
         }
     });
+}
+
+/// The unit a client is counted by: its IPv4 address, or its IPv6 /64 (one host commonly has
+/// a whole /64 to pick addresses from).
+pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(bits.into())
+        }
+        v4 => v4,
+    }
 }
 
 #[cfg(test)]

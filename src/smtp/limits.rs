@@ -1,5 +1,5 @@
-//! What one client may hold, as state without I/O: connection caps (global and per client),
-//! AUTH throttling, the slow-message rule. The server asks and obeys; every decision is here,
+//! What one client may hold, as state without I/O: connection caps (global and per client)
+//! and the slow-message rule (AUTH throttling is `auth::gate`'s). The server asks and obeys; every decision is here,
 //! so tests drive it by hand (and by a clock passed in, where time matters).
 
 use std::collections::HashMap;
@@ -7,19 +7,7 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::auth::throttle::{AuthFailures, ThrottleLimits, Verdict};
-
-/// The unit a client is counted by: its IPv4 address, or its IPv6 /64 (one host commonly has
-/// a whole /64 to pick addresses from).
-pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
-    match ip.to_canonical() {
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6) & !((1u128 << 64) - 1);
-            IpAddr::V6(bits.into())
-        }
-        v4 => v4,
-    }
-}
+use crate::auth::throttle::client_key;
 
 /// Open connections, in all and per client (by `client_key`), against their caps.
 #[derive(Debug)]
@@ -138,65 +126,6 @@ impl ConnectionSlot<'_> {
 impl Drop for ConnectionSlot<'_> {
     fn drop(&mut self) {
         self.limits.counts().close(self.ip);
-    }
-}
-
-/// Password checks are argon2 (tens of MB and ~100 ms each): at most a few run at once, and
-/// failures are counted across reconnects per (client, user name) and per client, so that a
-/// client that keeps failing is turned away for a while (see `auth::throttle`).
-pub(crate) struct AuthThrottle {
-    running: tokio::sync::Semaphore,
-    failures: Mutex<AuthFailures>,
-}
-
-impl AuthThrottle {
-    pub(crate) fn new(limits: ThrottleLimits) -> Self {
-        AuthThrottle {
-            running: tokio::sync::Semaphore::new(crate::auth::verify::concurrent_checks()),
-            failures: Mutex::new(AuthFailures::new(limits)),
-        }
-    }
-
-    /// Waits for a turn to check a password; the turn lasts as long as the permit.
-    pub(crate) async fn turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        self.running.acquire().await.ok()
-    }
-
-    pub(crate) fn check(&self, ip: IpAddr, user: &str) -> Verdict {
-        self.failures
-            .lock()
-            .expect("auth failures")
-            .check(client_key(ip), user, Instant::now())
-    }
-
-    pub(crate) fn record_failure(&self, ip: IpAddr, user: &str) {
-        self.failures.lock().expect("auth failures").record_failure(
-            client_key(ip),
-            user,
-            Instant::now(),
-        );
-    }
-
-    pub(crate) fn record_success(&self, ip: IpAddr, user: &str) {
-        self.failures.lock().expect("auth failures").record_success(
-            client_key(ip),
-            user,
-            Instant::now(),
-        );
-    }
-}
-
-/// Why an AUTH attempt is refused before its password is checked, for the log line; `None`
-/// when it may go ahead.
-pub(crate) fn lockout_reason(verdict: Verdict) -> Option<&'static str> {
-    match verdict {
-        Verdict::Allowed => None,
-        Verdict::UserLocked => {
-            Some("too many failed logins for this user from this client; refused")
-        }
-        Verdict::AddressLocked => {
-            Some("too many failed logins from this client, across user names; refused")
-        }
     }
 }
 
@@ -342,22 +271,6 @@ mod tests {
         drop(e);
         assert_eq!(limits.open_connections(), 0);
         assert!(limits.counts().per_client.is_empty());
-    }
-
-    #[test]
-    fn lockouts_are_logged_with_their_reason() {
-        let table = [
-            (Verdict::Allowed, None),
-            (Verdict::UserLocked, Some("for this user")),
-            (Verdict::AddressLocked, Some("across user names")),
-        ];
-        for (verdict, want) in table {
-            let got = lockout_reason(verdict);
-            assert_eq!(got.is_some(), want.is_some(), "{verdict:?}");
-            if let (Some(got), Some(want)) = (got, want) {
-                assert!(got.contains(want), "{verdict:?}: {got}");
-            }
-        }
     }
 
     /// Each row: (grace, minimum rate, [(seconds since the first bytes, bytes read then)],

@@ -11,17 +11,17 @@ use ipnet::IpNet;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::limits::{lockout_reason, DataRate};
+use super::limits::DataRate;
 use super::proxy_header::{self, Framing, Refusal};
 use super::session::{Output, RefusalReason, Session, SessionConfig};
 use super::tls::TlsCerts;
-use crate::auth::LiveUsers;
+use crate::auth::{AuthGate, AuthVerdict, LiveUsers};
 use crate::intake::{Intake, Origin};
 use crate::reply::Reply;
 use crate::shutdown::{Sessions, Stop};
 
 // The listeners' shared limits, under the path the app and the admin listener name them by.
-pub(crate) use super::limits::{AuthThrottle, ConnectionLimits};
+pub(crate) use super::limits::ConnectionLimits;
 
 /// How a listener speaks TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,9 +80,8 @@ pub(crate) struct ServerContext {
     pub tls: Option<Arc<TlsCerts>>,
     /// The users file in service (SIGHUP reloads it).
     pub users: Option<Arc<LiveUsers>>,
-    /// Delay before answering a failed AUTH (slows password guessing).
-    pub auth_failure_delay: Duration,
-    pub auth_throttle: Arc<AuthThrottle>,
+    /// AUTH attempts: lockouts, the password check, failure counts and delay.
+    pub auth: Arc<AuthGate>,
     /// The before-queue mode, when a listener or the users file may use it
     /// (docs/guides/before-queue.md).
     pub before_queue: Option<Arc<crate::delivery::immediate::BeforeQueue>>,
@@ -644,46 +643,14 @@ impl Conversation<'_> {
                     session.submission_done(reply)
                 }
                 Some(Output::Authenticate(presented)) => {
-                    let throttle = &self.ctx.auth_throttle;
-                    let peer = self.origin.peer;
-                    // Only names of existing users reach the log: a failed name may be a
-                    // password typed into the wrong field.
-                    let name = presented.user.clone();
-                    let known = self
-                        .ctx
-                        .users
-                        .as_ref()
-                        .is_some_and(|users| users.current().get(&name).is_some());
-                    let shown = if known { name.as_str() } else { "<unknown>" };
-                    if let Some(what) = lockout_reason(throttle.check(peer, &name)) {
-                        tracing::warn!(target: "idemrelay::auth", %peer, user = shown, "{what}");
-                        outputs = session.close_now(Reply::too_many_auth_failures());
-                        continue;
+                    match self.ctx.auth.attempt(self.origin.peer, presented).await {
+                        AuthVerdict::LockedOut => {
+                            outputs = session.close_now(Reply::too_many_auth_failures());
+                            continue;
+                        }
+                        AuthVerdict::Authenticated(user) => session.auth_result(Some(user)),
+                        AuthVerdict::Failed => session.auth_result(None),
                     }
-                    let user = match self.ctx.users.as_ref().map(|u| u.current()) {
-                        Some(users) => {
-                            let _turn = throttle.turn().await;
-                            tokio::task::spawn_blocking(move || {
-                                users.verify(&presented.user, &presented.password)
-                            })
-                            .await
-                            .ok()
-                            .flatten()
-                        }
-                        None => None,
-                    };
-                    match &user {
-                        Some(user) => {
-                            throttle.record_success(peer, &name);
-                            tracing::info!(target: "idemrelay::auth", user = %user.name, %peer, "authenticated")
-                        }
-                        None => {
-                            throttle.record_failure(peer, &name);
-                            tracing::warn!(target: "idemrelay::auth", %peer, user = shown, "authentication failed");
-                            tokio::time::sleep(self.ctx.auth_failure_delay).await;
-                        }
-                    }
-                    session.auth_result(user)
                 }
                 Some(_) => unreachable!("replies, close and STARTTLS are handled above"),
             };
