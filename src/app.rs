@@ -22,7 +22,7 @@ use crate::smtp::server::{
 };
 use crate::smtp::session::SessionConfig;
 use crate::smtp::tls::TlsCerts;
-use crate::store::{self, Store};
+use crate::store::{self, Store, StoreHealth};
 use crate::webhook::{self, WebhookState};
 
 mod reload;
@@ -193,6 +193,7 @@ impl Relay {
             &settings.scope,
             users.as_ref().map(|u| u.current()).as_deref(),
         );
+        let store_health = Arc::new(StoreHealth::default());
         let intake = Intake::new(
             store.clone(),
             IntakeSettings {
@@ -207,6 +208,7 @@ impl Relay {
                 ),
             },
             hint.clone(),
+            store_health.clone(),
         )
         .with_metrics(metrics.clone());
         let intake = Arc::new(match &before_queue {
@@ -232,6 +234,8 @@ impl Relay {
             let tls_listener = kind != ListenerKind::Plain;
             Arc::new(ServerContext {
                 intake: intake.clone(),
+                store_health: store_health.clone(),
+                metrics: metrics.clone(),
                 session: Arc::new(SessionConfig {
                     hostname: settings.hostname.clone(),
                     max_message_size: settings.max_message_size,
@@ -343,7 +347,8 @@ impl Relay {
             shutdown.stop_signal(),
         )));
         tasks.push(tokio::spawn(store_health_loop(
-            intake.clone(),
+            store.clone(),
+            store_health.clone(),
             settings.store_probe_interval,
             shutdown.stop_signal(),
         )));
@@ -378,7 +383,7 @@ impl Relay {
             let addr = listener.local_addr()?;
             let state = Arc::new(AdminState {
                 store,
-                intake: intake.clone(),
+                store_health: store_health.clone(),
                 metrics,
                 limits: limits.clone(),
                 stopping: shutdown.stop_signal(),
@@ -484,12 +489,17 @@ fn wedge_limit(settings: &Settings) -> Duration {
 
 /// Probes the store so that an outage is noticed (and its end too) without waiting for a
 /// submission to fail.
-async fn store_health_loop(intake: Arc<Intake>, every: Duration, stop: Stop) {
+async fn store_health_loop(
+    store: Arc<dyn Store>,
+    health: Arc<StoreHealth>,
+    every: Duration,
+    stop: Stop,
+) {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = ticker.tick() => { intake.check_store().await; }
+            _ = ticker.tick() => { health.probe(store.as_ref()).await; }
             _ = stop.stopped() => return,
         }
     }

@@ -24,7 +24,10 @@ pub(crate) async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
 /// to a caller that passes the API's token check: a pause reason is the operator's free text.
 pub(crate) async fn readyz(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
     let stopping = state.stopping.is_stopping();
-    let writable = state.ready_probe.writable(&state.intake).await;
+    let writable = state
+        .ready_probe
+        .writable(state.store.as_ref(), &state.store_health)
+        .await;
     let idle = state.wedged_after.map(|limit| {
         let idle = state
             .metrics
@@ -117,7 +120,7 @@ pub(crate) async fn metrics(State(state): State<Arc<AdminState>>, headers: Heade
         now_ms: crate::store::now_ms(),
         connections_open: state.limits.open_connections(),
         paused,
-        store_writable: state.intake.store_healthy(),
+        store_writable: state.store_health.is_writable(),
     };
     let text = state.metrics.render(&snapshot, format);
     ([(header::CONTENT_TYPE, format.content_type())], text).into_response()

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::intake::Intake;
+use crate::store::{Store, StoreHealth};
 
 /// How long a store probe's result answers `/readyz`. A probe is a write transaction: a
 /// load balancer (or anyone) asking many times a second must not put that many writes in
@@ -24,14 +24,14 @@ impl ReadyProbe {
         }
     }
 
-    pub(crate) async fn writable(&self, intake: &Intake) -> bool {
+    pub(crate) async fn writable(&self, store: &dyn Store, health: &StoreHealth) -> bool {
         let mut last = self.last.lock().await;
         if let Some((at, writable)) = *last {
             if at.elapsed() < self.max_age {
                 return writable;
             }
         }
-        let writable = intake.check_store().await;
+        let writable = health.probe(store).await;
         *last = Some((Instant::now(), writable));
         writable
     }

@@ -11,16 +11,16 @@ use axum::Json;
 use tokio::sync::Notify;
 
 use super::stats_cache;
-use crate::intake::Intake;
 use crate::metrics::Metrics;
 use crate::shutdown::Stop;
 use crate::smtp::server::ConnectionLimits;
-use crate::store::{Retention, Store};
+use crate::store::{Retention, Store, StoreHealth};
 
 /// What the admin handlers read; owned by the relay.
 pub(crate) struct AdminState {
     pub store: Arc<dyn Store>,
-    pub intake: Arc<Intake>,
+    /// Whether the store was writable at its last write or probe.
+    pub store_health: Arc<StoreHealth>,
     pub metrics: Arc<Metrics>,
     pub limits: Arc<ConnectionLimits>,
     /// The relay's stop signal: given once shutdown has begun (health turns 503).

@@ -12,7 +12,6 @@ mod fingerprint_tests;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ use crate::mail::Submission;
 use crate::mail::{Fingerprint, MissingKey};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
-use crate::store::{Existing, Insert, NewRecord, State, Store};
+use crate::store::{Existing, Insert, NewRecord, State, Store, StoreHealth};
 use fingerprint::{fingerprint, key_fingerprint, message_fingerprint};
 use key::{derive_key, key_field, read_key_header, upstream_key, IdemKey, KeyHeader, KeySource};
 use message::{
@@ -113,9 +112,8 @@ pub struct Intake {
     settings: IntakeSettings,
     /// Keys being committed by this process; the sender half is dropped when the attempt ends.
     in_flight: Mutex<HashMap<(String, String), watch::Receiver<()>>>,
-    /// False after a store failure until a probe or a write succeeds; new connections are
-    /// refused meanwhile (fail closed).
-    store_healthy: AtomicBool,
+    /// Set by every commit's result; read by the listeners and `/readyz`.
+    store_health: Arc<StoreHealth>,
     /// Wakes the delivery workers after a commit.
     delivery_hint: Arc<Notify>,
     metrics: Arc<Metrics>,
@@ -127,6 +125,34 @@ pub struct Intake {
     /// The before-queue mode's clients waiting for a verdict here: a retry of one of their
     /// records waits for that answer and replays it (docs/guides/before-queue.md).
     before_queue: Option<Arc<crate::delivery::immediate::BeforeQueue>>,
+}
+
+/// What `submit_inner` decided, with what it read on the way.
+struct Handled {
+    answer: ClientAnswer,
+    key: Option<IdemKey>,
+    waiter: Option<crate::delivery::immediate::Waiter>,
+    seen: MessageIdSeen,
+}
+
+impl Handled {
+    /// Refused before the header section could be read.
+    fn refused_unscanned(reply: Reply) -> Self {
+        Handled {
+            answer: ClientAnswer::refused(reply, SubmissionResult::Rejected),
+            key: None,
+            waiter: None,
+            seen: MessageIdSeen::NotScanned,
+        }
+    }
+}
+
+/// The Message-ID as the decision's header scan found it, so the log line does not parse the
+/// headers a second time.
+enum MessageIdSeen {
+    /// Refused before the scan: the log line reads the header section itself (bounded).
+    NotScanned,
+    Scanned(Option<String>),
 }
 
 /// Removes the in-flight entry (waking the waiters) however the attempt ends.
@@ -161,6 +187,7 @@ impl Intake {
         store: Arc<dyn Store>,
         settings: IntakeSettings,
         delivery_hint: Arc<Notify>,
+        store_health: Arc<StoreHealth>,
     ) -> Self {
         Intake {
             store,
@@ -169,7 +196,7 @@ impl Intake {
             settings,
             delivery_hint,
             in_flight: Mutex::new(HashMap::new()),
-            store_healthy: AtomicBool::new(true),
+            store_health,
             metrics: Arc::new(Metrics::default()),
             before_queue: None,
         }
@@ -179,11 +206,6 @@ impl Intake {
     pub(crate) fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
         self
-    }
-
-    /// The relay's registry: the SMTP listeners count their refusals in it too.
-    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -237,26 +259,6 @@ impl Intake {
         Ok(owned)
     }
 
-    pub(crate) fn store_healthy(&self) -> bool {
-        self.store_healthy.load(Ordering::Relaxed)
-    }
-
-    /// Probes the store and records the result; returns whether it is writable.
-    pub(crate) async fn check_store(&self) -> bool {
-        let ok = match self.store.probe().await {
-            Ok(()) => true,
-            Err(err) => {
-                tracing::warn!(target: "idemrelay::store", error = %err, "store probe failed");
-                false
-            }
-        };
-        let was = self.store_healthy.swap(ok, Ordering::Relaxed);
-        if ok && !was {
-            tracing::info!(target: "idemrelay::store", "store writable again; accepting connections");
-        }
-        ok
-    }
-
     /// Decides the reply to the end of DATA. A positive reply is returned only after the
     /// record is committed.
     pub(crate) async fn submit(
@@ -278,19 +280,23 @@ impl Intake {
         SubmissionResult,
         Option<crate::delivery::immediate::Waiter>,
     ) {
-        let mut scanned = None;
-        let (decision, key, waiter) = self.submit_inner(origin, sub, &mut scanned, waiting).await;
-        let ClientAnswer { reply, outcome, id } = decision;
+        let Handled {
+            answer,
+            key,
+            waiter,
+            seen,
+        } = self.submit_inner(origin, sub, waiting).await;
+        let ClientAnswer { reply, outcome, id } = answer;
         // The Message-ID identifies the message to its sender's people. The decision's own
         // scan of the header section gives it; a message refused before that scan has its
         // header section read here (bounded). Parsing the headers twice per message was a
         // measurable share of the relay's CPU.
-        let message_id = scanned
-            .unwrap_or_else(|| {
-                bounded_header_section(&sub.message)
-                    .and_then(|len| scan_headers(&sub.message[..len]).message_id)
-            })
-            .unwrap_or_else(|| "-".to_string());
+        let message_id = match seen {
+            MessageIdSeen::Scanned(message_id) => message_id,
+            MessageIdSeen::NotScanned => bounded_header_section(&sub.message)
+                .and_then(|len| scan_headers(&sub.message[..len]).message_id),
+        }
+        .unwrap_or_else(|| "-".to_string());
         // Display (`%`) for every value: the human format then writes `id=X`, never
         // `id="X"`, so `grep 'id=X'` finds this line and every delivery line alike.
         tracing::info!(
@@ -339,41 +345,24 @@ impl Intake {
         tracing::warn!(target: "idemrelay::store", scope, error = %failure, "replay answered but not counted for the report");
     }
 
-    /// `scanned` receives the Message-ID found by the header scan, once the scan has run.
-    async fn submit_inner(
-        &self,
-        origin: &Origin,
-        sub: &Submission,
-        scanned: &mut Option<Option<String>>,
-        waiting: bool,
-    ) -> (
-        ClientAnswer,
-        Option<IdemKey>,
-        Option<crate::delivery::immediate::Waiter>,
-    ) {
+    async fn submit_inner(&self, origin: &Origin, sub: &Submission, waiting: bool) -> Handled {
         if !has_header_section(&sub.message) {
-            return (
-                ClientAnswer::refused(Reply::no_header_section(), SubmissionResult::Rejected),
-                None,
-                None,
-            );
+            return Handled::refused_unscanned(Reply::no_header_section());
         }
         let Some(header_len) = bounded_header_section(&sub.message) else {
-            return (
-                ClientAnswer::refused(
-                    Reply::header_section_too_large(),
-                    SubmissionResult::Rejected,
-                ),
-                None,
-                None,
-            );
+            return Handled::refused_unscanned(Reply::header_section_too_large());
         };
         let scan = scan_headers(&sub.message[..header_len]);
-        *scanned = Some(scan.message_id.clone());
+        let seen = MessageIdSeen::Scanned(scan.message_id.clone());
         let fp = fingerprint(&origin.scope, &sub.envelope, &sub.message);
         let key = match self.resolve_key(origin, sub, &scan, &fp) {
             Resolved::Refused(reply, outcome) => {
-                return (ClientAnswer::refused(reply, outcome), None, None)
+                return Handled {
+                    answer: ClientAnswer::refused(reply, outcome),
+                    key: None,
+                    waiter: None,
+                    seen,
+                }
             }
             Resolved::Keyed(key) => Some(key),
             Resolved::Unkeyed => None,
@@ -400,10 +389,12 @@ impl Intake {
         };
         // Only a failed write or a committed one says anything about the store's health.
         match decision.outcome {
-            SubmissionResult::Unavailable => self.store_healthy.store(false, Ordering::Relaxed),
+            SubmissionResult::Unavailable => {
+                self.store_health.record(false);
+            }
             SubmissionResult::Accepted => {
                 failpoint!("intake.after_commit");
-                self.store_healthy.store(true, Ordering::Relaxed);
+                self.store_health.record(true);
                 if waiter.is_none() {
                     self.delivery_hint.notify_waiters();
                 }
@@ -419,7 +410,12 @@ impl Intake {
             // Not this submission's record: its slot goes (dropping it answers nothing).
             waiter = None;
         }
-        (decision, key, waiter)
+        Handled {
+            answer: decision,
+            key,
+            waiter,
+            seen,
+        }
     }
 
     fn resolve_key(
@@ -597,6 +593,10 @@ impl Intake {
                         _ => false,
                     };
                     let mut record = self.record(facts, part, keeps);
+                    // Each round may lose its part number to a part another instance commits
+                    // meanwhile (`choose` then names the next one). Eight rounds outlast any
+                    // number of instances racing one split message; past them the client is
+                    // told to retry (E01004), never given a wrong answer.
                     for _ in 0..8 {
                         let started = std::time::Instant::now();
                         match self.store.insert(&record, self.settings.retention).await {

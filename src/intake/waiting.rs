@@ -132,6 +132,7 @@ mod tests {
                 log_recipients: false,
             },
             hint.clone(),
+            Default::default(),
         )
         .with_before_queue(Arc::new(BeforeQueue::new(
             Duration::from_secs(1),

@@ -17,8 +17,10 @@ use super::session::{Output, RefusalReason, Session, SessionConfig};
 use super::tls::TlsCerts;
 use crate::auth::{AuthGate, AuthVerdict, LiveUsers};
 use crate::intake::{Intake, Origin};
+use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::shutdown::{Sessions, Stop};
+use crate::store::StoreHealth;
 
 // The listeners' shared limits, under the path the app and the admin listener name them by.
 pub(crate) use super::limits::ConnectionLimits;
@@ -82,6 +84,10 @@ pub(crate) struct ServerContext {
     pub users: Option<Arc<LiveUsers>>,
     /// AUTH attempts: lockouts, the password check, failure counts and delay.
     pub auth: Arc<AuthGate>,
+    /// The store's health: new connections are refused while it is not writable.
+    pub store_health: Arc<StoreHealth>,
+    /// The relay's registry: refusals are counted in it.
+    pub metrics: Arc<Metrics>,
     /// The before-queue mode, when a listener or the users file may use it
     /// (docs/guides/before-queue.md).
     pub before_queue: Option<Arc<crate::delivery::immediate::BeforeQueue>>,
@@ -137,7 +143,7 @@ async fn refuse_connection(
     reply: Reply,
     why: RefusalReason,
 ) -> std::io::Result<()> {
-    ctx.intake.metrics().connection_refused(why.as_str());
+    ctx.metrics.connection_refused(why.as_str());
     tracing::info!(
         target: "idemrelay::smtp",
         client = %client.ip(),
@@ -212,13 +218,12 @@ async fn admit(
         .await
         .map_err(|e| (peer, e));
     }
-    if !ctx.intake.store_healthy() {
+    if !ctx.store_health.is_writable() {
         // Fail closed: nothing could be accepted, so say so before the client sends a message.
         // The client came to submit and was told the store is unavailable: that is an
         // unavailable submission, and without counting it the counter stayed 0 through a
         // whole outage (every client is turned away here once the probe has seen it).
-        ctx.intake
-            .metrics()
+        ctx.metrics
             .submission(crate::intake::SubmissionResult::Unavailable.label());
         return refuse_connection(
             ctx,
@@ -237,8 +242,7 @@ async fn admit(
             Ok(named) => named,
             Err(why) => {
                 // The spec has receivers just drop the connection; the log says why.
-                ctx.intake
-                    .metrics()
+                ctx.metrics
                     .connection_refused(RefusalReason::Policy.as_str());
                 tracing::warn!(target: "idemrelay::proxy", %peer, reason = %why, "connection closed: PROXY protocol");
                 return Ok(());
@@ -374,8 +378,7 @@ fn unexpected_proxy_header(ctx: &ServerContext, peer: SocketAddr, client: IpAddr
     } else {
         "PROXY header from an address not in this listener's proxy_protocol_from".to_string()
     };
-    ctx.intake
-        .metrics()
+    ctx.metrics
         .connection_refused(RefusalReason::Policy.as_str());
     tracing::warn!(target: "idemrelay::proxy", %peer, %reason, "connection closed: PROXY protocol");
 }
@@ -662,7 +665,7 @@ impl Conversation<'_> {
     /// One line and one count per refusal: a session refused or cut always leaves a trace
     /// (a bare LF's 521 used to leave none, even at debug).
     fn refused(&self, why: RefusalReason, reply: &str, session: &Session, closing: bool) {
-        self.ctx.intake.metrics().command_refused(why.as_str());
+        self.ctx.metrics.command_refused(why.as_str());
         let helo = session.helo().unwrap_or("-");
         let user = session.authenticated().map_or("-", |u| u.name.as_str());
         if closing {

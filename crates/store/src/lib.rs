@@ -11,6 +11,7 @@ extern crate idemrelay_model;
 
 mod attempt;
 mod backend;
+mod health;
 pub(crate) mod listing;
 mod migrate;
 pub(crate) mod postgres;
@@ -29,6 +30,7 @@ use std::time::Duration;
 
 pub use attempt::{OutcomeKind, Phase};
 pub use backend::{IntakeStore, OperatorStore, QueueStore, ReadStore, Store, WebhookStore};
+pub use health::StoreHealth;
 pub use listing::{Cursor, ListFilter, Page, StateFilter};
 pub use record::*;
 pub use retention::Retention;
