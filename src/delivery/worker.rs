@@ -16,7 +16,7 @@ use super::decide::{
 };
 use super::dsn::notice_for;
 use super::immediate::Answering;
-use super::outcome::EnhancedCode;
+use super::outcome::{EnhancedCode, Outcome};
 use super::ratelimit::TokenBucket;
 use super::retry::{Next, RetryPolicy};
 use super::upstream::{
@@ -28,8 +28,11 @@ use crate::store::{AttemptResult, Claimed, Phase, Settle, Store};
 
 mod immediate_send;
 mod lease;
+mod liveness;
 use immediate_send::answer_for_waiting_client;
 use lease::{release_with_retry, settle_with_retry, HeldLease};
+pub(crate) use liveness::STALE_AFTER;
+use liveness::{keep_alive, Liveness, ProcessId};
 
 #[derive(Debug, Clone)]
 pub(crate) struct DeliverySettings {
@@ -66,20 +69,9 @@ struct Shared {
     bucket: Mutex<TokenBucket>,
     hint: Arc<Notify>,
     lease: Duration,
-    /// Until when this process's last heartbeat keeps it alive in the store's eyes (its
-    /// siblings take over its leases once the heartbeat is stale).
-    alive_until: Mutex<Instant>,
+    /// Until when this process's last heartbeat keeps it alive in the store's eyes.
+    liveness: Arc<Liveness>,
 }
-
-/// How often each relay process writes its heartbeat (docs/guides/postgres.md).
-const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
-/// A process whose heartbeat is older than this is dead: its leases are taken over.
-pub(crate) const STALE_AFTER: Duration = Duration::from_secs(10);
-/// A process stops acting under its leases this long before its own heartbeat could be
-/// judged stale (clock rates differ a little, and a write may be in flight).
-const ALIVE_MARGIN: Duration = Duration::from_secs(2);
-/// How often leases of dead processes are looked for.
-const DEAD_OWNER_CHECK: Duration = Duration::from_secs(2);
 
 /// Starts the workers; they stop when `stop` is given. `hint` wakes them when intake commits.
 pub(crate) fn start(
@@ -100,8 +92,7 @@ pub(crate) fn start(
         hint,
         lease,
         settings,
-        // Not alive until the first heartbeat is written: no claim before it.
-        alive_until: Mutex::new(Instant::now()),
+        liveness: Arc::new(Liveness::default()),
     });
     let process = ProcessId::current();
     // Every worker holds a sender; the heartbeat goes on until the last one has ended, so
@@ -109,7 +100,8 @@ pub(crate) fn start(
     // taken for a dead process's and cut off.
     let (working, workers_ended) = tokio::sync::mpsc::channel::<()>(1);
     let mut tasks = vec![tokio::spawn(keep_alive(
-        shared.clone(),
+        shared.store.clone(),
+        shared.liveness.clone(),
         process.clone(),
         workers_ended,
     ))];
@@ -203,7 +195,7 @@ impl Worker {
     /// One unit of work; true when something was done and the worker should look again.
     async fn step(&mut self) -> anyhow::Result<bool> {
         let store = self.shared.store.clone();
-        if self.shared.alive_deadline() <= Instant::now() {
+        if self.shared.liveness.alive_deadline() <= Instant::now() {
             // Our heartbeat is not known to be fresh: what we claimed could be taken over.
             return Ok(false);
         }
@@ -346,76 +338,14 @@ impl Worker {
             Start::Park => return self.park(&job).await,
         };
         let attempt = job.attempts + 1;
-        let begun = match store.begin_attempt(&job.id, job.token, attempt).await {
-            Ok(begun) => begun,
-            Err(err) => {
-                // Nothing was sent: hand the job back now. Kept, the lease would hold it for
-                // the worst-case attempt time, and an earlier UNKNOWN's window could run out
-                // meanwhile, parking a message that was simply not sent yet. Should the intent
-                // have got in after all (its commit's answer lost), the next claim closes it as
-                // UNKNOWN: the safe reading.
-                release_with_retry(
-                    store.as_ref(),
-                    &job.id,
-                    job.token,
-                    policy.base,
-                    claimed_at + self.shared.lease,
-                )
-                .await;
-                return Err(err.into());
-            }
-        };
-        if !begun {
+        if !self.open_intent(&job, attempt, claimed_at).await? {
             return Ok(());
         }
         failpoint!("delivery.after_intent");
         let started = Instant::now();
-        let envelope = UpstreamEnvelope {
-            mail_from: &job.mail_from,
-            rcpt_to: &job.rcpt_to,
-            eight_bit: job.eight_bit,
-            smtputf8: job.smtputf8,
-            requests: &job.requests,
-        };
         let data_by = body_within.map(|left| claimed_at + left);
-        // The lease is renewed while the attempt runs: a slow upstream (a tarpit on every
-        // RCPT) must not let a second worker take the job and send it again meanwhile.
-        let lease = self.shared.lease;
-        let mut held = HeldLease::new(claimed_at, lease);
-        let outcome = {
-            let client = match self.scoped.get_mut(&job.scope) {
-                Some(own) => own,
-                None => &mut self.client,
-            };
-            let send = client.send(&envelope, &job.content, data_by);
-            tokio::pin!(send);
-            let mut renew = tokio::time::interval(lease / 3);
-            renew.tick().await;
-            loop {
-                let deadline = held.abandon_at().min(self.shared.alive_deadline());
-                tokio::select! {
-                    outcome = &mut send => break Some(outcome),
-                    // Renewals or heartbeats kept failing: the lease may pass to another
-                    // worker or process now (a heartbeat that landed meanwhile moves it).
-                    _ = tokio::time::sleep_until(deadline.into()) => {
-                        if held.abandon_at().min(self.shared.alive_deadline()) <= Instant::now() {
-                            break None;
-                        }
-                    }
-                    _ = renew.tick() => {
-                        self.shared.settings.metrics.delivery_heartbeat();
-                        let asked = Instant::now();
-                        match store.renew_lease(&job.id, job.token, lease).await {
-                            Ok(true) => held.renewed(asked),
-                            Ok(false) => break None,
-                            // Not known to be held: kept only as long as the last renewal lasts.
-                            Err(err) => tracing::warn!(target: "idemrelay::store", error = %err, id = %job.id, "cannot renew the delivery lease; the attempt stops before it could expire"),
-                        }
-                    }
-                }
-            }
-        };
-        let Some(outcome) = outcome else {
+        let mut held = HeldLease::new(claimed_at, self.shared.lease);
+        let Some(outcome) = self.send_under_lease(&job, data_by, &mut held).await else {
             // Dropping the send abandons the connection; the new holder has already recorded
             // this attempt as UNKNOWN.
             tracing::warn!(target: "idemrelay::attempt", id = %job.id, attempt, "lease lost during the attempt; abandoned");
@@ -482,41 +412,147 @@ impl Worker {
         }
         if settled {
             let since_accepted = facts.since_accepted(store_now());
-            if matches!(settle, Settle::Delivered { .. }) {
-                // Before the attempt's counters: a scrape that sees it delivered sees this too.
-                self.shared.settings.metrics.delivered_after(since_accepted);
-            }
-            self.shared.settings.metrics.attempt(
-                result.outcome.as_str(),
-                result.phase.map(Phase::as_str),
-                decision.next.label(),
-                latency,
-            );
-            // Everything about one message carries `id=<id>` (Display, never quoted), so one
-            // grep finds its whole life, as Postfix's queue id does in maillog.
-            tracing::info!(
-                target: "idemrelay::attempt",
-                id = %job.id,
-                key = %job.key.as_deref().unwrap_or("-"),
+            self.record_attempt(
+                &job,
                 attempt,
-                outcome = %result.outcome,
-                class = %class.as_str(),
-                phase = %result.phase.map_or("-", Phase::as_str),
-                code = result.code.unwrap_or(0),
-                reply = %result.reply,
-                decision = %decision.next.label(),
-                retry_in_ms = match settle {
-                    Settle::Retry { after, .. } => after.as_millis() as u64,
-                    _ => 0,
-                },
-                latency_ms = latency.as_millis() as u64,
-                "attempt"
+                &decision,
+                &settle,
+                class,
+                latency,
+                since_accepted,
             );
-            self.log_final(&job, attempt, Some(result), &settle, since_accepted);
         } else {
             tracing::warn!(target: "idemrelay::attempt", id = %job.id, attempt, "lease lost before the outcome was written; the new holder decides");
         }
         Ok(())
+    }
+
+    /// Writes the attempt's intent under the job's lease. False when the lease was lost
+    /// meanwhile; on a store error the job is handed back at once.
+    async fn open_intent(
+        &self,
+        job: &Claimed,
+        attempt: u32,
+        claimed_at: Instant,
+    ) -> anyhow::Result<bool> {
+        let store = self.shared.store.as_ref();
+        match store.begin_attempt(&job.id, job.token, attempt).await {
+            Ok(begun) => Ok(begun),
+            Err(err) => {
+                // Nothing was sent: hand the job back now. Kept, the lease would hold it for
+                // the worst-case attempt time, and an earlier UNKNOWN's window could run out
+                // meanwhile, parking a message that was simply not sent yet. Should the intent
+                // have got in after all (its commit's answer lost), the next claim closes it as
+                // UNKNOWN: the safe reading.
+                release_with_retry(
+                    store,
+                    &job.id,
+                    job.token,
+                    self.shared.settings.retry.base,
+                    claimed_at + self.shared.lease,
+                )
+                .await;
+                Err(err.into())
+            }
+        }
+    }
+
+    /// Sends `job` upstream, renewing its lease while the attempt runs: a slow upstream (a
+    /// tarpit on every RCPT) must not let a second worker take the job and send it again
+    /// meanwhile. None when the lease was lost (the send is dropped, abandoning the
+    /// connection).
+    async fn send_under_lease(
+        &mut self,
+        job: &Claimed,
+        data_by: Option<Instant>,
+        held: &mut HeldLease,
+    ) -> Option<Outcome> {
+        let store = self.shared.store.clone();
+        let lease = self.shared.lease;
+        let envelope = UpstreamEnvelope {
+            mail_from: &job.mail_from,
+            rcpt_to: &job.rcpt_to,
+            eight_bit: job.eight_bit,
+            smtputf8: job.smtputf8,
+            requests: &job.requests,
+        };
+        let client = match self.scoped.get_mut(&job.scope) {
+            Some(own) => own,
+            None => &mut self.client,
+        };
+        let send = client.send(&envelope, &job.content, data_by);
+        tokio::pin!(send);
+        let mut renew = tokio::time::interval(lease / 3);
+        renew.tick().await;
+        loop {
+            let deadline = held.abandon_at().min(self.shared.liveness.alive_deadline());
+            tokio::select! {
+                outcome = &mut send => return Some(outcome),
+                // Renewals or heartbeats kept failing: the lease may pass to another worker
+                // or process now (a heartbeat that landed meanwhile moves it).
+                _ = tokio::time::sleep_until(deadline.into()) => {
+                    if held.abandon_at().min(self.shared.liveness.alive_deadline()) <= Instant::now() {
+                        return None;
+                    }
+                }
+                _ = renew.tick() => {
+                    self.shared.settings.metrics.delivery_heartbeat();
+                    let asked = Instant::now();
+                    match store.renew_lease(&job.id, job.token, lease).await {
+                        Ok(true) => held.renewed(asked),
+                        Ok(false) => return None,
+                        // Not known to be held: kept only as long as the last renewal lasts.
+                        Err(err) => tracing::warn!(target: "idemrelay::store", error = %err, id = %job.id, "cannot renew the delivery lease; the attempt stops before it could expire"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// A written attempt's metrics and log line (and the message's last line when it ended).
+    #[allow(clippy::too_many_arguments)]
+    fn record_attempt(
+        &self,
+        job: &Claimed,
+        attempt: u32,
+        decision: &Decision,
+        settle: &Settle,
+        class: ReplyClass,
+        latency: Duration,
+        since_accepted: Duration,
+    ) {
+        let result = &decision.row;
+        if matches!(settle, Settle::Delivered { .. }) {
+            // Before the attempt's counters: a scrape that sees it delivered sees this too.
+            self.shared.settings.metrics.delivered_after(since_accepted);
+        }
+        self.shared.settings.metrics.attempt(
+            result.outcome.as_str(),
+            result.phase.map(Phase::as_str),
+            decision.next.label(),
+            latency,
+        );
+        // Everything about one message carries `id=<id>` (Display, never quoted), so one
+        // grep finds its whole life, as Postfix's queue id does in maillog.
+        tracing::info!(
+            target: "idemrelay::attempt",
+            id = %job.id,
+            key = %job.key.as_deref().unwrap_or("-"),
+            attempt,
+            outcome = %result.outcome,
+            class = %class.as_str(),
+            phase = %result.phase.map_or("-", Phase::as_str),
+            code = result.code.unwrap_or(0),
+            reply = %result.reply,
+            decision = %decision.next.label(),
+            retry_in_ms = match settle {
+                Settle::Retry { after, .. } => after.as_millis() as u64,
+                _ => 0,
+            },
+            latency_ms = latency.as_millis() as u64,
+            "attempt"
+        );
+        self.log_final(job, attempt, Some(result), settle, since_accepted);
     }
 
     /// Parks a message whose earlier attempt may already be delivered, unsent (the reason is
@@ -704,82 +740,6 @@ impl Worker {
                 "unresolved: the upstream may or may not have the message; parked for an operator"
             ),
             Settle::Retry { .. } => {}
-        }
-    }
-}
-
-impl Shared {
-    /// When this process must stop acting under its leases, lacking a newer heartbeat.
-    fn alive_deadline(&self) -> Instant {
-        let until = *self.alive_until.lock().expect("liveness lock");
-        until.checked_sub(ALIVE_MARGIN).unwrap_or(until)
-    }
-}
-
-/// A lease owner names its process: `host/pid/nonce`, for people reading the ledger. Only
-/// the nonce makes it unique; whether the process lives is told by its heartbeat alone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ProcessId(String);
-
-impl ProcessId {
-    fn current() -> Self {
-        ProcessId(format!(
-            "{}/{}/{:016x}",
-            host_name(),
-            std::process::id(),
-            fastrand::u64(..)
-        ))
-    }
-}
-
-/// The owner's separators ('/') and the worker suffix's ('-') may not appear in the host part.
-fn host_name() -> String {
-    crate::hostname::system_hostname().replace(['/', '-'], "_")
-}
-
-/// Writes this process's heartbeat every second and, every few seconds, takes over the
-/// leases of processes whose heartbeat went stale: instances sharing one database take over
-/// a sibling that died within seconds, wherever it ran, instead of at lease expiry. Runs
-/// until every worker has ended (`workers_ended` yields `None`), not until the stop signal:
-/// at shutdown the workers finish their attempts under this heartbeat.
-async fn keep_alive(
-    shared: Arc<Shared>,
-    me: ProcessId,
-    mut workers_ended: tokio::sync::mpsc::Receiver<()>,
-) {
-    let mut last_check: Option<Instant> = None;
-    loop {
-        let asked = Instant::now();
-        match shared.store.heartbeat(&me.0).await {
-            Ok(()) => {
-                let mut until = shared.alive_until.lock().expect("liveness lock");
-                *until = (*until).max(asked + STALE_AFTER);
-            }
-            Err(err) => {
-                tracing::warn!(target: "idemrelay::delivery", error = %err, "cannot write the liveness heartbeat; delivery stops before siblings could take this process for dead")
-            }
-        }
-        if last_check.is_none_or(|t| t.elapsed() >= DEAD_OWNER_CHECK) {
-            last_check = Some(Instant::now());
-            reclaim_dead_leases(shared.store.as_ref()).await;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
-            None = workers_ended.recv() => return,
-        }
-    }
-}
-
-async fn reclaim_dead_leases(store: &dyn Store) {
-    match store.reclaim_dead_leases(STALE_AFTER).await {
-        Ok(0) => {}
-        Ok(n) => tracing::warn!(
-            target: "idemrelay::delivery",
-            leases = n,
-            "took over leases of a relay process whose heartbeat stopped; its open attempts count as UNKNOWN"
-        ),
-        Err(err) => {
-            tracing::warn!(target: "idemrelay::delivery", error = %err, "cannot check for leases of dead processes")
         }
     }
 }

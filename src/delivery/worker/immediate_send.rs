@@ -130,7 +130,7 @@ impl Worker {
             let breaker = self.shared.breaker.lock().expect("breaker lock");
             breaker.state(now) == BreakerState::Closed
         };
-        if self.shared.alive_deadline() <= now || !breaker_closed {
+        if self.shared.liveness.alive_deadline() <= now || !breaker_closed {
             registry.not_sent(id);
             return Ok(());
         }
