@@ -9,18 +9,14 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
-use crate::auth::throttle::{ThrottleLimits, DEFAULT_MAX_ENTRIES};
 use crate::auth::{AuthGate, LiveUsers};
-use crate::config::Settings;
+use crate::config::{parts, Settings};
 use crate::delivery::immediate::BeforeQueue;
 use crate::delivery::worker;
-use crate::intake::{Intake, IntakeSettings};
+use crate::intake::Intake;
 use crate::metrics::Metrics;
 use crate::shutdown::{Shutdown, Stop};
-use crate::smtp::server::{
-    serve, ConnectionLimits, ListenerKind, ListenerPolicy, ServerContext, SessionTimeouts,
-};
-use crate::smtp::session::SessionConfig;
+use crate::smtp::server::{serve, ConnectionLimits, ListenerKind, ServerContext};
 use crate::smtp::tls::TlsCerts;
 use crate::store::{self, Store, StoreHealth};
 use crate::webhook::{self, WebhookState};
@@ -196,17 +192,13 @@ impl Relay {
         let store_health = Arc::new(StoreHealth::default());
         let intake = Intake::new(
             store.clone(),
-            IntakeSettings {
-                hostname: settings.hostname.clone(),
-                missing_key: settings.missing_key,
-                retention: settings.retention_policy(),
-                in_progress_wait: settings.in_progress_wait,
-                log_recipients: settings.log_recipients,
-                key_spaces: key_spaces(
+            parts::intake(
+                settings,
+                key_spaces(
                     &scope_upstreams,
                     settings.upstream.as_ref().map(|u| u.expose()),
                 ),
-            },
+            ),
             hint.clone(),
             store_health.clone(),
         )
@@ -215,14 +207,8 @@ impl Relay {
             Some(before_queue) => intake.with_before_queue(before_queue.clone()),
             None => intake,
         });
-        // Counted per (client, user name), with a looser cap per client (docs/guides/tls-auth-relay.md).
         let auth = Arc::new(AuthGate::new(
-            ThrottleLimits {
-                per_user: settings.max_auth_failures_per_user,
-                per_address: settings.max_auth_failures_per_ip,
-                window: settings.auth_failure_window,
-                max_entries: DEFAULT_MAX_ENTRIES,
-            },
+            parts::auth_limits(settings),
             users.clone(),
             settings.auth_failure_delay,
         ));
@@ -231,49 +217,14 @@ impl Relay {
             settings.max_connections_per_ip,
         ));
         let context = |kind: ListenerKind, waits: bool| {
-            let tls_listener = kind != ListenerKind::Plain;
             Arc::new(ServerContext {
                 intake: intake.clone(),
                 store_health: store_health.clone(),
                 metrics: metrics.clone(),
-                session: Arc::new(SessionConfig {
-                    hostname: settings.hostname.clone(),
-                    max_message_size: settings.max_message_size,
-                    max_recipients: settings.max_recipients,
-                    max_transactions: settings.max_transactions,
-                    max_errors: settings.max_errors,
-                    starttls: kind == ListenerKind::StartTls,
-                    require_tls: tls_listener,
-                    auth: users.is_some(),
-                    max_auth_failures: settings.max_auth_failures,
-                    ..SessionConfig::default()
-                }),
-                policy: ListenerPolicy {
-                    kind,
-                    scope: settings.scope.clone(),
-                    allow_networks: if tls_listener {
-                        settings.submission_allow_networks.clone()
-                    } else {
-                        settings.allow_networks.clone()
-                    },
-                    greet_delay: if tls_listener {
-                        settings.submission_greet_delay
-                    } else {
-                        settings.greet_delay
-                    },
-                    proxy_from: if tls_listener {
-                        settings.submission_proxy_protocol_from.clone()
-                    } else {
-                        settings.proxy_protocol_from.clone()
-                    },
-                },
+                session: Arc::new(parts::session(settings, kind, users.is_some())),
+                policy: parts::listener_policy(settings, kind),
                 limits: limits.clone(),
-                timeouts: SessionTimeouts {
-                    read: settings.read_timeout,
-                    session: settings.session_timeout,
-                    min_data_rate: settings.min_data_rate,
-                    data_rate_grace: settings.data_rate_grace,
-                },
+                timeouts: parts::session_timeouts(settings),
                 tls: tls.clone(),
                 users: users.clone(),
                 auth: auth.clone(),
@@ -355,7 +306,8 @@ impl Relay {
         let mut workers = Vec::new();
         match &settings.upstream {
             Some(url) => {
-                let delivery = settings.delivery_settings(
+                let delivery = parts::delivery(
+                    settings,
                     url,
                     &scope_upstreams,
                     metrics.clone(),

@@ -3,6 +3,7 @@
 mod before_queue;
 mod default_file;
 mod delivery;
+pub(crate) mod parts;
 mod webhooks;
 
 pub(crate) use default_file::default_config_file;
@@ -12,18 +13,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::delivery::immediate::BeforeQueue;
-use crate::delivery::upstream::UpstreamTarget;
-use crate::delivery::worker::DeliverySettings;
 use crate::mail::{is_valid_key, MissingKey};
-use crate::metrics::Metrics;
 
 pub(crate) use crate::hostname::system_hostname;
 pub use crate::secret::{Secret, SecretUrl};
@@ -724,49 +720,6 @@ fn guessable_token(token: &str) -> bool {
         bytes.len().is_multiple_of(n) && bytes.chunks(n).all(|chunk| chunk == &bytes[..n])
     });
     distinct < 6 || repeats
-}
-
-impl Settings {
-    /// The delivery workers' settings for delivering to `upstream`: `[delivery]`, the relay's
-    /// name and log choice, each scope's own upstream (`scope_upstreams`, from the users
-    /// file), and `IDEMRELAY_UPSTREAM_PASSWORD`, which wins over the URL's password.
-    pub(crate) fn delivery_settings(
-        &self,
-        upstream: &SecretUrl,
-        scope_upstreams: &BTreeMap<String, Option<String>>,
-        metrics: Arc<Metrics>,
-        before_queue: Option<Arc<BeforeQueue>>,
-    ) -> anyhow::Result<DeliverySettings> {
-        let password = std::env::var("IDEMRELAY_UPSTREAM_PASSWORD").ok();
-        let mut scope_targets = std::collections::HashMap::new();
-        for (scope, own) in scope_upstreams {
-            if let Some(own) = own {
-                let target = UpstreamTarget::parse(own, None)
-                    .with_context(|| format!("the upstream of scope {scope:?}"))?;
-                scope_targets.insert(scope.clone(), target);
-            }
-        }
-        let d = &self.delivery;
-        Ok(DeliverySettings {
-            target: UpstreamTarget::parse(upstream.expose(), password)?,
-            scope_targets,
-            ca_file: d.ca_file.clone(),
-            hostname: self.hostname.clone(),
-            timeouts: d.timeouts,
-            retry: d.retry_policy(),
-            workers: d.connections,
-            scan_interval: d.scan_interval,
-            rate_per_second: d.rate,
-            burst: d.burst,
-            breaker: d.breaker_policy(),
-            pause_probe_interval: d.pause_probe_interval,
-            max_per_connection: d.max_messages_per_connection,
-            idle_close: d.idle_close,
-            log_recipients: self.log_recipients,
-            metrics,
-            before_queue,
-        })
-    }
 }
 
 #[cfg(test)]
