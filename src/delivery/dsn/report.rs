@@ -209,17 +209,9 @@ fn human_part(input: &DsnInput<'_>) -> String {
     if let Action::Delayed { will_retry_until } = input.action {
         return delay_human_part(input, will_retry_until);
     }
-    let mta = clean(input.reporting_mta);
     let phase = clean(input.phase).to_ascii_uppercase();
     let diagnostic = diagnostic_text(input);
-    let mut out = String::new();
-    out += &wrap(&format!("This is the mail delivery system at {mta}."), "");
-    out += "\r\n";
-    out += "Your message could not be delivered to the following recipients:\r\n\r\n";
-    for r in input.recipients {
-        out += &wrap(&recipient_for_humans(r), "    ");
-    }
-    out += "\r\n";
+    let mut out = opening_lines(input, "could not be delivered to");
     if input.refused_by_relay {
         out += &wrap(
             "The relay did not send it: it was submitted with REQUIRETLS, and the upstream \
@@ -233,6 +225,21 @@ fn human_part(input: &DsnInput<'_>) -> String {
         out += &upstream_said(input, &phase, &diagnostic);
     }
     out += &closing_lines(input);
+    out
+}
+
+/// The start of every notice's human part: who reports, what happened to the message (`what`:
+/// "could not be delivered to", ...) and for which recipients.
+fn opening_lines(input: &DsnInput<'_>, what: &str) -> String {
+    let mta = clean(input.reporting_mta);
+    let mut out = String::new();
+    out += &wrap(&format!("This is the mail delivery system at {mta}."), "");
+    out += "\r\n";
+    out += &format!("Your message {what} the following recipients:\r\n\r\n");
+    for r in input.recipients {
+        out += &wrap(&recipient_for_humans(r), "    ");
+    }
+    out += "\r\n";
     out
 }
 
@@ -291,15 +298,7 @@ fn returned_text(returned: Returned) -> &'static str {
 }
 
 fn relayed_human_part(input: &DsnInput<'_>) -> String {
-    let mta = clean(input.reporting_mta);
-    let mut out = String::new();
-    out += &wrap(&format!("This is the mail delivery system at {mta}."), "");
-    out += "\r\n";
-    out += "Your message was relayed to the following recipients:\r\n\r\n";
-    for r in input.recipients {
-        out += &wrap(&recipient_for_humans(r), "    ");
-    }
-    out += "\r\n";
+    let mut out = opening_lines(input, "was relayed to");
     out += &wrap(
         "You asked to be told of its delivery. The upstream server took the message but does \
          not offer delivery notifications, so this is the last notice you will get about it: \
@@ -746,15 +745,7 @@ fn will_retry_until_field(action: Action) -> String {
 }
 
 fn delay_human_part(input: &DsnInput<'_>, will_retry_until: Option<i64>) -> String {
-    let mta = clean(input.reporting_mta);
-    let mut out = String::new();
-    out += &wrap(&format!("This is the mail delivery system at {mta}."), "");
-    out += "\r\n";
-    out += "Your message has not yet been delivered to the following recipients:\r\n\r\n";
-    for r in input.recipients {
-        out += &wrap(&recipient_for_humans(r), "    ");
-    }
-    out += "\r\n";
+    let mut out = opening_lines(input, "has not yet been delivered to");
     let until = match will_retry_until {
         Some(at) => format!(" until {}", rfc822_date(at)),
         None => String::new(),
@@ -773,17 +764,7 @@ fn delay_human_part(input: &DsnInput<'_>, will_retry_until: Option<i64>) -> Stri
         out += &wrap("The last attempt ended with:", "");
         out += &wrap(&diagnostic, "    ");
     }
-    out += "\r\n";
-    out += &wrap(
-        &format!("Relay message id: {}", clean(input.original_id)),
-        "",
-    );
-    out += &wrap(
-        &format!("Received by the relay: {}", rfc822_date(input.arrival_unix)),
-        "",
-    );
-    out += "\r\n";
-    out += &wrap(returned_text(input.returned), "");
+    out += &closing_lines(input);
     out
 }
 
