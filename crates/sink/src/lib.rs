@@ -72,7 +72,7 @@
 //! - `POST /reset`: forgets messages, transactions, records, webhook posts and counts, removes
 //!   the rules and empties the maildir.
 //! - `POST /pause?mode=refuse|greet421`, `POST /resume`.
-//! - `GET /ui`: the same for a browser (src/sink/console.rs): messages (filtered like
+//! - `GET /ui`: the same for a browser (console.rs): messages (filtered like
 //!   `/messages`), per-key counts, transactions with the fault that fired, the fault rules;
 //!   `GET /ui/messages/{id}`: a message's raw source.
 //!
