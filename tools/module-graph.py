@@ -26,13 +26,6 @@ ALLOWED = {
     ("src", frozenset({"delivery/worker.rs", "delivery/worker/immediate_send.rs"})):
         "the before-queue sender is a worker that leases by id: it adds its methods to "
         "`Worker` from a file of its own, and the worker pool starts it",
-    ("crates/store/src", frozenset({
-        "postgres/group_commit.rs", "postgres/intake.rs", "postgres/mod.rs",
-        "postgres/queue.rs", "postgres/webhook.rs",
-    })):
-        "the role files implement the store on `PostgresStore` (mod.rs), which starts the "
-        "group-commit writers, and those run statements the role files hold; the way out is "
-        "writer machinery and statements in files that name no role file",
 }
 
 

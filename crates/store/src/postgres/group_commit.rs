@@ -29,7 +29,7 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::Connection;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use super::queue;
+use super::ledger;
 use crate::record::{AttemptResult, Settle, StoreError};
 
 /// Two writers, so that one batch is written while the other waits for its commit's flush.
@@ -63,7 +63,7 @@ impl FencedWrite {
     async fn run(&self, conn: &mut PgConnection) -> Result<bool, StoreError> {
         match self {
             FencedWrite::Intent { id, token, attempt } => {
-                queue::write_intent(conn, id, *token, *attempt).await
+                ledger::write_intent(conn, id, *token, *attempt).await
             }
             FencedWrite::Outcome {
                 id,
@@ -72,7 +72,7 @@ impl FencedWrite {
                 settle,
             } => {
                 let attempt = attempt.as_ref().map(|(n, r)| (*n, r));
-                queue::write_plain_outcome(conn, id, *token, attempt, settle).await
+                ledger::write_plain_outcome(conn, id, *token, attempt, settle).await
             }
         }
     }
@@ -104,7 +104,7 @@ impl Pending {
             Pending::Fenced { write, .. } => write.run(conn).await.map(Done::Fenced),
             Pending::Claim {
                 owner, lease_ms, ..
-            } => queue::claim_next(conn, owner, *lease_ms)
+            } => ledger::claim_next(conn, owner, *lease_ms)
                 .await
                 .map(Done::Claim),
         }

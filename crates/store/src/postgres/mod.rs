@@ -13,13 +13,17 @@ use sqlx::{Connection, Executor};
 
 use self::group_commit::GroupCommit;
 use self::hosts::Hosts;
-use self::intake::IntakeWriters;
+use self::intake_writers::IntakeWriters;
 use crate::migrate::{self, Embedded};
 use crate::record::{retention_ms, StoreError};
 
 mod group_commit;
 mod hosts;
+mod inserts;
 mod intake;
+mod intake_writers;
+mod ledger;
+mod matching;
 mod operator;
 mod queue;
 mod read;

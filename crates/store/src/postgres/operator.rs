@@ -166,9 +166,9 @@ pub(super) async fn requeue(
     .execute(&mut *tx)
     .await?;
     // A terminal record has no job; a stray one would make the insert fail.
-    super::queue::delete_job(&mut tx, id).await?;
+    super::ledger::delete_job(&mut tx, id).await?;
     let now = db_now(&mut tx).await?;
-    super::intake::insert_job(&mut tx, id, now).await?;
+    super::inserts::insert_job(&mut tx, id, now).await?;
     sqlx::query(
         "UPDATE delivery_jobs SET first_attempt_at = $1, lease_token = $3 WHERE message_id = $2",
     )
@@ -246,7 +246,7 @@ async fn cancel_unrecorded(tx: &mut PgConnection, id: &str, now: i64) -> Result<
     let Some(finish) = transition::cancel(found) else {
         return Ok(false);
     };
-    super::queue::finish_record(tx, id, &finish, now).await?;
+    super::ledger::finish_record(tx, id, &finish, now).await?;
     Ok(true)
 }
 
@@ -272,7 +272,7 @@ pub(super) async fn resolve(
             return Ok(refusal);
         }
     };
-    super::queue::finish_record(&mut tx, id, &finish, now).await?;
+    super::ledger::finish_record(&mut tx, id, &finish, now).await?;
     record_action(
         &mut tx,
         Some(id),
