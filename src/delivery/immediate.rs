@@ -21,9 +21,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch, Notify};
 
+use super::decide::Decision;
 use super::outcome::EnhancedCode;
+use super::retry::Next;
 use crate::reply::Reply;
-use crate::store::{AttemptResult, OutcomeKind, Phase, Store};
+use crate::store::{AttemptResult, Claimed, OutcomeKind, Phase, Store};
 
 /// What the client of a before-queue submission hears.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -454,6 +456,21 @@ impl BeforeQueue {
             _ => Reply::verdict_not_recorded(id),
         }
     }
+}
+
+/// The reply for a waiting client when `decision` is final (delivered, or failed for good)
+/// and the client still waits: the verdict is then the client's. `None` otherwise: the
+/// ordinary path applies (a failure gets its bounce).
+pub(crate) fn answer_for_waiting_client(
+    answering: &Answering,
+    job: &Claimed,
+    decision: &Decision,
+) -> Option<Reply> {
+    if !matches!(decision.next, Next::Delivered | Next::Failed) {
+        return None;
+    }
+    let reply = client_reply(&job.id, &decision.row)?;
+    answering.take().then_some(reply)
 }
 
 #[cfg(test)]

@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
 use super::breaker::{
     Admit, Attempted, Breaker, BreakerPolicy, BreakerState, Candidate, Transition, Why,
@@ -15,7 +14,7 @@ use super::decide::{
     WINDOW_OVER,
 };
 use super::dsn::notice_for;
-use super::immediate::Answering;
+use super::immediate::{answer_for_waiting_client, Answering};
 use super::outcome::{EnhancedCode, Outcome};
 use super::ratelimit::TokenBucket;
 use super::retry::{Next, RetryPolicy};
@@ -29,10 +28,10 @@ use crate::store::{AttemptResult, Claimed, Phase, Settle, Store};
 mod immediate_send;
 mod lease;
 mod liveness;
-use immediate_send::answer_for_waiting_client;
+pub(crate) mod pool;
 use lease::{release_with_retry, settle_with_retry, HeldLease};
+use liveness::Liveness;
 pub(crate) use liveness::STALE_AFTER;
-use liveness::{keep_alive, Liveness, ProcessId};
 
 #[derive(Debug, Clone)]
 pub(crate) struct DeliverySettings {
@@ -61,6 +60,19 @@ pub(crate) struct DeliverySettings {
     pub before_queue: Option<Arc<super::immediate::BeforeQueue>>,
 }
 
+/// One attempt whose outcome is in the store: what its metrics and log line report.
+struct WrittenAttempt<'a> {
+    attempt: u32,
+    decision: &'a Decision,
+    settle: &'a Settle,
+    /// The kind of answer the upstream gave (or did not).
+    class: ReplyClass,
+    /// From the start of the send to the upstream's last answer.
+    latency: Duration,
+    /// From the record's acceptance to now: the delivery delay when it was delivered.
+    since_accepted: Duration,
+}
+
 /// State every worker shares: the upstream's health and pace are relay-wide.
 struct Shared {
     store: Arc<dyn Store>,
@@ -71,60 +83,6 @@ struct Shared {
     lease: Duration,
     /// Until when this process's last heartbeat keeps it alive in the store's eyes.
     liveness: Arc<Liveness>,
-}
-
-/// Starts the workers; they stop when `stop` is given. `hint` wakes them when intake commits.
-pub(crate) fn start(
-    store: Arc<dyn Store>,
-    settings: DeliverySettings,
-    hint: Arc<Notify>,
-    stop: Stop,
-) -> anyhow::Result<Vec<JoinHandle<()>>> {
-    let lease = settings.timeouts.lease();
-    let shared = Arc::new(Shared {
-        breaker: Mutex::new(Breaker::new(settings.breaker)),
-        bucket: Mutex::new(TokenBucket::new(
-            settings.rate_per_second,
-            settings.burst,
-            Instant::now(),
-        )),
-        store,
-        hint,
-        lease,
-        settings,
-        liveness: Arc::new(Liveness::default()),
-    });
-    let process = ProcessId::current();
-    // Every worker holds a sender; the heartbeat goes on until the last one has ended, so
-    // an attempt still running after the stop signal (within the shutdown grace) is never
-    // taken for a dead process's and cut off.
-    let (working, workers_ended) = tokio::sync::mpsc::channel::<()>(1);
-    let mut tasks = vec![tokio::spawn(keep_alive(
-        shared.store.clone(),
-        shared.liveness.clone(),
-        process.clone(),
-        workers_ended,
-    ))];
-    for n in 0..shared.settings.workers.max(1) {
-        let client = upstream_client(&shared.settings, &shared.settings.target)?;
-        let mut scoped = std::collections::HashMap::new();
-        for (scope, target) in &shared.settings.scope_targets {
-            scoped.insert(scope.clone(), upstream_client(&shared.settings, target)?);
-        }
-        let worker = Worker {
-            shared: shared.clone(),
-            owner: format!("{}-{n}", process.0),
-            client,
-            scoped,
-            prober: n == 0,
-            last_probe: None,
-            _working: working.clone(),
-        };
-        tasks.push(tokio::spawn(worker.run(stop.clone())));
-    }
-    // The before-queue mode's immediate sends, on connections of their own.
-    immediate_send::start(&shared, &process.0, &working, stop, &mut tasks)?;
-    Ok(tasks)
 }
 
 fn upstream_client(
@@ -414,12 +372,14 @@ impl Worker {
             let since_accepted = facts.since_accepted(store_now());
             self.record_attempt(
                 &job,
-                attempt,
-                &decision,
-                &settle,
-                class,
-                latency,
-                since_accepted,
+                WrittenAttempt {
+                    attempt,
+                    decision: &decision,
+                    settle: &settle,
+                    class,
+                    latency,
+                    since_accepted,
+                },
             );
         } else {
             tracing::warn!(target: "idemrelay::attempt", id = %job.id, attempt, "lease lost before the outcome was written; the new holder decides");
@@ -510,17 +470,15 @@ impl Worker {
     }
 
     /// A written attempt's metrics and log line (and the message's last line when it ended).
-    #[allow(clippy::too_many_arguments)]
-    fn record_attempt(
-        &self,
-        job: &Claimed,
-        attempt: u32,
-        decision: &Decision,
-        settle: &Settle,
-        class: ReplyClass,
-        latency: Duration,
-        since_accepted: Duration,
-    ) {
+    fn record_attempt(&self, job: &Claimed, written: WrittenAttempt<'_>) {
+        let WrittenAttempt {
+            attempt,
+            decision,
+            settle,
+            class,
+            latency,
+            since_accepted,
+        } = written;
         let result = &decision.row;
         if matches!(settle, Settle::Delivered { .. }) {
             // Before the attempt's counters: a scrape that sees it delivered sees this too.

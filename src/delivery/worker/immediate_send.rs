@@ -12,13 +12,9 @@ use tokio::task::JoinHandle;
 
 use super::{upstream_client, Shared, Worker};
 use crate::delivery::breaker::{Admit, BreakerState, Candidate};
-use crate::delivery::decide::Decision;
-use crate::delivery::immediate::{client_reply, Answering, BeforeQueue, Registry};
-use crate::delivery::retry::Next;
+use crate::delivery::immediate::{Answering, BeforeQueue, Registry};
 use crate::delivery::upstream::UpstreamClient;
-use crate::reply::Reply;
 use crate::shutdown::Stop;
-use crate::store::Claimed;
 
 /// How long a record the immediate send could not lease is given to be taken by a worker of
 /// this process (which then answers its client), or let go, before its client hears
@@ -64,21 +60,6 @@ fn scoped_clients(
         scoped.insert(scope.clone(), upstream_client(settings, target)?);
     }
     Ok(scoped)
-}
-
-/// The reply for a waiting client when `decision` is final (delivered, or failed for good)
-/// and the client still waits: the verdict is then the client's. `None` otherwise: the
-/// ordinary path applies (a failure gets its bounce).
-pub(super) fn answer_for_waiting_client(
-    answering: &Answering,
-    job: &Claimed,
-    decision: &Decision,
-) -> Option<Reply> {
-    if !matches!(decision.next, Next::Delivered | Next::Failed) {
-        return None;
-    }
-    let reply = client_reply(&job.id, &decision.row)?;
-    answering.take().then_some(reply)
 }
 
 impl Worker {
