@@ -18,6 +18,7 @@ pub(crate) mod postgres;
 mod record;
 mod retention;
 mod rows;
+mod shared_reads;
 pub mod sqlite;
 #[cfg(test)]
 mod test_checks;

@@ -9,7 +9,8 @@ use crate::listing::{self, ListFilter, Page};
 use crate::record::{
     now_ms, ActionRow, AttemptRow, DailyCounts, QueueStats, RelayHealth, StoreError, StoredMessage,
 };
-use crate::rows::{self, shared_sql};
+use crate::rows;
+use crate::shared_reads::SharedReads;
 use crate::webhook::EventRow;
 
 #[async_trait]
@@ -32,43 +33,22 @@ impl ReadStore for SqliteStore {
             row: &row,
             spool: &self.spool_reader,
         })?;
-        message.dsns = sqlx::query_scalar(shared_sql::DSNS_OF_RECORD)
-            .bind(id)
-            .fetch_all(&self.pool)
-            .await?;
-        let history = sqlx::query(shared_sql::ACTIONS_OF_RECORD)
-            .bind(id)
-            .fetch_all(&self.pool)
-            .await?;
-        message.history = history.iter().map(rows::action).collect::<Result<_, _>>()?;
+        SharedReads(&self.pool).complete(&mut message, id).await?;
         Ok(Some(message))
     }
 
     async fn attempts(&self, id: &str) -> Result<Vec<AttemptRow>, StoreError> {
-        let found = sqlx::query(shared_sql::ATTEMPTS_OF_RECORD)
-            .bind(id)
-            .fetch_all(&self.pool)
-            .await?;
-        found.iter().map(rows::attempt).collect()
+        SharedReads(&self.pool).attempts(id).await
     }
 
     async fn list_page(&self, filter: &ListFilter) -> Result<Page, StoreError> {
-        let dialect = listing::Dialect::Sqlite { now_ms: now_ms() };
-        let (sql, params) =
-            listing::list_sql(filter, dialect).map_err(StoreError::InvalidFilter)?;
-        let found = listing::bind(sqlx::query(&sql), params)
-            .fetch_all(&self.pool)
-            .await?;
-        let records = found.iter().map(rows::summary).collect::<Result<_, _>>()?;
-        Ok(listing::page(records, filter))
+        SharedReads(&self.pool)
+            .list_page(filter, listing::Dialect::Sqlite { now_ms: now_ms() })
+            .await
     }
 
     async fn relay_actions(&self, limit: usize) -> Result<Vec<ActionRow>, StoreError> {
-        let found = sqlx::query(shared_sql::RELAY_ACTIONS)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?;
-        found.iter().map(rows::action).collect()
+        SharedReads(&self.pool).relay_actions(limit).await
     }
 
     async fn report(&self, since_day: Option<&str>) -> Result<Vec<DailyCounts>, StoreError> {
@@ -89,39 +69,16 @@ impl ReadStore for SqliteStore {
     }
 
     async fn relay_health(&self) -> Result<RelayHealth, StoreError> {
-        let sql = listing::health_sql(listing::Dialect::Sqlite { now_ms: now_ms() });
-        let summary = sqlx::query(&sql.summary).fetch_one(&self.pool).await?;
-        let newest = sqlx::query(&sql.newest_failure)
-            .fetch_optional(&self.pool)
-            .await?;
-        let processes = sqlx::query(listing::PROCESSES)
-            .fetch_all(&self.pool)
-            .await?;
-        let mut health = rows::relay_health(&summary, newest.as_ref(), &processes)?;
-        if health.failing_since_ms.is_some() {
-            let after = health.last_delivery_ms.unwrap_or(i64::MIN);
-            let since: Option<i64> = sqlx::query_scalar(&sql.failing_since)
-                .bind(after)
-                .fetch_one(&self.pool)
-                .await?;
-            health.failing_since_ms = since.or(health.failing_since_ms);
-        }
-        Ok(health)
+        SharedReads(&self.pool)
+            .relay_health(listing::Dialect::Sqlite { now_ms: now_ms() })
+            .await
     }
 
     async fn lookup_id_by_key(&self, scope: &str, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar(shared_sql::ID_BY_KEY)
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?)
+        SharedReads(&self.pool).id_by_key(scope, key).await
     }
 
     async fn events(&self, record_id: &str) -> Result<Vec<EventRow>, StoreError> {
-        let found = sqlx::query(rows::EVENTS_OF_RECORD)
-            .bind(record_id)
-            .fetch_all(&self.pool)
-            .await?;
-        found.iter().map(rows::event).collect()
+        SharedReads(&self.pool).events(record_id).await
     }
 }
