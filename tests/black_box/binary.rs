@@ -16,6 +16,15 @@ use std::time::{Duration, Instant};
 use common::process::{idemrelay, serve_args, store_url, RelayProcess};
 use common::{corpus, corpus_dir, dot_stuff, message, Client};
 
+// The tests, by subject; each module reads this file's helpers with `use super::*`.
+mod certificates;
+mod config_check;
+mod first_run;
+mod key_derive;
+mod logs;
+mod restarts;
+mod swaks;
+
 /// How long an idle relay may take to exit after SIGTERM (it has nothing to wait for).
 const QUICK_EXIT: Duration = Duration::from_secs(5);
 
@@ -160,12 +169,3 @@ fn logged_listeners(relay: &RelayProcess, kind: &str, count: usize) -> Vec<Socke
         std::thread::sleep(Duration::from_millis(20));
     }
 }
-
-// The tests, by subject; each module reads the helpers above with `use super::*`.
-mod certificates;
-mod config_check;
-mod first_run;
-mod key_derive;
-mod logs;
-mod restarts;
-mod swaks;

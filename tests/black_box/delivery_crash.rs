@@ -24,6 +24,10 @@ use common::{message, Client};
 use idemrelay_sink::{DotDecision, FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use sqlx::{Row, SqlitePool};
 
+// The helpers, by part; each reads what it needs from this file with `use super::*`.
+mod ledger;
+use ledger::*;
+
 /// Upper bound for any one wait in these tests.
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -699,7 +703,3 @@ fn a_partial_timeouts_table_keeps_the_other_defaults() {
     assert!(stdout.contains("dot = \"800ms\""), "{stdout}");
     assert!(stdout.contains("connect = \"30s\""), "{stdout}");
 }
-
-// The helpers, by part; each reads what it needs from here with `use super::*`.
-mod ledger;
-use ledger::*;

@@ -12,6 +12,12 @@ use common::{message, relay_for, start_sink, wait_state, TestRelay};
 use idemrelay::store::State;
 use idemrelay_sink::{FaultRule, FaultStage};
 
+// The tests, by subject; each module reads this file's helpers with `use super::*`.
+mod access;
+mod bulk_and_listing;
+mod records;
+mod report;
+
 /// How long a state the relay reaches by itself may take to show: generous, because CI runs the
 /// whole suite at once on two cores and each poll here starts an `idemrelay queue` process.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -127,9 +133,3 @@ async fn run_env(args: &[&str], env: &[(&str, &str)]) -> Run {
     }
     run_command(cmd).await
 }
-
-// The tests, by subject; each module reads the helpers above with `use super::*`.
-mod access;
-mod bulk_and_listing;
-mod records;
-mod report;

@@ -63,6 +63,20 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
+// The helpers, by part; each reads what it needs from this file with `use super::*`.
+mod audit;
+mod client;
+mod events;
+mod plan;
+mod relays;
+mod report;
+use audit::*;
+use client::*;
+use events::*;
+use plan::*;
+use relays::*;
+use report::*;
+
 const SEED_ENV: &str = "IDEMRELAY_CHAOS_SEED";
 const COUNT_ENV: &str = "IDEMRELAY_CHAOS_MESSAGES";
 const DEFAULT_SEED: u64 = 0xc4a0_5eed_1d3e_0007;
@@ -428,17 +442,3 @@ async fn chaos_two_relays_on_postgres_deliver_every_accepted_key_exactly_once() 
     })
     .await;
 }
-
-// The helpers, by part; each reads what it needs from here with `use super::*`.
-mod audit;
-mod client;
-mod events;
-mod plan;
-mod relays;
-mod report;
-use audit::*;
-use client::*;
-use events::*;
-use plan::*;
-use relays::*;
-use report::*;

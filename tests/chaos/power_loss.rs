@@ -34,6 +34,8 @@ use tokio::sync::Semaphore;
 use super::common::process::{self, RelayProcess};
 use super::{list_all, mix, queue_id, seed, submit_once, tail, Try, SEED_ENV};
 
+// The helpers, by part; each reads what it needs from this file with `use super::*`.
+
 const EATMYDATA_ENV: &str = "IDEMRELAY_POWER_LOSS_EATMYDATA";
 const LAZYFS_ENV: &str = "IDEMRELAY_LAZYFS";
 const MESSAGES: usize = 500;
@@ -639,7 +641,6 @@ async fn power_cuts_on_sqlite_lose_no_acknowledged_message() {
     assert_eq!(acked.len(), MESSAGES, "{}", context());
 }
 
-// The helpers, by part; each reads what it needs from here with `use super::*`.
 #[path = "power_loss/lazyfs.rs"]
 mod lazyfs;
 use lazyfs::*;

@@ -15,6 +15,11 @@ use idemrelay::config::Secret;
 use idemrelay::store::State;
 use idemrelay_sink::{FaultRule, FaultStage};
 
+// The tests, by subject; each module reads this file's helpers with `use super::*`.
+mod guards;
+mod metrics;
+mod records;
+
 const LIMIT: Duration = Duration::from_secs(20);
 
 async fn submit(relay: &TestRelay, to: &str, msg: &[u8]) -> String {
@@ -37,8 +42,3 @@ async fn scrape(admin: std::net::SocketAddr, accept: Option<&str>) -> common::ht
     )
     .await
 }
-
-// The tests, by subject; each module reads the helpers above with `use super::*`.
-mod guards;
-mod metrics;
-mod records;

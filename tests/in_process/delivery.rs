@@ -9,11 +9,11 @@ use common::{eventually, message, relay_for, start_sink, submit, wait_state, Cli
 use idemrelay::store::State;
 use idemrelay_sink::{Down, FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 
-const LIMIT: Duration = Duration::from_secs(20);
-
-// The tests, by subject; each module reads the helpers above with `use super::*`.
+// The tests, by subject; each module reads this file's helpers with `use super::*`.
 mod bytes;
 mod destinations;
 mod failures;
 mod pause;
 mod tls;
+
+const LIMIT: Duration = Duration::from_secs(20);

@@ -32,6 +32,12 @@ use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
+// The tests, by subject; each module reads this file's helpers with `use super::*`.
+mod addresses;
+mod data_bodies;
+mod framing;
+mod soup;
+
 fn config(cases: u32) -> Config {
     Config {
         cases,
@@ -295,9 +301,3 @@ fn apply(text: &str, edits: &[Edit]) -> String {
     }
     chars.into_iter().collect()
 }
-
-// The tests, by subject; each module reads the helpers above with `use super::*`.
-mod addresses;
-mod data_bodies;
-mod framing;
-mod soup;

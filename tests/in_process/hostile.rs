@@ -14,6 +14,12 @@ use idemrelay::reply::Reply;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
+// The tests, by subject; each module reads this file's helpers with `use super::*`.
+mod connections;
+mod found_by_fuzzing;
+mod framing;
+mod limits;
+
 // ---------------------------------------------------------------------------------------------
 // helpers
 // ---------------------------------------------------------------------------------------------
@@ -211,9 +217,3 @@ async fn assert_refusals(relay: &TestRelay, kind: &str, expected: &[(&str, f64)]
         );
     }
 }
-
-// The tests, by subject; each module reads the helpers above with `use super::*`.
-mod connections;
-mod found_by_fuzzing;
-mod framing;
-mod limits;

@@ -10,6 +10,11 @@ use common::{message, Client, TestRelay};
 use idemrelay::mail::MissingKey;
 use idemrelay::store::State;
 
+// The tests, by subject; each module reads this file's helpers with `use super::*`.
+mod encoded_keys;
+mod keys;
+mod stored;
+
 const E01005: &str = "554 5.6.0 X-Bird-Idempotency-Key already used for a different message (E01005 IdempotencyKeyReuse); use a new key";
 const E01004: &str = "451 4.3.0 a message with this X-Bird-Idempotency-Key is still being processed (E01004 RequestInProgress); retry later";
 const E01001: &str = "554 5.6.0 X-Bird-Idempotency-Key must be 1-255 printable characters (E01001); message not accepted";
@@ -52,8 +57,3 @@ pub(crate) const PYTHON_LONG_FIELD: &str = "=?utf-8?q?receipt-2026-11-29-0000-00
 const PYTHON_CYRILLIC_KEY: &str = "заказ-1234-квитанция";
 const PYTHON_CYRILLIC_FIELD: &str =
     "=?utf-8?b?0LfQsNC60LDQty0xMjM0LdC60LLQuNGC0LDQvdGG?=\r\n =?utf-8?q?=D0=B8=D1=8F?=";
-
-// The tests, by subject; each module reads the helpers above with `use super::*`.
-mod encoded_keys;
-mod keys;
-mod stored;

@@ -16,6 +16,13 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+// The tests, by subject; each module reads this file's helpers with `use super::*`.
+mod binary;
+mod http_api;
+mod smtp;
+mod tls;
+mod webhooks;
+
 const WAIT: Duration = Duration::from_secs(10);
 
 // --- a minimal SMTP client ---------------------------------------------------------------
@@ -399,10 +406,3 @@ impl Receiver {
             .collect()
     }
 }
-
-// The tests, by subject; each module reads the helpers above with `use super::*`.
-mod binary;
-mod http_api;
-mod smtp;
-mod tls;
-mod webhooks;

@@ -38,6 +38,10 @@ use idemrelay::store::{self, State};
 use idemrelay_sink::{FaultRule, FaultStage, Sink, SinkConfig, SinkHandle};
 use sqlx::Connection;
 
+// The helpers, by part; each reads what it needs from this file with `use super::*`.
+mod clusters;
+use clusters::*;
+
 const CLIENTS: usize = 6;
 /// How long the standby stays down before the primary is killed: long enough for every
 /// client to be waiting on a commit the standby has not confirmed.
@@ -618,7 +622,3 @@ async fn the_drill_finds_the_losses_of_asynchronous_replication() {
         "acknowledged messages the standby never received were not found lost"
     );
 }
-
-// The helpers, by part; each reads what it needs from here with `use super::*`.
-mod clusters;
-use clusters::*;

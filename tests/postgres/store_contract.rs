@@ -150,7 +150,8 @@ mod immediate;
 #[path = "store_contract_delay.rs"]
 mod delay_notice;
 
-// The tests, by subject; each module reads the helpers above with `use super::*`.
+// The tests, by subject, declared after the macro they use; each reads this file's helpers
+// with `use super::*`.
 mod instances;
 mod listings;
 mod webhook_events;

@@ -15,6 +15,11 @@ use idemrelay_sink::{FaultRule, FaultStage};
 use super::common::process::{idemrelay, store_url, RelayProcess, BIN};
 use super::{common, logged_listeners, queue_json, start_relay, stored_row, text};
 
+// The tests, by subject; each module reads this file's helpers with `use super::*`.
+mod flags;
+mod replies;
+mod transport;
+
 /// What a sendmail run came to.
 #[derive(Debug)]
 struct Run {
@@ -113,8 +118,3 @@ fn record_count(db: &Path) -> usize {
         .unwrap()
         .len()
 }
-
-// The tests, by subject; each module reads the helpers above with `use super::*`.
-mod flags;
-mod replies;
-mod transport;

@@ -19,6 +19,14 @@ use crate::common::{
     message, relay_for, submit, wait_state, TestRelay, UNKNOWN_WINDOW, UNKNOWN_WINDOW_MARGIN,
 };
 
+// The tests, by subject; each module reads this file's helpers with `use super::*`.
+mod cross_site;
+mod inbox;
+mod outage;
+mod retry;
+mod sign_in;
+mod unresolved;
+
 const TOKEN: &str = "console-test-token-0123";
 /// A key a client chose to look like markup: every page must show it as text.
 const HOSTILE_KEY: &str = "<b id=\"injected\">k</b>&amp;";
@@ -291,11 +299,3 @@ async fn reload_until(browser: &Browser, css: &str, wanted: &str) -> String {
         browser.refresh().await.unwrap();
     }
 }
-
-// The tests, by subject; each module reads the helpers above with `use super::*`.
-mod cross_site;
-mod inbox;
-mod outage;
-mod retry;
-mod sign_in;
-mod unresolved;
