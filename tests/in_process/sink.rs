@@ -21,7 +21,7 @@ mod binary;
 mod http_api;
 mod smtp;
 mod tls;
-mod webhooks;
+mod webhook_posts;
 
 const WAIT: Duration = Duration::from_secs(10);
 
