@@ -27,15 +27,6 @@ async fn submit_once(relay: &TestRelay, to: &[&str], msg: &[u8]) -> common::Answ
     answer
 }
 
-/// Holds the store's write lock from outside the relay, as a stuck writer would.
-async fn hold_write_lock(relay: &TestRelay) -> WriteLock {
-    WriteLock::hold(relay.settings.store.expose()).await
-}
-
-async fn release_write_lock(lock: WriteLock) {
-    lock.release().await;
-}
-
 /// What Python's `email.message.EmailMessage` with `policy=email.policy.SMTP` writes for a key
 /// header (Python 3.11, byte for byte): past 77 characters, or with non-ASCII text, the value is
 /// RFC 2047-encoded and folded.
@@ -53,7 +44,3 @@ pub(crate) fn python_message(message_id: &str, key_field: &str) -> Vec<u8> {
 /// A 205-character key (inside 1-255) as Python spells it: four Q words, 273 characters.
 pub(crate) const PYTHON_LONG_KEY: &str = "receipt-2026-11-29-0000-0001-0002-0003-0004-0005-0006-0007-0008-0009-0010-0011-0012-0013-0014-0015-0016-0017-0018-0019-0020-0021-0022-0023-0024-0025-0026-0027-0028-0029-0030-0031-0032-0033-0034-0035-0036-0";
 pub(crate) const PYTHON_LONG_FIELD: &str = "=?utf-8?q?receipt-2026-11-29-0000-0001-0002-0003-000?=\r\n =?utf-8?q?4-0005-0006-0007-0008-0009-0010-0011-0012-0013-0014-0015-0016-001?=\r\n =?utf-8?q?7-0018-0019-0020-0021-0022-0023-0024-0025-0026-0027-0028-0029-003?=\r\n =?utf-8?q?0-0031-0032-0033-0034-0035-0036-0?=";
-/// A Cyrillic key as Python spells it: a B word, then a Q word.
-const PYTHON_CYRILLIC_KEY: &str = "заказ-1234-квитанция";
-const PYTHON_CYRILLIC_FIELD: &str =
-    "=?utf-8?b?0LfQsNC60LDQty0xMjM0LdC60LLQuNGC0LDQvdGG?=\r\n =?utf-8?q?=D0=B8=D1=8F?=";

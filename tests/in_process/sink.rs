@@ -170,17 +170,6 @@ async fn start(config: SinkConfig) -> SinkHandle {
     Sink::start(config).await.unwrap()
 }
 
-/// A sink with its HTTP API on an ephemeral port, and the API's address.
-async fn start_with_api(config: SinkConfig) -> (SinkHandle, SocketAddr) {
-    let sink = start(SinkConfig {
-        api: Some("127.0.0.1:0".parse().unwrap()),
-        ..config
-    })
-    .await;
-    let api = sink.api_addr().unwrap();
-    (sink, api)
-}
-
 // --- base64, HTTP and JSON, which several subjects use -----------------------------------
 
 fn b64(bytes: &[u8]) -> String {
@@ -259,7 +248,6 @@ fn ids(list: &Value) -> Vec<String> {
 // over `id.timestamp.body`, as Standard Webhooks define it).
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-const OTHER_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
 #[derive(Debug, Clone)]
 struct Hook {

@@ -2,6 +2,28 @@
 
 use super::*;
 
+/// Polls until a TCP connect to `addr` is refused. A connect racing the shutdown may still
+/// succeed, or be reset when the closing listener drops its backlog, so neither is a failure
+/// once; a listener that keeps accepting is.
+async fn assert_refuses_connections(addr: SocketAddr, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => return,
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => assert!(
+                Instant::now() < deadline,
+                "{addr} still resets connections {within:?} after SIGTERM"
+            ),
+            Err(err) => panic!("connect to {addr} failed unexpectedly: {err}"),
+            Ok(_) => assert!(
+                Instant::now() < deadline,
+                "{addr} still accepts connections {within:?} after SIGTERM"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 enum Stop {
     /// Graceful: the supervisor's normal stop.
     Term,

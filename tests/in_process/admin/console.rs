@@ -93,31 +93,6 @@ async fn http(
     send(addr, method, path, headers, Body::Bytes(body.as_bytes())).await
 }
 
-const FORM: (&str, &str) = ("Content-Type", "application/x-www-form-urlencoded");
-
-/// `name=value` of the session cookie a login answered with.
-fn session_cookie(login: &HttpResponse) -> String {
-    let set = login
-        .headers
-        .iter()
-        .find(|(n, v)| n.eq_ignore_ascii_case("set-cookie") && v.starts_with("idemrelay_console="))
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| panic!("no session cookie: {login:?}"));
-    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
-        assert!(set.contains(attribute), "{set}");
-    }
-    set.split(';').next().unwrap().to_string()
-}
-
-/// The CSRF token of the first form on a page.
-fn csrf_of(page: &str) -> String {
-    let at = page
-        .find("name=\"csrf\" value=\"")
-        .expect("a form with a CSRF token")
-        + 19;
-    page[at..at + page[at..].find('"').unwrap()].to_string()
-}
-
 /// chromedriver on a free port, ended with the test.
 struct Driver {
     child: Child,

@@ -2,6 +2,37 @@
 
 use super::*;
 
+/// A connection refused by a cap: exactly one `421 4.7.0` line, then EOF.
+async fn refused_by_cap(src: IpAddr, addr: SocketAddr) {
+    let mut raw = Raw::connect_from(src, addr).await;
+    let got = raw.rest().await;
+    let want = Reply::too_many_connections();
+    assert!(want.line().starts_with("421 4.7.0 "));
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(&want.to_bytes())
+    );
+}
+
+/// Polls until a new connection from `src` is greeted (slots are released when the server's
+/// connection task ends, just after it closes the socket).
+async fn greeted_again(src: IpAddr, addr: SocketAddr) -> Raw {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let mut raw = Raw::connect_from(src, addr).await;
+        let first = raw.line_in_time().await.unwrap_or_default();
+        if first.starts_with("220 ") {
+            return raw;
+        }
+        assert_eq!(first, Reply::too_many_connections().line());
+        assert!(
+            Instant::now() < deadline,
+            "the slot of a closed connection was never released"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn the_per_ip_cap_refuses_with_421_and_releases_slots() {
     let relay = TestRelay::start_with(|s| {

@@ -2,6 +2,11 @@
 
 use super::*;
 
+/// A Cyrillic key as Python spells it: a B word, then a Q word.
+const PYTHON_CYRILLIC_KEY: &str = "заказ-1234-квитанция";
+const PYTHON_CYRILLIC_FIELD: &str =
+    "=?utf-8?b?0LfQsNC60LDQty0xMjM0LdC60LLQuNGC0LDQvdGG?=\r\n =?utf-8?q?=D0=B8=D1=8F?=";
+
 /// A path segment for the admin API: every byte but the unreserved ones percent-encoded.
 fn path_segment(text: &str) -> String {
     text.bytes()

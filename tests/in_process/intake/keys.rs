@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// Holds the store's write lock from outside the relay, as a stuck writer would.
+async fn hold_write_lock(relay: &TestRelay) -> WriteLock {
+    WriteLock::hold(relay.settings.store.expose()).await
+}
+
+async fn release_write_lock(lock: WriteLock) {
+    lock.release().await;
+}
+
 #[tokio::test]
 async fn new_key_is_committed_with_its_job_before_the_250() {
     let relay = TestRelay::start().await;

@@ -3,6 +3,17 @@
 
 use super::*;
 
+/// A sink with its HTTP API on an ephemeral port, and the API's address.
+async fn start_with_api(config: SinkConfig) -> (SinkHandle, SocketAddr) {
+    let sink = start(SinkConfig {
+        api: Some("127.0.0.1:0".parse().unwrap()),
+        ..config
+    })
+    .await;
+    let api = sink.api_addr().unwrap();
+    (sink, api)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_api_reports_what_the_handle_reports() {
     let (sink, api) = start_with_api(SinkConfig::default()).await;

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Another secret: the sink's signatures must not verify under it.
+const OTHER_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
 fn webhook_sink(receiver: &Receiver, tune: impl FnOnce(&mut WebhookConfig)) -> SinkConfig {
     let mut webhook = WebhookConfig::new(receiver.url(), vec![SECRET.parse().unwrap()]);
     webhook.retry = RetryPolicy {
